@@ -1,0 +1,78 @@
+"""Starting or joining Ray, and running a stage's tasks with progress and clear errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from tqdm.auto import tqdm
+
+from bertcore.config import RayConfig
+from bertcore.errors import BertpipeError
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(cfg: RayConfig) -> None:
+    """Join `cfg.address`, or start an embedded local Ray with `cfg.num_cpus` CPUs."""
+    if ray.is_initialized():
+        return
+    # Workers must import bertcore/pipelines: on a cluster they receive the code through
+    # the runtime environment; locally they share this interpreter's sys.path.
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [_project_root(), os.environ.get("PYTHONPATH")]))}}
+    if cfg.address:
+        ray.init(address=cfg.address, runtime_env=env, log_to_driver=True)
+    else:
+        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+    log.info("ray: %s CPUs available", ray.cluster_resources().get("CPU"))
+
+
+def _project_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The user-facing error inside a RayTaskError, if there is one."""
+    cause = getattr(exc, "cause", None)
+    while cause is not None and not isinstance(cause, BertpipeError) and getattr(cause, "cause", None) is not None:
+        cause = cause.cause
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def run_tasks(
+    submit: Callable[[Any], ray.ObjectRef],
+    items: Sequence[Any],
+    *,
+    parallelism: int | None,
+    desc: str,
+    on_result: Callable[[int, Any], None] | None = None,
+) -> list[Any]:
+    """Submit one task per item (at most `parallelism` in flight) and return the results in
+    item order. A user error raised inside a task is re-raised here unwrapped."""
+    limit = parallelism or len(items) or 1
+    results: list[Any] = [None] * len(items)
+    pending: dict[ray.ObjectRef, int] = {}
+    next_item = 0
+    with tqdm(total=len(items), desc=desc, unit="task", disable=None, leave=False) as bar:
+        while next_item < len(items) or pending:
+            while next_item < len(items) and len(pending) < limit:
+                pending[submit(items[next_item])] = next_item
+                next_item += 1
+            done, _ = ray.wait(list(pending), num_returns=1)
+            index = pending.pop(done[0])
+            try:
+                results[index] = ray.get(done[0])
+            except ray.exceptions.RayTaskError as exc:
+                for ref in pending:
+                    ray.cancel(ref)
+                error = unwrap(exc)
+                if isinstance(error, BertpipeError):
+                    raise error from None
+                raise
+            if on_result is not None:
+                on_result(index, results[index])
+            bar.update(1)
+    return results

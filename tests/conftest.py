@@ -1,0 +1,87 @@
+"""Shared fixtures: one local Ray per session, a real S3 endpoint (moto server on
+127.0.0.1), Prefect's test harness, and paths of the bundled sample data."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+@pytest.fixture(scope="session")
+def gensim_data() -> Path:
+    from bertcore.sample_data import gensim_data_dir
+
+    return gensim_data_dir()
+
+
+@pytest.fixture(scope="session")
+def enwiki_dump(gensim_data) -> Path:
+    from bertcore.sample_data import ENWIKI_DUMP
+
+    return gensim_data / ENWIKI_DUMP
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray with 2 CPUs, shared by every test that needs one."""
+    import ray
+
+    if not ray.is_initialized():
+        from bertcore.config import RayConfig
+        from pipelines.ray_runtime import ensure_ray
+
+        ensure_ray(RayConfig(num_cpus=2))
+    yield ray
+    ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 HTTP endpoint (moto) on 127.0.0.1; yields its URL. Credentials are
+    dummies set in the environment, as a user would set real ones."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    """A fresh bucket per test; yields (endpoint_url, bucket name)."""
+    import boto3
+
+    name = "bp-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    return s3_server, name
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect API (SQLite) for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
