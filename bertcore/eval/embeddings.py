@@ -1,0 +1,120 @@
+"""Sentence embeddings straight from the encoder, without fine-tuning: how anisotropic
+they are, and how well their cosine similarity ranks STS sentence pairs, for [CLS] and
+for mean pooling.
+
+Anisotropy (Ethayarajh, 2019) is the mean cosine similarity of random pairs of different
+sentences: near 1 means every sentence points the same way (the known weakness of raw
+BERT embeddings), near 0 means directions carry information. "cls" is the last layer's
+hidden state at [CLS] (not the NSP-trained pooler); "mean" averages the hidden states
+of every non-padding token, special tokens included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+
+from bertcore.eval import metrics
+from bertcore.eval.finetune import encode, load_encoder, load_tokenizer
+from bertcore.eval.tasks import TextExample
+from bertcore.rng import keyed_numpy, keyed_seed
+
+Pooling = Literal["cls", "mean"]
+POOLINGS: tuple[Pooling, ...] = ("cls", "mean")
+
+
+@torch.no_grad()
+def embed(
+    encoder: torch.nn.Module,
+    tokenizer,
+    sentences: Sequence[str],
+    *,
+    pooling: Pooling,
+    batch_size: int = 64,
+    max_seq_length: int = 128,
+) -> np.ndarray:
+    """(N, H) float32 sentence embeddings."""
+    encoder.eval()
+    chunks = []
+    for start in range(0, len(sentences), batch_size):
+        batch = tokenizer(
+            list(sentences[start : start + batch_size]),
+            truncation=True,
+            max_length=max_seq_length,
+            padding=True,
+            return_tensors="pt",
+            return_token_type_ids=True,
+        )
+        hidden, _ = encode(encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])  # (B, T, H)
+        if pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        chunks.append(pooled.float().numpy())
+    return np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype=np.float32)
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of a[i] and b[i] for every row i; 0 where a vector is zero."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    dots = np.einsum("ij,ij->i", a, b)
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+
+def anisotropy(embeddings: np.ndarray, rng: np.random.Generator, num_pairs: int = 1000) -> float:
+    """Mean cosine similarity of `num_pairs` random pairs of different rows."""
+    n = len(embeddings)
+    if n < 2:
+        raise ValueError("anisotropy needs at least two embeddings")
+    first = rng.integers(0, n, size=num_pairs)
+    second = (first + rng.integers(1, n, size=num_pairs)) % n  # never the same row
+    return float(cosine_rows(embeddings[first], embeddings[second]).mean())
+
+
+def sts_spearman(embeddings_a: np.ndarray, embeddings_b: np.ndarray, scores: Sequence[float]) -> float:
+    """Spearman correlation of cosine(a_i, b_i) with the gold similarity scores (the
+    unsupervised STS protocol of SBERT and SimCSE)."""
+    return metrics.spearman(cosine_rows(embeddings_a, embeddings_b), scores)
+
+
+def embedding_report(
+    encoder_dir: str,
+    tokenizer_dir: str,
+    sentences: Sequence[str],
+    *,
+    seed: int,
+    sts_pairs: Sequence[TextExample] | None = None,
+    num_pairs: int = 1000,
+    max_seq_length: int = 128,
+    random_init: bool = False,
+    num_threads: int = 1,
+) -> dict[str, dict[str, float]]:
+    """{"cls": {"anisotropy", "sts_spearman"}, "mean": {...}} for the encoder in
+    encoder_dir (or, with random_init, its architecture with seeded fresh weights).
+    sts_pairs: TextExamples with text_b and a float score, e.g. STS-B read with
+    tasks.read_rows(..., task_type="regression")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(keyed_seed(seed, "embeddings", "init"))
+            encoder = load_encoder(encoder_dir, random_init=random_init)
+        report: dict[str, dict[str, float]] = {}
+        for pooling in POOLINGS:
+            vectors = embed(encoder, tokenizer, sentences, pooling=pooling, max_seq_length=max_seq_length)
+            # Same pairs for both poolings, so the two numbers are comparable.
+            entry = {"anisotropy": anisotropy(vectors, keyed_numpy(seed, "embeddings", "pairs"), num_pairs)}
+            if sts_pairs:
+                a = embed(encoder, tokenizer, [p.text_a for p in sts_pairs], pooling=pooling, max_seq_length=max_seq_length)
+                b = embed(encoder, tokenizer, [p.text_b or "" for p in sts_pairs], pooling=pooling, max_seq_length=max_seq_length)
+                entry["sts_spearman"] = sts_spearman(a, b, [float(p.label) for p in sts_pairs])
+            report[pooling] = entry
+    finally:
+        torch.set_num_threads(threads)
+    return report

@@ -1,0 +1,573 @@
+"""Fine-tuning task configuration and the readers for its files.
+
+A task is one labelled data set (SST-2, MRPC, CoNLL-2003, SQuAD, a company's own TSV)
+described by a `TaskConfig`; the readers turn its files into plain example records.
+Readers check every row: a malformed one raises a ValueError naming the file and the
+1-based line, or, with on_error="skip", is left out and counted in `ReadResult.skipped`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import fsspec
+from pydantic import Field, field_validator, model_validator
+from sklearn.model_selection import KFold, StratifiedKFold
+
+from bertcore.eval.metrics import TagScheme
+from bertcore.rng import keyed_seed
+from bertcore.section import Section
+
+TaskType = Literal["classification", "regression", "token_classification", "qa"]
+FileFormat = Literal["tsv", "csv", "jsonl", "fasttext", "conll", "squad"]
+Split = Literal["train", "validation", "test"]
+
+_FORMATS_OF: dict[str, tuple[str, ...]] = {
+    "classification": ("tsv", "csv", "jsonl", "fasttext"),
+    "regression": ("tsv", "csv", "jsonl"),
+    "token_classification": ("conll",),
+    "qa": ("squad",),
+}
+
+
+class TaskConfig(Section):
+    """One fine-tuning task: its files, how to read them, and how to fine-tune on them."""
+
+    name: str = Field(min_length=1)
+    """Task name used in metrics, reports and random keys (sst2, mrpc, conll2003, squad)."""
+    type: TaskType
+    """classification (one label per text or text pair), regression (one number per text or pair, e.g. STS-B), token_classification (one tag per word, e.g. NER), qa (extractive answer spans, SQuAD)."""
+    train: str
+    """Training file (local path or fsspec URI; .gz/.bz2/.xz are decompressed)."""
+    validation: str | None = None
+    """Validation file the metrics are computed on; if absent, set cross_validation_folds."""
+    test: str | None = None
+    """Optional labelled test file, scored with the model fine-tuned on train."""
+    format: FileFormat
+    """tsv/csv/jsonl rows (GLUE files work as they are), fasttext (`__label__pos text` lines), conll (token per line, tag in the last column), squad (SQuAD v1.1/v2.0 JSON)."""
+    text_a: str | int = "sentence"
+    """tsv/csv/jsonl: column of the (first) text, a header name or a 0-based index."""
+    text_b: str | int | None = None
+    """tsv/csv/jsonl: column of the second text of a pair (MRPC, MNLI, STS-B); None for single texts."""
+    label_column: str | int = "label"
+    """tsv/csv/jsonl: column of the label (classification) or score (regression)."""
+    labels: list[str] | None = None
+    """Allowed labels (classification) or tags (token_classification), in output-index order; a row with any other label is malformed. None: the sorted set of labels in the training file."""
+    positive_label: str | None = None
+    """Binary classification: the label whose F1 is reported (MRPC, QQP: "1"); default the second entry of `labels`."""
+    header: bool = True
+    """tsv/csv: the first line names the columns (GLUE's CoLA files have none)."""
+    encoding: str = "utf-8"
+    """Text encoding of the files (any ASCII-compatible codec Python knows: utf-8, cp1252, latin-1)."""
+    cross_validation_folds: int | None = Field(None, ge=2)
+    """Small data sets without a validation file: k-fold cross-validation on train (folds fixed per task, stratified for classification); metrics are the mean over folds."""
+    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    """Fine-tuning seeds; each gives one run and the report shows the median and spread."""
+    epochs: int = Field(3, ge=1)
+    """Passes over the training data."""
+    learning_rate: float = Field(2e-5, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up, then linear decay to zero)."""
+    warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    """Share of the optimizer steps spent warming up."""
+    weight_decay: float = Field(0.01, ge=0.0)
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    batch_size: int = Field(32, ge=1)
+    """Training examples (or QA windows) per optimizer step."""
+    max_seq_length: int = Field(128, ge=8)
+    """Tokens per input including special tokens; longer inputs are truncated (QA: split into windows)."""
+    freeze_encoder: bool = False
+    """Feature-based evaluation: keep the encoder's weights fixed and train only the task head."""
+    tag_scheme: TagScheme = "IOB2"
+    """token_classification: how tags mark entities (IOB1 for the original CoNLL-2003 files, IOB2/BIO, IOBES); decides entity-level scoring."""
+    doc_stride: int = Field(128, ge=1)
+    """qa: tokens between the starts of consecutive context windows (Google's run_squad meaning; Hugging Face's `stride` is the overlap instead)."""
+    max_query_length: int = Field(64, ge=1)
+    """qa: questions longer than this many tokens are cut."""
+    max_answer_length: int = Field(30, ge=1)
+    """qa: longest answer span, in tokens, the decoder may predict."""
+    n_best: int = Field(20, ge=1)
+    """qa: start and end candidates per window considered when decoding spans."""
+    version_2: bool = False
+    """qa: SQuAD 2.0, questions may have no answer; the model predicts none when the null score beats the best span by more than `null_score_threshold`."""
+    null_score_threshold: float = 0.0
+    """qa, version_2: predict no answer when null score - best span score > this value."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """raise: a malformed row stops with its file and line; skip: malformed rows are left out and counted."""
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        try:
+            codecs.lookup(value)
+        except LookupError:
+            raise ValueError(f"unknown text encoding {value!r}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TaskConfig:
+        if self.format not in _FORMATS_OF[self.type]:
+            allowed = ", ".join(_FORMATS_OF[self.type])
+            raise ValueError(f"format {self.format!r} cannot hold a {self.type} task; use one of {allowed}")
+        if self.validation is None and self.cross_validation_folds is None:
+            raise ValueError("validation is not set: give a validation file or cross_validation_folds")
+        if self.validation is not None and self.cross_validation_folds is not None:
+            raise ValueError("set either validation or cross_validation_folds, not both")
+        if self.type == "regression" and self.labels is not None:
+            raise ValueError("labels must be unset for a regression task")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise ValueError("labels contains duplicates")
+        if self.format in ("tsv", "csv") and not self.header:
+            named = [c for c in (self.text_a, self.text_b, self.label_column) if isinstance(c, str)]
+            if named:
+                raise ValueError(f"header is false, so columns must be 0-based indexes, not names ({named[0]!r})")
+        if self.format == "jsonl":
+            indexed = [c for c in (self.text_a, self.text_b, self.label_column) if isinstance(c, int)]
+            if indexed:
+                raise ValueError("jsonl columns are field names, not indexes")
+        if self.positive_label is not None and self.labels is not None and self.positive_label not in self.labels:
+            raise ValueError(f"positive_label {self.positive_label!r} is not in labels")
+        if self.type == "qa" and self.max_query_length + 4 >= self.max_seq_length:
+            raise ValueError("max_query_length leaves no room for context within max_seq_length")
+        return self
+
+
+# --- example records -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextExample:
+    """A text or text pair with a class label (str) or a score (float)."""
+
+    text_a: str
+    text_b: str | None
+    label: str | float
+
+
+@dataclass(frozen=True)
+class TaggedSentence:
+    """Words with one tag each (CoNLL)."""
+
+    words: tuple[str, ...]
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    start: int
+    """Character offset of `text` in the context."""
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """A question on a context; `answers` is empty when the question has no answer (v2)."""
+
+    id: str
+    question: str
+    context: str
+    answers: tuple[Answer, ...]
+
+
+@dataclass
+class ReadResult:
+    """What a reader returns: the good examples and how many malformed rows were skipped."""
+
+    examples: list
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+    """The first problems met when skipping ("file:line: reason"), for the report."""
+
+
+class _Problems:
+    """Raises on a malformed row or, when skipping, counts it and keeps the first few."""
+
+    def __init__(self, path: str, on_error: str, keep: int = 20) -> None:
+        self.path, self.on_error, self.keep = path, on_error, keep
+        self.skipped, self.messages = 0, []
+
+    def report(self, line: int | None, reason: str) -> None:
+        where = f"{self.path}, line {line}" if line is not None else self.path
+        message = f"{where}: {reason}"
+        if self.on_error == "raise":
+            raise ValueError(f"{message} (fix the row or set on_error: skip)")
+        self.skipped += 1
+        if len(self.messages) < self.keep:
+            self.messages.append(message)
+
+    def result(self, examples: list) -> ReadResult:
+        return ReadResult(examples, self.skipped, self.messages)
+
+
+class _Malformed(Exception):
+    """A row-level problem, turned into `_Problems.report` by the reader's loop."""
+
+
+def _lines(path: str, encoding: str, problems: _Problems) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded line with its newline). Lines are decoded one by one
+    so an undecodable byte is reported with its line; a UTF-8 byte-order mark is dropped."""
+    with fsspec.open(path, "rb", compression="infer") as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                yield number, raw.decode(encoding)
+            except UnicodeDecodeError as err:
+                problems.report(number, f"byte {raw[err.start]:#04x} is not valid {encoding} (set the task's encoding)")
+
+
+# --- label checks --------------------------------------------------------------------------
+
+
+def _class_label(value: Any, labels: list[str] | None) -> str:
+    if value is None:
+        raise _Malformed("the label is missing")
+    label = str(value).strip()
+    if labels is not None and label not in labels:
+        raise _Malformed(f"label {label!r} is not one of {labels}")
+    return label
+
+
+def _score(value: Any) -> float:
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise _Malformed(f"score {value!r} is not a number") from None
+    if not math.isfinite(score):
+        raise _Malformed(f"score {value!r} is not finite")
+    return score
+
+
+def _label_parser(task_type: str, labels: list[str] | None) -> Callable[[Any], str | float]:
+    return _score if task_type == "regression" else (lambda value: _class_label(value, labels))
+
+
+# --- tsv / csv / jsonl / fasttext ----------------------------------------------------------
+
+
+def read_rows(
+    path: str,
+    *,
+    format: Literal["tsv", "csv", "jsonl"],
+    text_a: str | int,
+    text_b: str | int | None = None,
+    label_column: str | int = "label",
+    task_type: Literal["classification", "regression"] = "classification",
+    labels: list[str] | None = None,
+    header: bool = True,
+    encoding: str = "utf-8",
+    on_error: Literal["raise", "skip"] = "raise",
+) -> ReadResult:
+    """TextExamples from delimited rows or JSON lines. TSV is read without quote handling
+    (GLUE's files contain stray quotes); CSV follows RFC 4180 quoting. Blank lines are
+    ignored. A row with a different number of columns than the header (or the first row,
+    without a header) is malformed."""
+    problems = _Problems(path, on_error)
+    parse_label = _label_parser(task_type, labels)
+    lines = _lines(path, encoding, problems)
+    rows = _json_rows(lines, problems) if format == "jsonl" else _delimited_rows(lines, format, header, problems)
+    columns = (text_a, text_b, label_column)
+    examples = []
+    for line, row in rows:
+        try:
+            a, b, label = (None if c is None else _cell(row, c) for c in columns)
+            if not isinstance(a, str) or (text_b is not None and not isinstance(b, str)):
+                raise _Malformed("a text column is not a string")
+            examples.append(TextExample(a, b, parse_label(label)))
+        except _Malformed as problem:
+            problems.report(line, str(problem))
+    return problems.result(examples)
+
+
+def _cell(row: dict | list, column: str | int) -> Any:
+    try:
+        return row[column]
+    except (KeyError, IndexError):
+        raise _Malformed(f"column {column!r} is missing") from None
+
+
+def _delimited_rows(
+    lines: Iterator[tuple[int, str]], format: str, header: bool, problems: _Problems
+) -> Iterator[tuple[int, dict | list]]:
+    """(first line of the record, row) pairs; rows are dicts by header name and also
+    indexable by position, so a column may be given either way."""
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if format == "tsv" else {}
+    seen: list[int] = []  # line numbers handed to csv, so a record knows where it began
+
+    def text() -> Iterator[str]:
+        for number, line in lines:
+            seen.append(number)
+            yield line
+
+    reader = csv.reader(text(), **dialect)
+    names: list[str] | None = None
+    width: int | None = None
+    while True:
+        mark = len(seen)
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:  # e.g. an unterminated quote in a CSV
+            problems.report(seen[mark] if len(seen) > mark else None, f"unreadable row ({err})")
+            continue
+        line = seen[mark]
+        if not row or row == [""]:
+            continue
+        if header and names is None:
+            names, width = [c.strip() for c in row], len(row)
+            continue
+        if width is None:
+            width = len(row)
+        if len(row) != width:
+            problems.report(line, f"{len(row)} columns where {width} were expected")
+            continue
+        yield line, _Row(row, names)
+
+
+class _Row(dict):
+    """A row addressable by header name or by 0-based index."""
+
+    def __init__(self, cells: list[str], names: list[str] | None) -> None:
+        super().__init__(zip(names, cells) if names else ())
+        self.cells = cells
+
+    def __getitem__(self, key):
+        return self.cells[key] if isinstance(key, int) else super().__getitem__(key)
+
+
+def _json_rows(lines: Iterator[tuple[int, str]], problems: _Problems) -> Iterator[tuple[int, dict]]:
+    for line, text in lines:
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as err:
+            problems.report(line, f"invalid JSON ({err.msg})")
+            continue
+        if not isinstance(row, dict):
+            problems.report(line, "the line is not a JSON object")
+            continue
+        yield line, row
+
+
+_FASTTEXT_LABEL = "__label__"
+
+
+def read_fasttext(
+    path: str, *, labels: list[str] | None = None, encoding: str = "utf-8", on_error: Literal["raise", "skip"] = "raise"
+) -> ReadResult:
+    """TextExamples from fastText-style lines, `__label__pos the text ...` (the
+    pang_lee_polarity.cor sample). Labels are stored without the prefix; a line with no
+    label, several labels or no text is malformed."""
+    problems = _Problems(path, on_error)
+    examples = []
+    for line, text in _lines(path, encoding, problems):
+        words = text.split()
+        if not words:
+            continue
+        tags = [w for w in words if w.startswith(_FASTTEXT_LABEL)]
+        rest = [w for w in words if not w.startswith(_FASTTEXT_LABEL)]
+        try:
+            if len(tags) != 1:
+                raise _Malformed(f"expected one {_FASTTEXT_LABEL}LABEL, found {len(tags)}")
+            if not rest:
+                raise _Malformed("the line has a label but no text")
+            examples.append(TextExample(" ".join(rest), None, _class_label(tags[0][len(_FASTTEXT_LABEL) :], labels)))
+        except _Malformed as problem:
+            problems.report(line, str(problem))
+    return problems.result(examples)
+
+
+# --- CoNLL ---------------------------------------------------------------------------------
+
+_TAG = re.compile(r"^(O|[BIES]-\S+)$")
+
+
+def read_conll(
+    path: str, *, labels: list[str] | None = None, encoding: str = "utf-8", on_error: Literal["raise", "skip"] = "raise"
+) -> ReadResult:
+    """TaggedSentences from a CoNLL-2003 style file: one token per line, its tag in the last
+    column, blank lines between sentences, -DOCSTART- lines ignored. A line with a single
+    column, or a tag outside `labels` (or, with no list, not O/B-/I-/E-/S-TYPE), makes its
+    sentence malformed; skipping drops the whole sentence and counts it once."""
+    problems = _Problems(path, on_error)
+    examples: list[TaggedSentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+    bad: tuple[int, str] | None = None
+
+    def close() -> None:
+        nonlocal words, tags, bad
+        if bad is not None:
+            problems.report(*bad)
+        elif words:
+            examples.append(TaggedSentence(tuple(words), tuple(tags)))
+        words, tags, bad = [], [], None
+
+    for line, text in _lines(path, encoding, problems):
+        columns = text.split()
+        if not columns:
+            close()
+            continue
+        if columns[0] == "-DOCSTART-":
+            close()
+            continue
+        if bad is not None:
+            continue
+        tag = columns[-1]
+        if len(columns) < 2:
+            bad = (line, f"expected a token and a tag, found {text.strip()!r}")
+        elif labels is not None and tag not in labels:
+            bad = (line, f"tag {tag!r} is not one of the task's labels")
+        elif labels is None and not _TAG.match(tag):
+            bad = (line, f"{tag!r} is not a tag of the form O, B-TYPE, I-TYPE, E-TYPE or S-TYPE")
+        else:
+            words.append(columns[0])
+            tags.append(tag)
+    close()
+    return problems.result(examples)
+
+
+# --- SQuAD ---------------------------------------------------------------------------------
+
+
+def read_squad(
+    path: str, *, version_2: bool = False, encoding: str = "utf-8", on_error: Literal["raise", "skip"] = "raise"
+) -> ReadResult:
+    """QAExamples from a SQuAD v1.1 or v2.0 JSON file. Every answer must lie inside its
+    context with its text found exactly at answer_start; a question without answers (or
+    is_impossible) is malformed unless version_2. Problems are reported with the line of
+    the question's id in the file (SQuAD files are often a single line) and the id."""
+    problems = _Problems(path, on_error)
+    fatal = _Problems(path, "raise")  # a file that does not parse has nothing to skip to
+    with fsspec.open(path, "rb", compression="infer") as f:
+        data = f.read()
+    try:
+        raw = data.decode("utf-8-sig" if encoding.replace("-", "").lower() == "utf8" else encoding)
+    except UnicodeDecodeError as err:
+        fatal.report(data.count(b"\n", 0, err.start) + 1, f"not valid {encoding} (set the task's encoding)")
+    try:
+        document = json.loads(raw)
+    except json.JSONDecodeError as err:
+        fatal.report(err.lineno, f"invalid JSON ({err.msg})")
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        fatal.report(1, 'not a SQuAD file: expected {"data": [...]} at the top')
+
+    # Ids appear in file order, so each is looked up after the previous one: a line number
+    # without a position-tracking JSON parser.
+    cursor = 0
+
+    def line_of(qid: str) -> int | None:
+        nonlocal cursor
+        found = raw.find(json.dumps(qid), cursor)
+        if found < 0:
+            found = raw.find(json.dumps(qid, ensure_ascii=False), cursor)
+        if found < 0:
+            return None
+        cursor = found + 1
+        return raw.count("\n", 0, found) + 1
+
+    examples = []
+    for article in document["data"]:
+        for paragraph in article.get("paragraphs", []):
+            context = paragraph.get("context", "")
+            for qa in paragraph.get("qas", []):
+                qid = str(qa.get("id", ""))
+                try:
+                    examples.append(_squad_example(qa, qid, context, version_2))
+                except _Malformed as problem:
+                    problems.report(line_of(qid), f"question {qid!r}: {problem}")
+                    continue
+                line_of(qid)  # advance the cursor past this id
+    return problems.result(examples)
+
+
+def _squad_example(qa: dict, qid: str, context: str, version_2: bool) -> QAExample:
+    if not qid:
+        raise _Malformed("the question has no id")
+    question = qa.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise _Malformed("the question text is missing")
+    impossible = bool(qa.get("is_impossible", False))
+    answers = [] if impossible else qa.get("answers", [])
+    if impossible and not version_2:
+        raise _Malformed("is_impossible is set but version_2 is false")
+    if not answers and not version_2:
+        raise _Malformed("no answers (set version_2 for unanswerable questions)")
+    checked = []
+    for answer in answers:
+        text, start = answer.get("text"), answer.get("answer_start")
+        if not isinstance(text, str) or not text or not isinstance(start, int):
+            raise _Malformed("an answer lacks its text or answer_start")
+        if start < 0 or start + len(text) > len(context):
+            raise _Malformed(f"answer {text!r} at {start} lies outside the context ({len(context)} characters)")
+        if context[start : start + len(text)] != text:
+            raise _Malformed(f"answer {text!r} is not at answer_start {start} (found {context[start:start + len(text)]!r})")
+        checked.append(Answer(text, start))
+    return QAExample(qid, question, context, tuple(checked))
+
+
+# --- task level ----------------------------------------------------------------------------
+
+
+def read_split(task: TaskConfig, split: Split, labels: list[str] | None = None) -> ReadResult:
+    """The examples of one split of `task`. `labels` overrides `task.labels` (run_task
+    passes the list inferred from train when the config leaves it unset)."""
+    path = getattr(task, split)
+    if path is None:
+        raise ValueError(f"task {task.name!r} has no {split} file")
+    labels = labels if labels is not None else task.labels
+    if task.format == "squad":
+        return read_squad(path, version_2=task.version_2, encoding=task.encoding, on_error=task.on_error)
+    if task.format == "conll":
+        return read_conll(path, labels=labels, encoding=task.encoding, on_error=task.on_error)
+    if task.format == "fasttext":
+        return read_fasttext(path, labels=labels, encoding=task.encoding, on_error=task.on_error)
+    return read_rows(
+        path,
+        format=task.format,
+        text_a=task.text_a,
+        text_b=task.text_b,
+        label_column=task.label_column,
+        task_type=task.type,
+        labels=labels,
+        header=task.header,
+        encoding=task.encoding,
+        on_error=task.on_error,
+    )
+
+
+def infer_labels(task: TaskConfig, train_examples: list) -> list[str]:
+    """The task's label list: `task.labels` if set, else the sorted labels seen in train."""
+    if task.labels is not None:
+        return list(task.labels)
+    if task.type == "token_classification":
+        return sorted({tag for sentence in train_examples for tag in sentence.tags})
+    return sorted({example.label for example in train_examples})
+
+
+def fold_splits(task: TaskConfig, examples: list) -> list[tuple[list[int], list[int]]]:
+    """(train indexes, held-out indexes) per cross-validation fold. The folds depend only on
+    the task name, never on the fine-tuning seed, so seeds differ by training alone.
+    Classification folds keep the label proportions (when every label has k examples)."""
+    k = task.cross_validation_folds
+    if k is None:
+        raise ValueError(f"task {task.name!r} has no cross_validation_folds")
+    if len(examples) < k:
+        raise ValueError(f"task {task.name!r}: {len(examples)} training examples cannot make {k} folds")
+    state = keyed_seed(0, task.name, "folds") % 2**32
+    indexes = list(range(len(examples)))
+    if task.type == "classification":
+        y = [e.label for e in examples]
+        if min(y.count(label) for label in set(y)) >= k:
+            splitter = StratifiedKFold(n_splits=k, shuffle=True, random_state=state)
+            return [(list(a), list(b)) for a, b in splitter.split(indexes, y)]
+    splitter = KFold(n_splits=k, shuffle=True, random_state=state)
+    return [(list(a), list(b)) for a, b in splitter.split(indexes)]
