@@ -1,0 +1,426 @@
+"""Examples stage library: the `examples:` config section, the shard record layout, and
+documents -> training records (pairs or packed sentences, then static masking).
+
+Record (one per training sequence, nothing padded; DESIGN.md "examples shard"):
+    input_ids           list<uint16>  [CLS] A [SEP] B [SEP] (int32 when vocab > 65,535)
+    segment_b_start     uint16        index of B's first token (== length without B)
+    masked_positions    list<uint16>  sorted; empty with dynamic masking
+    masked_ids          list<uint16>  original ids there; empty with dynamic masking
+    next_sentence_label int8          0 = B follows A, 1 = B random (sop: swapped); -1 no NSP
+    length              uint16        len(input_ids)
+
+Randomness: one `random.Random` per (seed, "examples", phase, document, pass) drives the
+pairs and then the masks of that document, so the output does not depend on how documents
+are spread over workers. RoBERTa FULL-SENTENCES packs across the documents of one shard;
+its generator is keyed by the shard's first document instead.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from bertcore.masking import KEPT, MASKED, RANDOM, MaskConfig, VocabTables, mask_tokens
+from bertcore.pairs import Pair, PairConfig, RandomDocs, build_pairs, pack_sentences
+from bertcore.rng import keyed_random
+from bertcore.section import Section
+
+Objective = Literal["bert", "roberta", "sop"]
+UINT16_MAX = 65_535
+_PHASE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class PhaseConfig(Section):
+    """One sequence-length phase; its examples go to examples/<name>/."""
+
+    name: str
+    """Directory name of the phase, e.g. seq128."""
+    max_seq_length: int = Field(ge=3, le=UINT16_MAX)
+    """Tokens per sequence including [CLS] and [SEP]."""
+    max_predictions_per_seq: int = Field(ge=1)
+    """Most masked positions per sequence (Google: about max_seq_length * masked_lm_prob)."""
+
+    @field_validator("name")
+    @classmethod
+    def _directory_name(cls, value: str) -> str:
+        if not _PHASE_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a plain directory name (letters, digits, _ . -)")
+        return value
+
+
+def _default_phases() -> list[PhaseConfig]:
+    # BERT's schedule: most steps at 128 tokens, the last ones at 512.
+    return [
+        PhaseConfig(name="seq128", max_seq_length=128, max_predictions_per_seq=20),
+        PhaseConfig(name="seq512", max_seq_length=512, max_predictions_per_seq=80),
+    ]
+
+
+class ExamplesConfig(Section):
+    """Corpus documents to training sequences: NSP/SOP pairs or packed sentences, masked."""
+
+    objective: Objective = "bert"
+    """bert: NSP pairs as Google's create_pretraining_data; sop: ALBERT sentence-order pairs; roberta: packed sentences, no NSP."""
+    max_seq_length: int = Field(512, ge=3, le=UINT16_MAX)
+    """Longest sequence of any phase. Setting it without `phases` replaces the default schedule (seq128 + seq512) by one phase named seq<N>."""
+    max_predictions_per_seq: int | None = Field(None, ge=1)
+    """For the single phase made from max_seq_length only (default: ceil(max_seq_length * masked_lm_prob)); with `phases`, set it per phase."""
+    phases: list[PhaseConfig] = Field(default_factory=_default_phases, min_length=1, validate_default=True)
+    """Sequence-length phases, each written to examples/<name>/ (default: seq128 with 20 predictions, seq512 with 80)."""
+    short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
+    """Probability that a document (per pass) gets a random shorter target length. Default 0.1 (Google), 0 for roberta."""
+    dupe_factor: int = Field(10, ge=1)
+    """Passes over the corpus, each with new pairs and masks. Default 10 (Google), 1 for roberta with dynamic masking (the loader re-masks each epoch)."""
+    masked_lm_prob: float = Field(0.15, gt=0.0, lt=1.0)
+    """Share of each sequence's tokens (specials counted) that are prediction targets."""
+    whole_word_mask: bool = False
+    """Mask whole words: a `##` piece is masked together with the word it continues."""
+    span_masking: bool = False
+    """SpanBERT: mask spans of whole words, geometric length (p=0.2, at most 10 words)."""
+    masking: Literal["static", "dynamic"] = "static"
+    """static: masks are drawn here and stored; dynamic: stored unmasked, the data loader draws a new mask each epoch. Default static, dynamic for roberta."""
+    doc_sentences: bool = False
+    """roberta only: DOC-SENTENCES (a sequence never crosses a document boundary) instead of FULL-SENTENCES."""
+    length_bins: list[int] = Field(default_factory=lambda: [32, 64, 128, 256, 512], min_length=1, validate_default=True)
+    """Upper bounds of the length bins; a shard holds records of one bin so batches waste little padding."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_from_objective(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        roberta = data.get("objective") == "roberta"
+        data.setdefault("short_seq_prob", 0.0 if roberta else 0.1)
+        data.setdefault("masking", "dynamic" if roberta else "static")
+        data.setdefault("dupe_factor", 1 if roberta and data["masking"] == "dynamic" else 10)
+        has_length = data.get("max_seq_length") is not None
+        if "phases" not in data and has_length:
+            length = data["max_seq_length"]
+            if isinstance(length, int) and not isinstance(length, bool):
+                prob = data.get("masked_lm_prob", 0.15)
+                predictions = data.pop("max_predictions_per_seq", None)
+                if predictions is None and isinstance(prob, (int, float)):
+                    predictions = max(1, math.ceil(length * prob - 1e-9))
+                data["phases"] = [{"name": f"seq{length}", "max_seq_length": length, "max_predictions_per_seq": predictions}]
+        elif not has_length and isinstance(data.get("phases", []), list):
+            lengths = [p.get("max_seq_length") if isinstance(p, dict) else getattr(p, "max_seq_length", None)
+                       for p in data.get("phases") or _default_phases()]
+            if lengths and all(isinstance(n, int) for n in lengths):
+                data["max_seq_length"] = max(lengths)
+        return data
+
+    @field_validator("phases")
+    @classmethod
+    def _phases_fit(cls, phases: list[PhaseConfig], info: ValidationInfo) -> list[PhaseConfig]:
+        names = [p.name for p in phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phase names must be unique, got {names}")
+        least = 3 if info.data.get("objective") == "roberta" else 5
+        for p in phases:
+            if p.max_seq_length < least:
+                raise ValueError(f"phase {p.name}: max_seq_length must be at least {least} ([CLS] A [SEP] B [SEP])")
+            if p.max_predictions_per_seq > p.max_seq_length:
+                raise ValueError(f"phase {p.name}: max_predictions_per_seq exceeds max_seq_length")
+        if info.data.get("max_predictions_per_seq") is not None:
+            raise ValueError("with `phases`, set max_predictions_per_seq per phase, not at the top of examples")
+        longest = info.data.get("max_seq_length")
+        if longest is not None and longest != max(p.max_seq_length for p in phases):
+            raise ValueError(
+                f"max_seq_length ({longest}) must equal the longest phase ({max(p.max_seq_length for p in phases)}); "
+                "set one of them"
+            )
+        return phases
+
+    @field_validator("doc_sentences")
+    @classmethod
+    def _doc_sentences_roberta(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("objective") != "roberta":
+            raise ValueError("doc_sentences applies to objective roberta only")
+        return value
+
+    @field_validator("length_bins")
+    @classmethod
+    def _bins_cover(cls, bins: list[int], info: ValidationInfo) -> list[int]:
+        if any(b <= 0 for b in bins) or any(x >= y for x, y in zip(bins, bins[1:])):
+            raise ValueError(f"must be positive and strictly increasing, got {bins}")
+        longest = info.data.get("max_seq_length")
+        if longest is not None and bins[-1] < longest:
+            raise ValueError(f"the last bin ({bins[-1]}) must be at least max_seq_length ({longest}); add {longest}")
+        return bins
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExamplesConfig:
+        # The field validators check this at construction; this also covers assignments.
+        longest = max(p.max_seq_length for p in self.phases)
+        if self.max_seq_length != longest:
+            raise ValueError(f"max_seq_length ({self.max_seq_length}) must equal the longest phase in phases ({longest})")
+        if self.length_bins[-1] < longest:
+            raise ValueError(f"length_bins: the last bin ({self.length_bins[-1]}) must be at least max_seq_length ({longest})")
+        return self
+
+    def phase(self, name: str) -> PhaseConfig:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"examples.phases has no phase {name!r} (have {[p.name for p in self.phases]})")
+
+    def pair_config(self, phase: PhaseConfig) -> PairConfig:
+        return PairConfig(
+            max_seq_length=phase.max_seq_length,
+            short_seq_prob=self.short_seq_prob,
+            objective=self.objective,
+            doc_sentences=self.doc_sentences,
+        )
+
+    def mask_config(self, phase: PhaseConfig, vocab: VocabTables) -> MaskConfig:
+        return MaskConfig(
+            vocab=vocab,
+            masked_lm_prob=self.masked_lm_prob,
+            max_predictions_per_seq=phase.max_predictions_per_seq,
+            whole_word_mask=self.whole_word_mask,
+            span=self.span_masking,
+        )
+
+    def length_bin(self, length: int) -> int:
+        """The smallest bin bound >= length (records of one bin share a shard)."""
+        return length_bin(length, self.length_bins)
+
+
+def length_bin(length: int, bins: Sequence[int]) -> int:
+    for bound in bins:
+        if length <= bound:
+            return bound
+    raise ValueError(f"length {length} exceeds the last length bin {bins[-1]}")
+
+
+def id_type(vocab_size: int) -> pa.DataType:
+    return pa.uint16() if vocab_size <= UINT16_MAX else pa.int32()
+
+
+def arrow_schema(vocab_size: int) -> pa.Schema:
+    ids = id_type(vocab_size)
+    return pa.schema(
+        [
+            pa.field("input_ids", pa.list_(ids), nullable=False),
+            pa.field("segment_b_start", pa.uint16(), nullable=False),
+            pa.field("masked_positions", pa.list_(pa.uint16()), nullable=False),
+            pa.field("masked_ids", pa.list_(ids), nullable=False),
+            pa.field("next_sentence_label", pa.int8(), nullable=False),
+            pa.field("length", pa.uint16(), nullable=False),
+        ]
+    )
+
+
+def records_to_table(records: Sequence[dict], vocab_size: int) -> pa.Table:
+    """Records (as from examples_for_document) -> an Arrow table with `arrow_schema`."""
+    schema = arrow_schema(vocab_size)
+    columns = [pa.array([r[f.name] for r in records], type=f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+@dataclass
+class ExampleStats:
+    """Counts over produced records; mergeable across workers (`merge`, `from_dict`)."""
+
+    document_passes: int = 0
+    short_target_documents: int = 0
+    examples: int = 0
+    tokens: int = 0
+    length_histogram: Counter = field(default_factory=Counter)
+    masked: int = 0
+    masked_kinds: Counter = field(default_factory=Counter)
+    nsp_labels: Counter = field(default_factory=Counter)
+    truncated: int = 0
+    single_segment_chunks: int = 0
+    short_target_examples: int = 0
+    same_document_negatives: int = 0
+
+    def add_document(self, short_target: bool) -> None:
+        self.document_passes += 1
+        self.short_target_documents += int(short_target)
+
+    def add_record(self, record: dict, pair: Pair | None = None, kinds: Sequence[int] = ()) -> None:
+        self.examples += 1
+        self.tokens += record["length"]
+        self.length_histogram[record["length"]] += 1
+        self.nsp_labels[record["next_sentence_label"]] += 1
+        self.masked += len(kinds)
+        self.masked_kinds.update(kinds)
+        if pair is not None:
+            self.truncated += int(pair.truncated)
+            self.single_segment_chunks += int(pair.single_segment_chunk)
+            self.short_target_examples += int(pair.target_was_short)
+            self.same_document_negatives += int(pair.same_document_negative)
+
+    def merge(self, other: ExampleStats) -> ExampleStats:
+        out = ExampleStats()
+        for name in self.__dataclass_fields__:
+            a, b = getattr(self, name), getattr(other, name)
+            setattr(out, name, a + b if not isinstance(a, Counter) else Counter(a) + Counter(b))
+        return out
+
+    def _share(self, part: int, whole: int) -> float | None:
+        return part / whole if whole else None
+
+    def to_dict(self) -> dict:
+        """Counts plus shares (JSON-ready; Counter keys become strings)."""
+        s = self._share(self.single_segment_chunks, self.examples)
+        nsp = self.nsp_labels[0] + self.nsp_labels[1]
+        return {
+            "document_passes": self.document_passes,
+            "short_target_documents": self.short_target_documents,
+            "examples": self.examples,
+            "tokens": self.tokens,
+            "length_histogram": {str(k): v for k, v in sorted(self.length_histogram.items())},
+            "masked": self.masked,
+            "masked_kinds": {
+                "mask": self.masked_kinds[MASKED],
+                "kept": self.masked_kinds[KEPT],
+                "random": self.masked_kinds[RANDOM],
+            },
+            "nsp_labels": {str(k): v for k, v in sorted(self.nsp_labels.items())},
+            "truncated": self.truncated,
+            "single_segment_chunks": self.single_segment_chunks,
+            "short_target_examples": self.short_target_examples,
+            "same_document_negatives": self.same_document_negatives,
+            "shares": {
+                "short_target_documents": self._share(self.short_target_documents, self.document_passes),
+                "short_target_examples": self._share(self.short_target_examples, self.examples),
+                "truncated": self._share(self.truncated, self.examples),
+                "single_segment_chunks": s,
+                "random_next": self._share(self.nsp_labels[1], nsp),
+                # What Google's algorithm implies: forced for one-segment chunks, else p=0.5.
+                "random_next_expected": None if s is None or not nsp else s + 0.5 * (1 - s),
+                "masked_per_token": self._share(self.masked, self.tokens),
+                "mask": self._share(self.masked_kinds[MASKED], self.masked),
+                "kept": self._share(self.masked_kinds[KEPT], self.masked),
+                "random": self._share(self.masked_kinds[RANDOM], self.masked),
+                "mean_length": self._share(self.tokens, self.examples),
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ExampleStats:
+        kinds = data.get("masked_kinds", {})
+        return cls(
+            document_passes=data["document_passes"],
+            short_target_documents=data["short_target_documents"],
+            examples=data["examples"],
+            tokens=data["tokens"],
+            length_histogram=Counter({int(k): v for k, v in data["length_histogram"].items()}),
+            masked=data["masked"],
+            masked_kinds=Counter({MASKED: kinds.get("mask", 0), KEPT: kinds.get("kept", 0), RANDOM: kinds.get("random", 0)}),
+            nsp_labels=Counter({int(k): v for k, v in data["nsp_labels"].items()}),
+            truncated=data["truncated"],
+            single_segment_chunks=data["single_segment_chunks"],
+            short_target_examples=data["short_target_examples"],
+            same_document_negatives=data["same_document_negatives"],
+        )
+
+
+def _record(tokens: list[int], segment_b_start: int, label: int, rng: random.Random, mask: MaskConfig | None):
+    """(record, mask kinds). mask None = dynamic masking (nothing stored)."""
+    if mask is None:
+        return {
+            "input_ids": tokens,
+            "segment_b_start": segment_b_start,
+            "masked_positions": [],
+            "masked_ids": [],
+            "next_sentence_label": label,
+            "length": len(tokens),
+        }, []
+    is_continuation = mask.vocab.is_continuation[np.asarray(tokens, dtype=np.int64)].tolist()
+    masked = mask_tokens(tokens, is_continuation, rng, mask)
+    return {
+        "input_ids": masked.input_ids,
+        "segment_b_start": segment_b_start,
+        "masked_positions": masked.masked_positions,
+        "masked_ids": masked.masked_ids,
+        "next_sentence_label": label,
+        "length": len(tokens),
+    }, masked.kinds
+
+
+def examples_for_document(
+    doc_index: int,
+    docs: RandomDocs,
+    cfg: ExamplesConfig,
+    phase: PhaseConfig,
+    seed: int,
+    pass_index: int,
+    vocab: VocabTables,
+    stats: ExampleStats | None = None,
+    doc_key: str | int | None = None,
+) -> list[dict]:
+    """Records of one document for one pass (objectives bert, sop, and roberta with
+    doc_sentences). `docs` is the corpus-wide document index (random B segments come from
+    it); `doc_key` keys the generator (default: doc_index), e.g. the corpus doc_id.
+    """
+    rng = keyed_random(seed, "examples", phase.name, doc_index if doc_key is None else doc_key, pass_index)
+    special = vocab.special
+    mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
+    doc = docs.get(doc_index)
+    if cfg.objective == "roberta":
+        if not cfg.doc_sentences:
+            raise ValueError("FULL-SENTENCES packs across documents: use examples_for_shard")
+        return _packed_records([doc], rng, cfg, phase, vocab, mask, stats)
+    pairs = build_pairs(doc, rng, cfg.pair_config(phase), docs, doc_index)
+    if stats is not None and pairs:
+        stats.add_document(pairs[0].target_was_short)
+    records = []
+    for pair in pairs:
+        tokens = [special.cls, *pair.tokens_a, special.sep, *pair.tokens_b, special.sep]
+        record, kinds = _record(tokens, len(pair.tokens_a) + 2, int(pair.is_random_next), rng, mask)
+        records.append(record)
+        if stats is not None:
+            stats.add_record(record, pair, kinds)
+    return records
+
+
+def _packed_records(docs_iter, rng, cfg, phase, vocab, mask, stats) -> list[dict]:
+    special = vocab.special
+    records = []
+    for body in pack_sentences(docs_iter, rng, cfg.pair_config(phase), special.sep):
+        tokens = [special.cls, *body, special.sep]
+        record, kinds = _record(tokens, len(tokens), -1, rng, mask)
+        records.append(record)
+        if stats is not None:
+            stats.add_record(record, None, kinds)
+    return records
+
+
+def examples_for_shard(
+    doc_indices: Sequence[int],
+    docs: RandomDocs,
+    cfg: ExamplesConfig,
+    phase: PhaseConfig,
+    seed: int,
+    vocab: VocabTables,
+    stats: ExampleStats | None = None,
+    passes: Sequence[int] | None = None,
+) -> Iterator[dict]:
+    """Records of one corpus shard, ordered by (pass, document order, pair order).
+
+    `doc_indices` are the shard's documents as indices into the corpus-wide `docs`;
+    `passes` defaults to range(cfg.dupe_factor).
+    """
+    for pass_index in range(cfg.dupe_factor) if passes is None else passes:
+        if cfg.objective == "roberta" and not cfg.doc_sentences:
+            if not doc_indices:
+                continue
+            rng = keyed_random(seed, "examples", phase.name, "pack", doc_indices[0], pass_index)
+            mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
+            yield from _packed_records((docs.get(i) for i in doc_indices), rng, cfg, phase, vocab, mask, stats)
+            continue
+        for doc_index in doc_indices:
+            yield from examples_for_document(doc_index, docs, cfg, phase, seed, pass_index, vocab, stats)

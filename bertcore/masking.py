@@ -1,0 +1,339 @@
+"""Masked-LM targets: which positions to predict and what the model sees there.
+
+`mask_tokens` masks one sequence with a `random.Random` exactly as Google's
+create_masked_lm_predictions does (static masking, written into the examples shards);
+`mask_batch` applies the same rules to a padded batch with a `torch.Generator` (dynamic
+masking, drawn by the data loader each epoch).
+
+The rules (DESIGN.md, "Reference algorithm"):
+- candidates are all positions except [CLS]/[SEP] (and [PAD]/[MASK]); with whole-word
+  masking a `##` piece joins the word before it;
+- num_to_predict = min(max_predictions_per_seq, max(1, round(len(tokens) * masked_lm_prob))),
+  len counting the specials, `round` halving to even like Python's;
+- candidate words in random order; a word that would overflow the quota is skipped;
+- per token 80% [MASK], 10% kept, 10% a random id; positions are reported sorted.
+
+Differences from Google, on purpose:
+- random replacements come from the non-special vocabulary only (never [PAD], [UNK],
+  [CLS], [SEP], [MASK] or [unused*]); Google draws from the whole vocabulary;
+- a `##` piece right after a special token starts a new word (Google would join it to the
+  last word before the [SEP]).
+
+SpanBERT (`span=True`): spans of whole words whose length in words follows the geometric
+distribution p=0.2 truncated to 1..10 words and renormalised, as SpanBERT's code does (mean
+3.8 words); the anchor is a uniform not-yet-masked word; a span stops early at a special
+token, an already masked word or the quota. 80/10/10 is decided once per span, as in
+SpanBERT. The quota is the same num_to_predict.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+
+MASKED, KEPT, RANDOM = 0, 1, 2
+"""Replacement kinds of a masked position: [MASK], original token kept, random token."""
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_UNUSED = re.compile(r"\[unused\d+\]")
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+    @classmethod
+    def from_vocab(cls, tokens: Sequence[str]) -> SpecialIds:
+        index = {token: i for i, token in enumerate(tokens)}
+        missing = [t for t in SPECIAL_TOKENS if t not in index]
+        if missing:
+            raise ValueError(f"the vocabulary lacks the special token(s) {', '.join(missing)}")
+        return cls(*(index[t] for t in SPECIAL_TOKENS))
+
+    @property
+    def never_masked(self) -> frozenset[int]:
+        """Ids that are never prediction targets. [UNK] stays maskable, as in Google's code."""
+        return frozenset({self.pad, self.cls, self.sep, self.mask})
+
+
+@dataclass(frozen=True, eq=False)
+class VocabTables:
+    """What masking needs to know about a WordPiece vocabulary, as id-indexed arrays."""
+
+    special: SpecialIds
+    is_continuation: np.ndarray
+    """(V,) bool: the token is a `##` piece."""
+    replacement_ids: np.ndarray
+    """(R,) int64: ids eligible as random replacements (everything but specials and [unused*])."""
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.is_continuation)
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[str], extra_special: Sequence[str] = ()) -> VocabTables:
+        """From the vocabulary in id order (the lines of vocab.txt)."""
+        special = SpecialIds.from_vocab(tokens)
+        excluded = set(SPECIAL_TOKENS) | set(extra_special)
+        is_continuation = np.fromiter((t.startswith("##") for t in tokens), dtype=bool, count=len(tokens))
+        eligible = [i for i, t in enumerate(tokens) if t not in excluded and not _UNUSED.fullmatch(t)]
+        if not eligible:
+            raise ValueError("the vocabulary has no ordinary tokens to use as random replacements")
+        return cls(special, is_continuation, np.asarray(eligible, dtype=np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class MaskConfig:
+    vocab: VocabTables
+    masked_lm_prob: float = 0.15
+    max_predictions_per_seq: int = 20
+    whole_word_mask: bool = False
+    span: bool = False
+    """SpanBERT spans of whole words (implies whole-word masking)."""
+    span_p: float = 0.2
+    span_max_words: int = 10
+    _span_cdf: tuple[float, ...] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise ValueError("masked_lm_prob must be in (0, 1)")
+        if self.max_predictions_per_seq < 1:
+            raise ValueError("max_predictions_per_seq must be at least 1")
+        weights = [self.span_p * (1 - self.span_p) ** (k - 1) for k in range(1, self.span_max_words + 1)]
+        total = sum(weights)
+        object.__setattr__(self, "_span_cdf", tuple(np.cumsum(weights) / total))
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.vocab.special.mask
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.vocab_size
+
+    @property
+    def never_masked(self) -> frozenset[int]:
+        return self.vocab.special.never_masked
+
+    @property
+    def joins_words(self) -> bool:
+        return self.whole_word_mask or self.span
+
+    @cached_property
+    def _replacement_tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.vocab.replacement_ids)
+
+    def draw_span_words(self, rng: random.Random) -> int:
+        """A span length in words: geometric(p) truncated to 1..span_max_words."""
+        return min(bisect.bisect_right(self._span_cdf, rng.random()) + 1, self.span_max_words)
+
+
+@dataclass(frozen=True)
+class MaskedExample:
+    input_ids: list[int]
+    """The sequence as the model sees it."""
+    masked_positions: list[int]
+    """Sorted positions to predict."""
+    masked_ids: list[int]
+    """Original ids at masked_positions."""
+    kinds: list[int]
+    """MASKED / KEPT / RANDOM per masked position (for statistics)."""
+
+
+def num_to_predict(length: int, cfg: MaskConfig) -> int:
+    """Google's quota: length counts [CLS]/[SEP]; Python's round (half to even)."""
+    return min(cfg.max_predictions_per_seq, max(1, int(round(length * cfg.masked_lm_prob))))
+
+
+def _words(tokens: Sequence[int], candidate: Sequence[bool], is_continuation: Sequence[bool], joins: bool) -> list[list[int]]:
+    """Candidate positions grouped into words (text order); a word never spans a special."""
+    words: list[list[int]] = []
+    previous_is_candidate = False
+    for i in range(len(tokens)):
+        if not candidate[i]:
+            previous_is_candidate = False
+            continue
+        if joins and previous_is_candidate and is_continuation[i]:
+            words[-1].append(i)
+        else:
+            words.append([i])
+        previous_is_candidate = True
+    return words
+
+
+def _replacement(kind_draw: float, second_draw: float) -> int:
+    if kind_draw < 0.8:
+        return MASKED
+    return KEPT if second_draw < 0.5 else RANDOM
+
+
+def mask_tokens(
+    tokens: Sequence[int], is_continuation: Sequence[bool], rng: random.Random, cfg: MaskConfig
+) -> MaskedExample:
+    """Mask one sequence ([CLS] ... [SEP] included) as Google does; see the module docstring."""
+    never = cfg.never_masked
+    candidate = [t not in never for t in tokens]
+    return _mask_one(list(tokens), candidate, is_continuation, rng, cfg)
+
+
+def _mask_one(tokens: list[int], candidate, is_continuation, rng: random.Random, cfg: MaskConfig) -> MaskedExample:
+    words = _words(tokens, candidate, is_continuation, cfg.joins_words)
+    quota = num_to_predict(len(tokens), cfg)
+    chosen = _spans(words, quota, rng, cfg) if cfg.span else _google_words(words, quota, rng, cfg)
+    output = list(tokens)
+    replacements = cfg.vocab.replacement_ids
+    for position, kind in chosen:
+        if kind == MASKED:
+            output[position] = cfg.mask_token_id
+        elif kind == RANDOM:
+            output[position] = int(replacements[rng.randint(0, len(replacements) - 1)])
+    chosen.sort()
+    return MaskedExample(
+        input_ids=output,
+        masked_positions=[p for p, _ in chosen],
+        masked_ids=[tokens[p] for p, _ in chosen],
+        kinds=[k for _, k in chosen],
+    )
+
+
+def _google_words(words: list[list[int]], quota: int, rng: random.Random, cfg: MaskConfig) -> list[tuple[int, int]]:
+    rng.shuffle(words)
+    chosen: list[tuple[int, int]] = []
+    for word in words:
+        if len(chosen) >= quota:
+            break
+        if len(chosen) + len(word) > quota:
+            continue  # a whole word that would overflow the quota is skipped
+        for position in word:
+            first = rng.random()
+            second = rng.random() if first >= 0.8 else 0.0
+            chosen.append((position, _replacement(first, second)))
+    return chosen
+
+
+def _spans(words: list[list[int]], quota: int, rng: random.Random, cfg: MaskConfig) -> list[tuple[int, int]]:
+    # Words i and i+1 are adjacent in the text when no special token lies between them.
+    adjacent = [words[i][-1] + 1 == words[i + 1][0] for i in range(len(words) - 1)]
+    masked = [False] * len(words)
+    alive = list(range(len(words)))  # possible anchors
+    chosen: list[tuple[int, int]] = []
+    while len(chosen) < quota and alive:
+        span_words = cfg.draw_span_words(rng)
+        anchor = alive[rng.randint(0, len(alive) - 1)]
+        room = quota - len(chosen)
+        if len(words[anchor]) > room:
+            alive.remove(anchor)  # can never fit: the room only shrinks
+            continue
+        span = [anchor]
+        used = len(words[anchor])
+        k = anchor + 1
+        while (
+            len(span) < span_words
+            and k < len(words)
+            and adjacent[k - 1]
+            and not masked[k]
+            and used + len(words[k]) <= room
+        ):
+            span.append(k)
+            used += len(words[k])
+            k += 1
+        first = rng.random()
+        kind = _replacement(first, rng.random() if first >= 0.8 else 0.0)
+        for w in span:
+            masked[w] = True
+            alive.remove(w)
+            chosen.extend((position, kind) for position in words[w])
+    return chosen
+
+
+def mask_batch(
+    input_ids: torch.Tensor,
+    special_mask: torch.Tensor,
+    continuation_mask: torch.Tensor,
+    generator: torch.Generator,
+    cfg: MaskConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic masking of a padded batch: (masked input_ids, labels with -100 elsewhere).
+
+    input_ids, special_mask, continuation_mask: (B, T); special_mask is True at positions
+    that must never be masked (specials and padding). Sequence lengths for the quota are the
+    non-[PAD] counts. Same rules as `mask_tokens` per sequence: quota formula, whole words
+    skipped when they overflow, 80/10/10 per token. The draws differ (torch instead of
+    Python's random), so a sequence gets a different but equally distributed mask. SpanBERT
+    spans are drawn per sequence with `mask_tokens`' code (seeded from `generator`).
+    """
+    B, T = input_ids.shape
+    lengths = (input_ids != cfg.vocab.special.pad).sum(1)  # (B,)
+    quota = torch.clamp(torch.round(lengths.double() * cfg.masked_lm_prob), min=1).long()
+    quota = torch.clamp(quota, max=cfg.max_predictions_per_seq)  # (B,)
+    candidate = ~special_mask
+    if cfg.span:
+        return _mask_batch_spans(input_ids, candidate, continuation_mask, lengths, generator, cfg)
+
+    # Words: a candidate starts a word unless it is a `##` piece right after a candidate.
+    previous = torch.zeros_like(candidate)
+    previous[:, 1:] = candidate[:, :-1]
+    starts = candidate & ~(continuation_mask & previous) if cfg.joins_words else candidate  # (B, T)
+    word_of = torch.cumsum(starts.long(), 1) - 1  # (B, T) word index of each token
+    word_of = torch.where(candidate, word_of, torch.full_like(word_of, T))  # non-candidates -> bin T
+    word_len = torch.zeros(B, T + 1, dtype=torch.long).scatter_add_(1, word_of, torch.ones_like(word_of))
+    n_words = starts.sum(1)  # (B,)
+
+    # A uniform random order of each sequence's words: sort random keys.
+    keys = torch.rand(B, T, generator=generator)
+    word_keys = torch.full((B, T + 1), 2.0).scatter_(1, torch.where(starts, word_of, T), keys)[:, :T]
+    order = torch.argsort(word_keys, dim=1)  # (B, T) word indices in random order
+    ordered_len = torch.gather(word_len, 1, order)  # (B, T)
+    rank = torch.arange(T).expand(B, T)
+    valid = rank < n_words[:, None]
+
+    if not cfg.joins_words:
+        take = valid & (rank < quota[:, None])  # every word is one token
+    else:
+        # Greedy as in Google: walk words in random order, skip the ones that overflow.
+        take = torch.zeros(B, T, dtype=torch.bool)
+        room = quota.clone()
+        for r in range(int(n_words.max().item()) if B else 0):
+            fits = valid[:, r] & (ordered_len[:, r] <= room)
+            take[:, r] = fits
+            room -= fits.long() * ordered_len[:, r]
+            if not bool((room > 0).any()):
+                break
+    word_taken = torch.zeros(B, T + 1, dtype=torch.bool).scatter_(1, order, take)
+    selected = torch.gather(word_taken, 1, word_of) & candidate  # (B, T)
+
+    draw = torch.rand(B, T, generator=generator)
+    random_ids = cfg._replacement_tensor[
+        torch.randint(0, len(cfg.vocab.replacement_ids), (B, T), generator=generator)
+    ]
+    out = input_ids.clone()
+    out = torch.where(selected & (draw < 0.8), torch.full_like(out, cfg.mask_token_id), out)
+    out = torch.where(selected & (draw >= 0.9), random_ids.to(out.dtype), out)
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))
+    return out, labels
+
+
+def _mask_batch_spans(input_ids, candidate, continuation_mask, lengths, generator, cfg):
+    out = input_ids.clone()
+    labels = torch.full_like(input_ids, -100)
+    for b in range(input_ids.shape[0]):
+        n = int(lengths[b])
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        tokens = input_ids[b, :n].tolist()
+        example = _mask_one(
+            tokens, candidate[b, :n].tolist(), continuation_mask[b, :n].tolist(), random.Random(seed), cfg
+        )
+        out[b, :n] = torch.tensor(example.input_ids, dtype=out.dtype)
+        labels[b, example.masked_positions] = torch.tensor(example.masked_ids, dtype=labels.dtype)
+    return out, labels

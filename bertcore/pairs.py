@@ -1,0 +1,308 @@
+"""Training sequences from documents: NSP pairs (BERT), SOP pairs (ALBERT) and packed
+sentences (RoBERTa FULL-SENTENCES / DOC-SENTENCES).
+
+A document is `list[list[int]]`: its segments (sentences), each already tokenized to ids.
+Everything here is pure; randomness enters as a `random.Random`.
+
+`objective: bert` follows Google's create_pretraining_data.py step for step (see DESIGN.md,
+"Reference algorithm"). Deliberate differences, all rare:
+- Empty segments are ignored (Google never produces them: it drops lines that tokenize to
+  nothing).
+- A random B needs "another document": like Google we try up to 10 uniform draws of a
+  document index that differs from the current one. Google then uses whatever the last draw
+  was, even the current document, and still labels the pair random. When all 10 draws hit
+  the current document (probability n**-10 for a corpus of n documents), bertpipe draws
+  uniformly among the other documents instead; only a one-document corpus takes its random
+  B from the current document (counted as `same_document_negative`). An empty random
+  document counts as a failed draw.
+- Google draws negatives from its one in-memory input; bertpipe from the whole corpus, via
+  `RandomDocs` (the caller backs it with a corpus-wide index).
+`objective: sop` (ALBERT): A and B are always consecutive text of the same document; label 1
+means the two were swapped. A chunk of a single segment (ALBERT takes a random B there) is
+split inside the segment at a uniform token boundary instead, so SOP never sees text from
+another document; a one-token chunk yields no pair.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Document = list[list[int]]
+
+RANDOM_NEXT_TRIES = 10
+"""Draws of a document index that avoid the current document (Google's constant)."""
+
+
+class RandomDocs(Protocol):
+    """Corpus-wide access to documents by index, used to draw random B segments."""
+
+    @property
+    def num_documents(self) -> int: ...
+
+    def get(self, index: int) -> Document: ...
+
+
+class InMemoryDocs:
+    """`RandomDocs` over a list of documents (tests, small corpora)."""
+
+    def __init__(self, documents: Sequence[Document]):
+        self.documents = documents
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.documents)
+
+    def get(self, index: int) -> Document:
+        return self.documents[index]
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """How sequences are built from documents (derived from the examples section and a phase)."""
+
+    max_seq_length: int
+    """Tokens per sequence including [CLS]/[SEP]."""
+    short_seq_prob: float = 0.1
+    """Probability that a document (per pass) gets a shorter random target length."""
+    objective: Literal["bert", "sop", "roberta"] = "bert"
+    doc_sentences: bool = False
+    """roberta only: True = DOC-SENTENCES (never cross a document boundary)."""
+
+    def __post_init__(self):
+        least = 3 if self.objective == "roberta" else 5
+        if self.max_seq_length < least:
+            # [CLS] A [SEP] B [SEP] needs one token each for A and B.
+            raise ValueError(f"max_seq_length must be at least {least} for objective {self.objective}")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ValueError("short_seq_prob must be in [0, 1]")
+        if self.doc_sentences and self.objective != "roberta":
+            raise ValueError("doc_sentences applies to objective roberta only")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Segments A and B of one training sequence, before [CLS]/[SEP] are added."""
+
+    tokens_a: list[int]
+    tokens_b: list[int]
+    is_random_next: bool
+    """bert: B is from another document (label 1); sop: A and B were swapped (label 1)."""
+    target_was_short: bool
+    """The document's target length this pass was drawn short (short_seq_prob)."""
+    truncated: bool
+    """truncate_seq_pair removed tokens."""
+    single_segment_chunk: bool
+    """The chunk held one segment, so bert had to take a random B (sop: split the segment)."""
+    same_document_negative: bool = False
+    """bert: the random B came from the current document (one-document corpus only)."""
+
+
+def truncate_seq_pair(
+    tokens_a: Sequence[int], tokens_b: Sequence[int], max_num_tokens: int, rng: random.Random
+) -> tuple[list[int], list[int]]:
+    """Trim A and B until len(A) + len(B) <= max_num_tokens; returns new lists.
+
+    As in Google's code: each step trims the longer side (B on a tie) by one token, from the
+    front or the back with probability 0.5 each. Trimming both ends keeps the kept text from
+    always being a prefix, which would bias the model toward sentence starts.
+    """
+    a_lo, a_hi = 0, len(tokens_a)
+    b_lo, b_hi = 0, len(tokens_b)
+    while (a_hi - a_lo) + (b_hi - b_lo) > max_num_tokens:
+        trim_a = (a_hi - a_lo) > (b_hi - b_lo)
+        front = rng.random() < 0.5
+        if trim_a:
+            if front:
+                a_lo += 1
+            else:
+                a_hi -= 1
+        elif front:
+            b_lo += 1
+        else:
+            b_hi -= 1
+    return list(tokens_a[a_lo:a_hi]), list(tokens_b[b_lo:b_hi])
+
+
+def draw_target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> tuple[int, bool]:
+    """(target length, was it drawn short): Google's target_seq_length rule.
+
+    Most sequences fill max_num_tokens; a few are shorter so that pretraining also sees the
+    short inputs of fine-tuning.
+    """
+    if rng.random() < short_seq_prob:
+        return rng.randint(2, max_num_tokens), True
+    return max_num_tokens, False
+
+
+def _nonempty(doc: Document) -> Document:
+    return [segment for segment in doc if segment]
+
+
+def _random_document(
+    docs: RandomDocs | Callable[[random.Random], Document], doc_index: int | None, rng: random.Random
+) -> tuple[Document, bool]:
+    """(segments of a random other document, whether they came from the current document)."""
+    if callable(docs) and not hasattr(docs, "get"):
+        other = _nonempty(docs(rng))
+        if not other:
+            raise ValueError("random_docs returned an empty document; it must return one with tokens")
+        return other, False
+    n = docs.num_documents
+    for _ in range(RANDOM_NEXT_TRIES):
+        index = rng.randint(0, n - 1)
+        if index != doc_index:
+            other = _nonempty(docs.get(index))
+            if other:
+                return other, False
+    # All draws failed (see the module docstring): one uniform draw among the other
+    # documents, then, only if that one is empty, the next non-empty one after it.
+    others = n - (1 if doc_index is not None and 0 <= doc_index < n else 0)
+    if others > 0:
+        first = rng.randint(0, others - 1)
+        for step in range(others):
+            index = (first + step) % others
+            if doc_index is not None and index >= doc_index:
+                index += 1
+            other = _nonempty(docs.get(index))
+            if other:
+                return other, False
+    if doc_index is None:
+        raise ValueError("no non-empty document to draw a random B segment from")
+    return _nonempty(docs.get(doc_index)), True
+
+
+def build_pairs(
+    doc: Document,
+    rng: random.Random,
+    cfg: PairConfig,
+    random_docs: RandomDocs | Callable[[random.Random], Document],
+    doc_index: int | None = None,
+) -> list[Pair]:
+    """All pairs of one document for one pass (objectives bert and sop).
+
+    `random_docs` supplies B segments for random-next pairs (bert): either a `RandomDocs`
+    (with `doc_index` = this document's index in it, so the 10-tries rule can avoid it) or a
+    callable `rng -> document` that already returns another document.
+    """
+    if cfg.objective == "roberta":
+        raise ValueError("objective roberta packs sentences: use pack_sentences")
+    doc = _nonempty(doc)
+    if not doc:
+        return []
+    max_num_tokens = cfg.max_seq_length - 3  # [CLS] A [SEP] B [SEP]
+    target, short = draw_target_length(max_num_tokens, cfg.short_seq_prob, rng)
+    pairs: list[Pair] = []
+    chunk: list[list[int]] = []
+    chunk_len = 0
+    i = 0
+    while i < len(doc):
+        chunk.append(doc[i])
+        chunk_len += len(doc[i])
+        if i == len(doc) - 1 or chunk_len >= target:
+            pair, unused = _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index)
+            if pair is not None:
+                pairs.append(pair)
+            i -= unused  # put unused segments back: the walk rewinds
+            chunk, chunk_len = [], 0
+        i += 1
+    return pairs
+
+
+def _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index) -> tuple[Pair | None, int]:
+    max_num_tokens = cfg.max_seq_length - 3
+    a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+    single = len(chunk) == 1
+    tokens_a = [t for segment in chunk[:a_end] for t in segment]
+    unused = 0
+    same_doc = False
+    if cfg.objective == "sop":
+        if single:
+            # Split the one segment inside itself so B still follows A in the text.
+            if len(tokens_a) < 2:
+                return None, 0
+            cut = rng.randint(1, len(tokens_a) - 1)
+            tokens_a, tokens_b = tokens_a[:cut], tokens_a[cut:]
+        else:
+            tokens_b = [t for segment in chunk[a_end:] for t in segment]
+        swapped = rng.random() < 0.5
+        if swapped:
+            tokens_a, tokens_b = tokens_b, tokens_a
+        label = swapped
+    elif single or rng.random() < 0.5:
+        label = True
+        target_b = target - len(tokens_a)
+        other, same_doc = _random_document(random_docs, doc_index, rng)
+        start = rng.randint(0, len(other) - 1)
+        tokens_b = []
+        for segment in other[start:]:
+            tokens_b.extend(segment)
+            if len(tokens_b) >= target_b:
+                break
+        unused = len(chunk) - a_end
+    else:
+        label = False
+        tokens_b = [t for segment in chunk[a_end:] for t in segment]
+    before = len(tokens_a) + len(tokens_b)
+    tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+    pair = Pair(
+        tokens_a=tokens_a,
+        tokens_b=tokens_b,
+        is_random_next=label,
+        target_was_short=short,
+        truncated=len(tokens_a) + len(tokens_b) < before,
+        single_segment_chunk=single,
+        same_document_negative=same_doc,
+    )
+    return pair, unused
+
+
+def pack_sentences(
+    docs: Iterable[Document], rng: random.Random, cfg: PairConfig, sep_id: int
+) -> Iterator[list[int]]:
+    """RoBERTa FULL-SENTENCES (cfg.doc_sentences False) or DOC-SENTENCES (True).
+
+    Yields the body of each sequence (without the outer [CLS] ... [SEP]): whole sentences,
+    contiguous in the documents' order, up to max_seq_length - 2 tokens. FULL-SENTENCES
+    crosses document boundaries and puts `sep_id` between documents; DOC-SENTENCES ends a
+    sequence at each document's end, so those sequences may be shorter.
+
+    A sentence longer than max_seq_length - 2 is cut into pieces of that size. With
+    short_seq_prob > 0 a sequence's target length is drawn as in Google's code (RoBERTa
+    itself always fills; its recipe uses short_seq_prob 0). A sequence ends once it reaches
+    the target or when the next sentence would overflow the maximum.
+    """
+    if cfg.objective != "roberta":
+        raise ValueError("pack_sentences is for objective roberta")
+    max_tokens = cfg.max_seq_length - 2
+    current: list[int] = []
+    boundary = False  # a document ended since the last sentence of `current`
+    target, _ = draw_target_length(max_tokens, cfg.short_seq_prob, rng)
+    for doc in docs:
+        for sentence in doc:
+            for start in range(0, len(sentence), max_tokens):
+                piece = sentence[start : start + max_tokens]
+                need = len(piece) + (1 if boundary and current else 0)
+                if current and len(current) + need > max_tokens:
+                    yield current
+                    current = []
+                    target, _ = draw_target_length(max_tokens, cfg.short_seq_prob, rng)
+                if boundary and current:
+                    current.append(sep_id)
+                boundary = False
+                current.extend(piece)
+                if len(current) >= target:
+                    yield current
+                    current = []
+                    target, _ = draw_target_length(max_tokens, cfg.short_seq_prob, rng)
+        if cfg.doc_sentences:
+            if current:
+                yield current
+                current = []
+                target, _ = draw_target_length(max_tokens, cfg.short_seq_prob, rng)
+        else:
+            boundary = True
+    if current:
+        yield current
