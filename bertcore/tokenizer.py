@@ -1,0 +1,483 @@
+"""BERT WordPiece vocabulary: train, lay out, save, load, measure.
+
+The output is what Google's BERT and `transformers` expect: a `vocab.txt` (one entry per
+line, line number = id) and a `tokenizer.json` whose pieces equal those of the reference
+BasicTokenizer + WordpieceTokenizer over that `vocab.txt`, except in two classes of text
+(tests/test_tokenizer_fidelity.py pins both):
+
+- Hangul and other letters that NFD splits without producing a mark. Google's uncased
+  normalizer lowercases, applies NFD and drops every nonspacing mark (Mn); NFD turns each
+  Hangul syllable into conjoining jamo (U+1100-U+11FF, category Lo), so Google's tokenizer
+  sees Korean as jamo. Here the same BertNormalizer runs and is followed by NFC: Latin
+  accents are gone by then (café -> cafe), and NFC only recomposes what survived, i.e.
+  the jamo into syllables (and the two-part vowel signs of some Indic scripts, Mc). The
+  cased path gets the same NFC, which the reference also applies.
+- A capital sigma at the end of a word, uncased: Python's str.lower() gives "ς", the
+  tokenizers library lowercases character by character ("σ"), as every Hugging Face fast
+  BERT tokenizer does.
+
+Training uses Hugging Face's WordPiece trainer (BPE-style merges with `##`
+continuations). That trainer numbers the `##x` symbols in hash-map order and breaks ties
+between equally frequent merges (and characters at the alphabet limit) by those numbers,
+so two processes given the same text order, and near the size limit choose, pieces
+differently. `train_wordpiece` chooses the alphabet itself and hands the trainer every
+starting symbol with a fixed id, which makes it deterministic.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from pydantic import Field, model_validator
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from bertcore.errors import ConfigError, InputDataError
+from bertcore.section import Section
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+PREFIX = "##"
+# Google's BERT vocabularies: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101,
+# [SEP]=102, [MASK]=103. Tools hard-code these ids, so the layout keeps them.
+NUM_UNUSED = 99
+BERT_LAYOUT = (PAD, *(f"[unused{i}]" for i in range(NUM_UNUSED)), UNK, CLS, SEP, MASK)
+PLAIN_LAYOUT = SPECIAL_TOKENS
+
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+
+# Text handed to the trainer in strings of about this many characters: one Rust call per
+# chunk instead of one per sentence, and enough chunks to keep its threads busy.
+_CHUNK_CHARS = 1 << 20
+
+
+class AlphabetTooLargeError(ConfigError, ValueError):
+    """vocab.vocab_size cannot hold the characters of the training text."""
+
+
+class VocabFilesMismatchError(InputDataError, ValueError):
+    """vocab.txt and tokenizer.json in one directory describe different vocabularies."""
+
+
+class VocabConfig(Section):
+    """WordPiece vocabulary trained on a sample of the corpus (`vocab:` in a run recipe)."""
+
+    vocab_size: int = Field(30522, gt=0)
+    """Entries in vocab.txt, special tokens and [unusedN] included (BERT-base: 30522). Training may stop short of it when no pair is frequent enough."""
+    lowercase: bool = True
+    """Lowercase text before WordPiece (an "uncased" model)."""
+    strip_accents: bool | None = None
+    """Drop combining accents (café -> cafe); None follows `lowercase`, as BERT does. Hangul syllables stay intact either way."""
+    tokenize_chinese_chars: bool = True
+    """Put spaces around every CJK ideograph so each one is a word of its own, as BERT does."""
+    min_frequency: int = Field(2, ge=1)
+    """A pair of pieces must occur at least this often in the sample to be merged into a new piece."""
+    limit_alphabet: int | None = Field(1000, ge=1)
+    """Keep at most this many distinct characters (the most frequent; ties by code point); words with any other character become [UNK]. None keeps all. Korean needs a few thousand (one per syllable)."""
+    max_input_chars_per_word: int = Field(100, ge=1)
+    """Words longer than this (in characters, after normalization) become a single [UNK]. Hugging Face uses 100, Google's original code 200."""
+    bert_layout: bool = True
+    """Put [PAD] [UNK] [CLS] [SEP] [MASK] at Google's ids 0/100/101/102/103 with [unused0]..[unused98] at 1-99; false puts them at 0-4."""
+    max_sentences: int = Field(10_000_000, ge=1)
+    """Sentences sampled from the corpus for training; train_wordpiece reads no more than this."""
+
+    @property
+    def strip_accents_effective(self) -> bool:
+        """Whether accents are stripped once None is resolved against `lowercase`."""
+        return self.lowercase if self.strip_accents is None else self.strip_accents
+
+    @property
+    def reserved_tokens(self) -> tuple[str, ...]:
+        """The entries that precede every learned piece, in id order."""
+        return BERT_LAYOUT if self.bert_layout else PLAIN_LAYOUT
+
+    @model_validator(mode="after")
+    def _room_for_pieces(self):
+        reserved = len(self.reserved_tokens)
+        if self.vocab_size <= reserved:
+            what = "5 special tokens and 99 [unusedN] entries" if self.bert_layout else "5 special tokens"
+            raise ValueError(
+                f"vocab.vocab_size={self.vocab_size} leaves no room for learned pieces: "
+                f"the {what} already take {reserved} entries; use a larger vocab.vocab_size"
+                + (" or vocab.bert_layout=false" if self.bert_layout else "")
+            )
+        return self
+
+    def check_alphabet(self, alphabet_size: int, continuation_size: int = 0) -> None:
+        """Raise if the characters alone (`alphabet_size` plain and `continuation_size`
+        `##` single-character entries, which WordPiece must all keep so that every word
+        is spellable) do not fit in vocab_size beside the reserved entries."""
+        needed = len(self.reserved_tokens) + alphabet_size + continuation_size
+        if self.vocab_size < needed:
+            raise AlphabetTooLargeError(
+                f"vocab.vocab_size={self.vocab_size} is smaller than the alphabet: "
+                f"{alphabet_size} characters + {continuation_size} '##' continuations + "
+                f"{len(self.reserved_tokens)} reserved entries = {needed}; raise vocab.vocab_size "
+                f"or lower vocab.limit_alphabet"
+            )
+
+
+# -- pipeline pieces -------------------------------------------------------------------
+
+
+def build_normalizer(cfg: VocabConfig) -> normalizers.Normalizer:
+    """BERT's normalizer (clean text, space CJK, strip accents, lowercase), then NFC so
+    that what NFD split apart without a mark to drop (Hangul jamo) is whole again."""
+    return normalizers.Sequence(
+        [
+            normalizers.BertNormalizer(
+                clean_text=True,
+                handle_chinese_chars=cfg.tokenize_chinese_chars,
+                strip_accents=cfg.strip_accents_effective,
+                lowercase=cfg.lowercase,
+            ),
+            normalizers.NFC(),
+        ]
+    )
+
+
+def tokenizer_from_vocab(vocab: list[str], cfg: VocabConfig) -> Tokenizer:
+    """The complete BERT tokenizer over `vocab` (index = id): normalizer, BasicTokenizer-
+    style pre-tokenizer, WordPiece, `[CLS] A [SEP] B [SEP]` with type ids 0/1, decoder."""
+    ids = {piece: i for i, piece in enumerate(vocab)}
+    if len(ids) != len(vocab):
+        dupes = sorted(p for p, n in Counter(vocab).items() if n > 1)
+        raise ValueError(f"vocabulary has duplicate entries: {dupes[:5]}")
+    missing = [t for t in SPECIAL_TOKENS if t not in ids]
+    if missing:
+        raise ValueError(f"vocabulary lacks the special tokens {missing}")
+    tok = Tokenizer(
+        models.WordPiece(
+            ids,
+            unk_token=UNK,
+            continuing_subword_prefix=PREFIX,
+            max_input_chars_per_word=cfg.max_input_chars_per_word,
+        )
+    )
+    tok.normalizer = build_normalizer(cfg)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, ids[CLS]), (SEP, ids[SEP])],
+    )
+    tok.decoder = decoders.WordPiece(prefix=PREFIX)
+    # Special tokens are matched in raw text before normalization and never split; the
+    # ids they already have in the vocabulary are kept.
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def layout_vocab(learned: Iterable[str], cfg: VocabConfig) -> list[str]:
+    """Final id order: the reserved entries (Google's or 0-4), then the learned pieces in
+    the order given; a learned piece equal to a reserved entry is dropped."""
+    reserved = cfg.reserved_tokens
+    taken = set(reserved)
+    return [*reserved, *(p for p in learned if p not in taken)]
+
+
+# -- training --------------------------------------------------------------------------
+
+
+@dataclass
+class AlphabetCounts:
+    """The characters a training sample holds, as the trainer will see them (normalized,
+    inside words). Counts of disjoint samples add up with `merge`, so shards can be
+    counted in parallel and merged before `train_wordpiece`."""
+
+    chars: Counter = field(default_factory=Counter)
+    """normalized character -> occurrences in words (whitespace excluded, punctuation included)"""
+    continuation: set[str] = field(default_factory=set)
+    """characters seen inside a word after another character: they get a `##` entry"""
+
+    def merge(self, other: AlphabetCounts) -> AlphabetCounts:
+        return AlphabetCounts(self.chars + other.chars, self.continuation | other.continuation)
+
+    def alphabet(self, limit: int | None) -> list[str]:
+        """The `limit` most frequent characters (ties by code point), in code point order."""
+        ranked = sorted(self.chars, key=lambda c: (-self.chars[c], ord(c)))
+        return sorted(ranked[:limit] if limit else ranked, key=ord)
+
+
+def _char_kind(pre: pre_tokenizers.PreTokenizer, c: str) -> str:
+    """How BertPreTokenizer treats `c`: "space" (splits, dropped), "punct" (its own word)
+    or "word". Asked of the pre-tokenizer itself so the Unicode tables are its own."""
+    pieces = [p for p, _ in pre.pre_tokenize_str(f"a{c}a")]
+    if pieces == ["a", "a"]:
+        return "space"
+    if pieces == ["a", c, "a"]:
+        return "punct"
+    return "word"
+
+
+def _chunks(sentences: Iterable[str]) -> Iterator[str]:
+    """Sentences joined by "\n" into strings of about _CHUNK_CHARS characters. A newline
+    is whitespace to the normalizer and pre-tokenizer, so a chunk has exactly the words of
+    its sentences (and composes nothing across the boundary)."""
+    buf: list[str] = []
+    size = 0
+    for s in sentences:
+        buf.append(s)
+        size += len(s) + 1
+        if size >= _CHUNK_CHARS:
+            yield "\n".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield "\n".join(buf)
+
+
+def count_alphabet(sentences: Iterable[str], cfg: VocabConfig) -> AlphabetCounts:
+    """Count the characters of `sentences` after cfg's normalization, split as
+    BertPreTokenizer splits (single-threaded, about 2 MB of text per second)."""
+    norm = build_normalizer(cfg)
+    pre = pre_tokenizers.BertPreTokenizer()
+    out = AlphabetCounts()
+    kinds: dict[str, str] = {}
+    # Every space and punctuation char -> " ", so str.split() yields the words minus
+    # punctuation (a punctuation char is a word of its own and never continues one).
+    to_space: dict[int, str] = {}
+    for chunk in _chunks(sentences):
+        text = norm.normalize_str(chunk)
+        counts = Counter(text)
+        for c in counts.keys() - kinds.keys():
+            kinds[c] = _char_kind(pre, c)
+            if kinds[c] != "word":
+                to_space[ord(c)] = " "
+        out.chars.update({c: n for c, n in counts.items() if kinds[c] != "space"})
+        out.continuation.update("".join(w[1:] for w in set(text.translate(to_space).split())))
+    return out
+
+
+def train_wordpiece(
+    sentences: Iterable[str], cfg: VocabConfig, alphabet: AlphabetCounts | None = None
+) -> Tokenizer:
+    """Train a BERT WordPiece vocabulary on the first cfg.max_sentences sentences and
+    return the finished tokenizer; its ids are the lines of the vocab.txt that
+    `save_tokenizer` writes.
+
+    `alphabet`: `count_alphabet` of exactly these sentences, if the caller has it (counted
+    in parallel, say); then the sentences are streamed once. Without it they are held in
+    memory and read twice.
+
+    Deterministic: the same sentences in the same order give the same vocabulary in any
+    process with any number of threads. Hugging Face's trainer alone is not: it numbers
+    the `##x` symbols in hash-map order and breaks ties between equally frequent merges
+    (and characters at the alphabet limit) by those numbers. Here the alphabet is chosen
+    before training and every starting symbol gets a fixed id.
+    """
+    sample = itertools.islice(sentences, cfg.max_sentences)
+    if alphabet is None:
+        chunks: Iterable[str] = list(_chunks(sample))
+        alphabet = count_alphabet(chunks, cfg)
+    else:
+        chunks = _chunks(sample)
+    if not alphabet.chars:
+        raise ValueError("no text to train the vocabulary on (the sample has no non-space character)")
+    chars = alphabet.alphabet(cfg.limit_alphabet)
+    continuation = [PREFIX + c for c in chars if c in alphabet.continuation]
+    cfg.check_alphabet(len(chars), len(continuation))
+
+    # The `##x` symbols go in as special tokens so their ids are fixed (right after the
+    # five specials); initial_alphabet + limit_alphabet=len(chars) make the trainer keep
+    # exactly our characters (it gives initial ones an infinite count).
+    trainer_specials = [*SPECIAL_TOKENS, *continuation]
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=cfg.vocab_size - len(cfg.reserved_tokens) + len(SPECIAL_TOKENS),
+        min_frequency=cfg.min_frequency,
+        special_tokens=trainer_specials,
+        limit_alphabet=len(chars),
+        initial_alphabet=chars,
+        continuing_subword_prefix=PREFIX,
+        show_progress=False,
+    )
+    work = Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=PREFIX))
+    work.normalizer = build_normalizer(cfg)
+    work.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    work.train_from_iterator(chunks, trainer=trainer)
+
+    trained = work.get_vocab(with_added_tokens=False)
+    fixed = set(trainer_specials) | set(chars)
+    merged = [p for p in sorted(trained, key=trained.__getitem__) if p not in fixed]
+    # Learned order: characters, their ## forms, then merged pieces in the order learned
+    # (a ## form the caller's counts missed lands among the merged ones).
+    return tokenizer_from_vocab(layout_vocab([*chars, *continuation, *merged], cfg), cfg)
+
+
+# -- files -----------------------------------------------------------------------------
+
+
+def vocab_list(tok: Tokenizer) -> list[str]:
+    """The vocabulary in id order (= the lines of vocab.txt); ids must be 0..n-1."""
+    ids = tok.get_vocab(with_added_tokens=True)
+    order = sorted(ids, key=ids.__getitem__)
+    if [ids[p] for p in order] != list(range(len(order))):
+        raise ValueError("tokenizer ids are not contiguous from 0; it cannot be written as vocab.txt")
+    return order
+
+
+def save_tokenizer(
+    tok: Tokenizer, cfg: VocabConfig, directory: str, *, model_max_length: int = 512
+) -> list[str]:
+    """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json
+    into `directory` (created if missing); return the file names.
+
+    tokenizer_config.json names the generic fast class (PreTrainedTokenizerFast), not
+    BertTokenizer: transformers 5 rebuilds a BertTokenizer's normalizer from the flags and
+    drops tokenizer.json's, which would turn Hangul back into jamo; the generic class
+    loads tokenizer.json as written. The BERT flags are still recorded for other tools.
+    """
+    if tok.normalizer is None or json.loads(tok.to_str())["normalizer"] != _normalizer_state(cfg):
+        raise ValueError(
+            "the tokenizer's normalizer does not match vocab.lowercase / vocab.strip_accents / "
+            "vocab.tokenize_chinese_chars; save it with the config it was trained with"
+        )
+    vocab = vocab_list(tok)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, VOCAB_FILE), "w", encoding="utf-8", newline="\n") as f:
+        f.write("".join(p + "\n" for p in vocab))
+    tok.save(os.path.join(directory, TOKENIZER_FILE))
+    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "do_lower_case": cfg.lowercase,
+        "strip_accents": cfg.strip_accents_effective,
+        "tokenize_chinese_chars": cfg.tokenize_chinese_chars,
+        "model_max_length": model_max_length,
+        "never_split": list(SPECIAL_TOKENS),
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        "clean_up_tokenization_spaces": True,
+        **specials,
+    }
+    for name, content in ((CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, specials)):
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+    return [VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE]
+
+
+def load_tokenizer(directory: str) -> Tokenizer:
+    """Load tokenizer.json from `directory`; if vocab.txt is there too, check that its
+    lines are the tokenizer's vocabulary in id order."""
+    tok = Tokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
+    path = os.path.join(directory, VOCAB_FILE)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        vocab = vocab_list(tok)
+        for i, (a, b) in enumerate(itertools.zip_longest(lines, vocab)):
+            if a != b:
+                raise VocabFilesMismatchError(
+                    f"{path} line {i + 1} is {a!r} but {TOKENIZER_FILE} has {b!r} at id {i}; "
+                    f"the two files come from different vocabularies, rerun the vocab stage"
+                )
+    return tok
+
+
+def _normalizer_state(cfg: VocabConfig) -> dict:
+    probe = Tokenizer(models.WordPiece({UNK: 0}, unk_token=UNK))
+    probe.normalizer = build_normalizer(cfg)
+    return json.loads(probe.to_str())["normalizer"]
+
+
+def _options(state: dict) -> dict:
+    """What decides which entries a text maps to, from a tokenizer's JSON: the casing
+    options when the normalizer is ours (named fields, so the value survives changes to
+    the library's JSON), else the normalizer as serialized."""
+    norm = state.get("normalizer") or {}
+    parts = norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm]
+    types = [p.get("type") for p in parts]
+    if types in (["BertNormalizer", "NFC"], ["BertNormalizer"]):
+        bert = parts[0]
+        strip = bert["lowercase"] if bert["strip_accents"] is None else bert["strip_accents"]
+        opts = {
+            "lowercase": bert["lowercase"],
+            "strip_accents": strip,
+            "tokenize_chinese_chars": bert["handle_chinese_chars"],
+            "clean_text": bert["clean_text"],
+            "recompose_nfc": types[-1] == "NFC",
+        }
+    else:
+        opts = {"normalizer": norm}
+    model = state.get("model") or {}
+    pre = state.get("pre_tokenizer") or {}
+    opts.update(
+        pre_tokenizer=pre.get("type"),
+        max_input_chars_per_word=model.get("max_input_chars_per_word"),
+        continuing_subword_prefix=model.get("continuing_subword_prefix"),
+    )
+    return opts
+
+
+def vocab_fingerprint(source: str | Tokenizer) -> str:
+    """16 hex digits identifying a vocabulary: its entries in id order (the bytes of
+    vocab.txt) plus the options that decide which entry a text maps to (lowercase, accent
+    stripping, CJK spacing, the word limit). `source` is a vocabulary directory or a
+    Tokenizer; both give the same value for the same vocabulary."""
+    tok = load_tokenizer(source) if isinstance(source, str) else source
+    h = hashlib.sha256()
+    h.update("".join(p + "\n" for p in vocab_list(tok)).encode())
+    h.update(b"\x00")
+    h.update(json.dumps(_options(json.loads(tok.to_str())), sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+# -- statistics ------------------------------------------------------------------------
+
+
+def tokenization_stats(tok: Tokenizer, sentences: Iterable[str], top_k: int = 20) -> dict:
+    """How the vocabulary fits some text: [UNK] rate (UNK pieces / pieces), pieces per word
+    (words as BERT's BasicTokenizer splits them), share of the vocabulary used, the top_k
+    most frequent pieces as [piece, count] (ties in id order), vocabulary size and
+    alphabet size (single characters, no ##). Special tokens are not added."""
+    vocab = vocab_list(tok)
+    unk_id = tok.token_to_id(UNK)
+    piece_counts: Counter = Counter()
+    n_sentences = n_words = 0
+    batch: list[str] = []
+
+    def consume() -> None:
+        nonlocal n_words
+        for enc in tok.encode_batch(batch, add_special_tokens=False):
+            piece_counts.update(enc.ids)
+            # Every word yields at least one piece ([UNK] at worst), so distinct word
+            # indices count the pre-tokenizer's words.
+            n_words += len({w for w in enc.word_ids if w is not None})
+        batch.clear()
+
+    for s in sentences:
+        n_sentences += 1
+        batch.append(s)
+        if len(batch) >= 1024:
+            consume()
+    consume()
+    n_pieces = sum(piece_counts.values())
+    top = sorted(piece_counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+    return {
+        "sentences": n_sentences,
+        "words": n_words,
+        "pieces": n_pieces,
+        "unk_rate": piece_counts[unk_id] / n_pieces if n_pieces else 0.0,
+        "pieces_per_word": n_pieces / n_words if n_words else 0.0,
+        "vocab_used_fraction": len(piece_counts) / len(vocab),
+        "top_pieces": [[vocab[i], n] for i, n in top],
+        "vocab_size": len(vocab),
+        "alphabet_size": sum(1 for p in vocab if len(p) == 1),
+    }
