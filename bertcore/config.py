@@ -17,7 +17,9 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from bertcore.errors import ConfigError
 from bertcore.section import Section
+from bertcore.examples import ExamplesConfig
 from bertcore.text.config import CorpusConfig
+from bertcore.tokenizer import VocabConfig
 
 
 class RunConfig(Section):
@@ -52,8 +54,8 @@ class StorageConfig(Section):
     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ...); they are never logged or
     written to manifests or resolved configs."""
 
-    endpoint_url: str | None = None
-    """S3-compatible endpoint (MinIO, Ceph, moto); default: $AWS_ENDPOINT_URL or AWS itself."""
+    endpoint_url: str | None = Field(None, validate_default=True)
+    """S3-compatible endpoint (MinIO, Ceph, moto); default: $AWS_ENDPOINT_URL (read when the config is loaded) or AWS itself."""
     region: str | None = None
     """S3 region; default: from the environment."""
     anon: bool = False
@@ -63,15 +65,20 @@ class StorageConfig(Section):
     secret: SecretStr | None = Field(None, exclude=True)
     """Secret access key, if not in the environment (never written out)."""
 
+    @field_validator("endpoint_url", mode="before")
+    @classmethod
+    def _endpoint_from_environment(cls, value: str | None) -> str | None:
+        # resolved here, on the driver, so Ray workers on any node use the same endpoint
+        return value or os.environ.get("AWS_ENDPOINT_URL") or None
+
     def fsspec_options(self, protocol: str) -> dict[str, Any]:
         """Keyword arguments for `fsspec.filesystem(protocol, ...)`."""
         if protocol not in ("s3", "s3a"):
             return {}
         options: dict[str, Any] = {"anon": self.anon}
         client: dict[str, Any] = {}
-        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            client["endpoint_url"] = endpoint
+        if self.endpoint_url:
+            client["endpoint_url"] = self.endpoint_url
         if self.region:
             client["region_name"] = self.region
         if client:
@@ -86,13 +93,15 @@ class StorageConfig(Section):
 class PipelineConfig(Section):
     """A whole run: one section per stage plus run, ray and storage."""
 
-    run: RunConfig = RunConfig()
-    ray: RayConfig = RayConfig()
-    storage: StorageConfig = StorageConfig()
+    run: RunConfig = Field(default_factory=RunConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     corpus: CorpusConfig
+    vocab: VocabConfig = Field(default_factory=VocabConfig)
+    examples: ExamplesConfig = Field(default_factory=ExamplesConfig)
 
 
-STAGES = ("corpus",)
+STAGES = ("corpus", "vocab", "examples")
 """Stage names in flow order."""
 
 

@@ -115,6 +115,8 @@ def demo_data() -> None:
 def main() -> None:
     # Stage modules log through the standard logging module; show them in Prefect's logs.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pipelines,bertcore,flows")
+    # no network here or on most clusters: the temporary API server must not phone home
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     app()
 
 

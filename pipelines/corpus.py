@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import ray
 
@@ -201,9 +202,10 @@ def clean_unit(unit: Unit, cfg: CorpusConfig, storage: Storage, stage_uri: str, 
                 columns["n_sentences"].append(len(outcome.sentences))
                 columns["content_hash"].append(content_hash(outcome.sentences))
     except (InputError, EOFError, OSError, UnicodeDecodeError, ValueError) as exc:
-        reason = f"{unit.uri}: {_one_line(exc)}"
+        message = _one_line(exc).removeprefix(f"{posixpath.basename(unit.uri)}: ")
+        reason = f"{unit.uri}: {message}"
         if cfg.on_error == "raise":
-            raise InputDataError(f"{reason} (fix or remove the file, or set corpus.on_error: skip)") from None
+            raise InputDataError(f"{reason} (or set corpus.on_error: skip to list the file in the manifest and go on)") from None
         return UnitResult(unit=unit.index, skipped=reason)
 
     table = pa.table(columns, schema=WORK_SCHEMA)
@@ -252,7 +254,7 @@ def write_output_shard(
     ]
     table = pa.concat_tables(tables).combine_chunks()
     chars = sum(len(s) for doc in table.column("sentences").to_pylist() for s in doc)
-    sentences = int(pa.compute.sum(pa.compute.list_value_length(table.column("sentences"))).as_py() or 0)
+    sentences = int(pc.sum(pc.list_value_length(table.column("sentences"))).as_py() or 0)
     return stage.write_shard(
         relative,
         fp,

@@ -12,6 +12,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+# Dummy credentials for the moto S3 server, set before any Ray worker starts so workers
+# find them in their environment the way they would find real ones.
+os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
 
 
 @pytest.fixture(scope="session")
@@ -50,15 +53,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A real S3 HTTP endpoint (moto) on 127.0.0.1; yields its URL. Credentials are
-    dummies set in the environment, as a user would set real ones."""
+    """A real S3 HTTP endpoint (moto) on 127.0.0.1; yields its URL."""
     from moto.server import ThreadedMotoServer
 
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()

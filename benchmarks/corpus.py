@@ -1,0 +1,156 @@
+"""Corpus stage throughput against WikiExtractor on the shipped English Wikipedia dump.
+
+Both run on one core in a fresh process over the same decompressed XML: bertpipe's cleaning
+(mwparserfromhell + sentence splitting with sentencex, exactly what a corpus Ray task runs)
+and WikiExtractor's Extractor (markup removal only, no sentence splitting). Each is run on
+the dump as shipped and on the dump repeated 10 times, to show whether peak memory grows
+with the input. Also reported: the whole stage on the embedded local Ray with all CPUs.
+
+    python benchmarks/corpus.py [--repeat 10] [--skip-stage]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_input(dump: Path, repeat: int, directory: Path) -> Path:
+    """The dump's XML with its pages repeated `repeat` times (one header, one footer)."""
+    xml = bz2.decompress(dump.read_bytes())
+    head_end = xml.index(b"<page>")
+    tail_start = xml.rindex(b"</page>") + len(b"</page>")
+    path = directory / f"enwiki-x{repeat}.xml"
+    with open(path, "wb") as out:
+        out.write(xml[:head_end])
+        for _ in range(repeat):
+            out.write(xml[head_end:tail_start])
+        out.write(xml[tail_start:])
+    return path
+
+
+def run_bertpipe(path: str) -> dict:
+    from bertcore.text.clean import Cleaned, clean_document
+    from bertcore.text.config import CorpusConfig
+    from bertcore.text.records import iter_raw_documents
+
+    cfg = CorpusConfig(inputs=[path])
+    kept = sentences = 0
+    start = time.perf_counter()
+    with open(path, "rb") as stream:
+        for raw in iter_raw_documents(stream, "wikipedia", name=os.path.basename(path)):
+            outcome = clean_document(raw, cfg, "en")
+            if isinstance(outcome, Cleaned):
+                kept += 1
+                sentences += len(outcome.sentences)
+    return {"seconds": time.perf_counter() - start, "documents": kept, "sentences": sentences}
+
+
+def run_wikiextractor(path: str) -> dict:
+    """WikiExtractor's own page collector and Extractor, in this process, with no template
+    definitions loaded (its fastest mode; the CLI default also expands templates)."""
+    import io
+
+    from wikiextractor.extract import Extractor
+    from wikiextractor.WikiExtractor import collect_pages
+
+    kept = 0
+    start = time.perf_counter()
+    with open(path, encoding="utf-8") as lines:
+        for page_id, revid, title, page in collect_pages(lines):  # main namespace, no redirects
+            out = io.StringIO()
+            Extractor(page_id, revid, "", title, page).extract(out)
+            kept += bool(out.getvalue())
+    return {"seconds": time.perf_counter() - start, "documents": kept, "sentences": None}
+
+
+def child(tool: str, path: str) -> None:
+    result = {"bertpipe": run_bertpipe, "wikiextractor": run_wikiextractor}[tool](path)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+
+
+def measure(tool: str, path: Path) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", tool, str(path)], env=env, capture_output=True, text=True, check=True
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["mb"] = path.stat().st_size / 2**20
+    result["mb_per_s_per_core"] = result["mb"] / result["seconds"]
+    return result
+
+
+def stage_run(dump: Path, workdir: Path) -> dict:
+    from bertcore.config import parse_config
+    from pipelines import corpus
+    from pipelines.ray_runtime import ensure_ray
+    from pipelines.storage import Storage
+
+    cpus = os.cpu_count() or 1
+    cfg = parse_config(
+        {
+            "run": {"root": str(workdir / "run")},
+            "ray": {"num_cpus": cpus},
+            "corpus": {"inputs": [{"uri": str(dump), "format": "wikipedia"}], "split_bytes": 400_000},
+        }
+    )
+    ensure_ray(cfg.ray)
+    start = time.perf_counter()
+    manifest, _ = corpus.run(cfg, Storage(cfg.storage), force=True)
+    seconds = time.perf_counter() - start
+    mb = len(bz2.decompress(dump.read_bytes())) / 2**20
+    return {"cpus": cpus, "seconds": seconds, "mb": mb, "mb_per_s_per_core": mb / seconds / cpus, "documents": manifest.rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--skip-stage", action="store_true", help="skip the whole-stage run on local Ray")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+
+    from bertcore.sample_data import ENWIKI_DUMP, gensim_data_dir
+
+    dump = gensim_data_dir() / ENWIKI_DUMP
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        rows = []
+        for repeat in (1, args.repeat):
+            path = make_input(dump, repeat, tmp)
+            for tool in ("wikiextractor", "bertpipe"):
+                r = measure(tool, path)
+                rows.append((tool, repeat, r))
+        print(f"{'tool':<14} {'input':>7} {'MB xml':>7} {'s':>7} {'MB/s/core':>10} {'peak RSS MB':>12} {'docs':>6}")
+        for tool, repeat, r in rows:
+            print(f"{tool:<14} {'x' + str(repeat):>7} {r['mb']:7.1f} {r['seconds']:7.2f} {r['mb_per_s_per_core']:10.2f} {r['peak_rss_mb']:12.0f} {r['documents']:>6}")
+        by = {(t, rep): r for t, rep, r in rows}
+        for repeat in (1, args.repeat):
+            ratio = by[("bertpipe", repeat)]["mb_per_s_per_core"] / by[("wikiextractor", repeat)]["mb_per_s_per_core"]
+            print(f"speed ratio bertpipe / wikiextractor (x{repeat}): {ratio:.2f}  (bertpipe includes sentence splitting)")
+        for tool in ("wikiextractor", "bertpipe"):
+            growth = by[(tool, args.repeat)]["peak_rss_mb"] / by[(tool, 1)]["peak_rss_mb"]
+            print(f"peak RSS growth x1 -> x{args.repeat}, {tool}: {growth:.2f}")
+        if not args.skip_stage:
+            s = stage_run(dump, tmp)
+            print(
+                f"whole corpus stage on local Ray ({s['cpus']} CPUs, dedup + split + shards): {s['seconds']:.1f} s, "
+                f"{s['mb']:.1f} MB xml, {s['mb_per_s_per_core']:.2f} MB/s/core, {s['documents']} documents"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The corpus stage on a real local Ray (2 CPUs), on local disk and on a moto S3 server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from bertcore.config import load_config
+from pipelines import corpus
+from pipelines.stage import MANIFEST, RESOLVED_CONFIG, StageDir
+from pipelines.storage import Storage, sha256_file
+
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+def demo_config(root, *extra):
+    return load_config(DEMO, [f"run.root={root}", *extra])
+
+
+def read_shard(path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return ipc.open_file(source).read_all()
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, ray_cluster):
+    root = tmp_path_factory.mktemp("demo")
+    cfg = demo_config(root)
+    manifest, computed = corpus.run(cfg, Storage(cfg.storage))
+    assert computed
+    return cfg, manifest, Path(cfg.run.root) / "corpus"
+
+
+def test_demo_corpus_manifest_and_shards(demo_run):
+    cfg, manifest, stage_dir = demo_run
+    assert (stage_dir / MANIFEST).exists() and (stage_dir / RESOLVED_CONFIG).exists()
+    stats = manifest.stats
+    # nothing silently dropped: read = kept + dropped by reason, per source and in total
+    assert stats["documents_read"] == stats["documents_kept"] + sum(stats["dropped"].values())
+    for source, entry in stats["per_source"].items():
+        assert entry["read"] == entry["kept"] + sum(entry["dropped"].values()), source
+    assert set(stats["per_source"]) == {"enwiki", "lee-news"}
+    # the Wikipedia sample has redirects and non-article pages; they are counted, not lost
+    assert stats["per_source"]["enwiki"]["dropped"].get("redirect", 0) > 0
+    assert stats["splits"]["train"]["documents"] > 200 and stats["splits"]["validation"]["documents"] > 0
+    kept = stats["splits"]["train"]["documents"] + stats["splits"]["validation"]["documents"]
+    assert kept == stats["documents_kept"] == manifest.rows
+
+    for shard in manifest.shards:
+        path = stage_dir / shard.path
+        assert path.stat().st_size == shard.bytes and sha256_file(str(path)) == shard.sha256
+        table = read_shard(path)
+        assert table.schema.names == ["doc_id", "source", "title", "sentences"]
+        assert table.schema.field("sentences").type == pa.list_(pa.string())
+        assert table.num_rows == shard.rows
+        assert all(len(doc) >= cfg.corpus.min_sentences for doc in table.column("sentences").to_pylist())
+    ids = [i for s in manifest.shards for i in read_shard(stage_dir / s.path).column("doc_id").to_pylist()]
+    assert len(ids) == len(set(ids)), "a document id appears twice"
+
+
+def test_train_shards_balanced_by_characters(demo_run):
+    _, manifest, _ = demo_run
+    train = [s for s in manifest.shards if s.path.startswith("train/")]
+    assert len(train) >= 3
+    chars = [s.extra["chars"] for s in train]
+    mean = sum(chars) / len(chars)
+    assert all(abs(c - mean) <= 0.10 * mean for c in chars[:-1]), chars
+
+
+def test_wikipedia_text_is_clean(demo_run):
+    _, manifest, stage_dir = demo_run
+    text = "\n".join(
+        sentence
+        for shard in manifest.shards
+        for doc in read_shard(stage_dir / shard.path).column("sentences").to_pylist()
+        for sentence in doc
+    )
+    for markup in ("{{", "}}", "[[", "]]", "<ref", "{|", "|}", "[[Category:", "'''"):
+        assert markup not in text, markup
+
+
+def test_rerun_is_skipped_and_deleted_shard_is_recomputed_alone(demo_run):
+    cfg, manifest, stage_dir = demo_run
+    storage = Storage(cfg.storage)
+    again, computed = corpus.run(cfg, storage)
+    assert not computed and again.fingerprint == manifest.fingerprint
+
+    victim = stage_dir / manifest.shards[1].path
+    others = {s.path: (stage_dir / s.path).stat().st_mtime_ns for s in manifest.shards if s.path != manifest.shards[1].path}
+    victim.unlink()
+    assert StageDir(storage, cfg.run.root, "corpus").state(manifest.fingerprint) == "incomplete"
+    rebuilt, computed = corpus.run(cfg, storage)
+    assert computed
+    assert sha256_file(str(victim)) == manifest.shards[1].sha256
+    assert {s.path: (stage_dir / s.path).stat().st_mtime_ns for s in rebuilt.shards if s.path in others} == others
+    assert [s.sha256 for s in rebuilt.shards] == [s.sha256 for s in manifest.shards]
+
+
+def test_one_and_two_workers_give_identical_bytes(demo_run, tmp_path):
+    cfg, manifest, _ = demo_run
+    single = demo_config(tmp_path / "one", "ray.parallelism=1")
+    other, _ = corpus.run(single, Storage(single.storage), parallelism=1)
+    assert [(s.path, s.sha256) for s in other.shards] == [(s.path, s.sha256) for s in manifest.shards]
+
+
+def test_changed_setting_changes_fingerprint(demo_run, tmp_path):
+    cfg, manifest, _ = demo_run
+    changed = demo_config(cfg.run.root, "corpus.min_chars=300")
+    assert corpus.expected_fingerprint(changed, Storage(changed.storage)) != manifest.fingerprint
+
+
+def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
+    """Input and output on s3:// (moto server on 127.0.0.1): same bytes as on local disk,
+    and no credentials in what the stage writes."""
+    import boto3
+
+    endpoint, bucket = s3_bucket
+    _, local_manifest, _ = demo_run
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    local_cfg = demo_run[0]
+    for spec in local_cfg.corpus.inputs:
+        client.upload_file(spec.uri, bucket, f"raw/{os.path.basename(spec.uri)}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    cfg = demo_config(
+        f"s3://{bucket}/run",
+        f"corpus.inputs=[{{uri: 's3://{bucket}/raw/*.bz2', format: wikipedia, name: enwiki}}, "
+        f"{{uri: 's3://{bucket}/raw/lee_background.cor', format: lines, name: lee-news}}]",
+    )
+    manifest, computed = corpus.run(cfg, Storage(cfg.storage))
+    assert computed
+    assert [(s.path, s.sha256) for s in manifest.shards] == [(s.path, s.sha256) for s in local_manifest.shards]
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="run/corpus/")["Contents"]}
+    assert "run/corpus/_manifest.json" in keys and "run/corpus/train/part-00000.arrow" in keys
+    written = client.get_object(Bucket=bucket, Key="run/corpus/_manifest.json")["Body"].read().decode()
+    written += client.get_object(Bucket=bucket, Key="run/corpus/_config.yaml")["Body"].read().decode()
+    assert "testing" not in written and "secret" not in written.lower()
+    again, computed = corpus.run(cfg, Storage(cfg.storage))
+    assert not computed
