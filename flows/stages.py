@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bertcore.config import STAGES, PipelineConfig
-from pipelines import corpus
+from pipelines import corpus, examples, vocab
 from pipelines.stage import Manifest
 from pipelines.storage import Storage
 
@@ -21,6 +21,8 @@ class StageSpec:
 
 REGISTRY: dict[str, StageSpec] = {
     "corpus": StageSpec("corpus", corpus.run, corpus.expected_fingerprint),
+    "vocab": StageSpec("vocab", vocab.run, vocab.expected_fingerprint),
+    "examples": StageSpec("examples", examples.run, examples.expected_fingerprint),
 }
 assert tuple(REGISTRY) == STAGES
 
