@@ -82,3 +82,23 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+DEMO_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+
+@pytest.fixture(scope="session")
+def demo_pipeline(tmp_path_factory, ray_cluster):
+    """corpus -> vocab -> examples on the demo recipe, run once per session (a smaller
+    vocabulary and one pass keep it quick). Yields (config, {stage: manifest})."""
+    from bertcore.config import load_config
+    from pipelines import corpus, examples, vocab
+    from pipelines.storage import Storage
+
+    root = tmp_path_factory.mktemp("pipeline")
+    cfg = load_config(DEMO_RECIPE, [f"run.root={root}", "vocab.vocab_size=4000", "examples.dupe_factor=1"])
+    storage = Storage(cfg.storage)
+    manifests = {}
+    for stage in (corpus, vocab, examples):
+        manifests[stage.STAGE], _ = stage.run(cfg, storage)
+    return cfg, manifests
