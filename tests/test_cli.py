@@ -1,0 +1,60 @@
+"""The `bertpipe` command as a user runs it (a subprocess with its own Ray and Prefect)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BERTPIPE = [sys.executable, "-m", "flows.cli"]
+
+
+def bertpipe(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([*BERTPIPE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_data_prints_existing_paths():
+    out = bertpipe("demo-data")
+    assert out.returncode == 0, out.stderr
+    paths = [line.split(": ", 1)[1] for line in out.stdout.splitlines()]
+    assert len(paths) == 4 and all(Path(p).exists() for p in paths)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "corpus.min_sentencs=2"], "corpus.min_sentencs: unknown key"),
+        (["--set", "corpus.min_sentences=many"], "corpus.min_sentences"),
+        (["--only", "trainer"], "unknown stage 'trainer'"),
+        (["--set", "corpus.inputs=['/no/such/file.txt']", "--only", "corpus"], "corpus.inputs[0]: no file matches /no/such/file.txt"),
+    ],
+)
+def test_user_errors_are_one_line(args, message, tmp_path):
+    out = bertpipe("run", "--config", "configs/demo.yaml", "--set", f"run.root={tmp_path}", *args)
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.startswith("bertpipe: error:")]
+    assert len(errors) == 1 and message in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_demo_flow_end_to_end(tmp_path):
+    overrides = ["--set", f"run.root={tmp_path}", "--set", "vocab.vocab_size=3000", "--set", "examples.dupe_factor=1"]
+    out = bertpipe("run", "--config", "configs/demo.yaml", *overrides)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["corpus"], ["vocab"], ["examples"])]
+    assert [(l[0], l[1]) for l in lines] == [("corpus", "computed"), ("vocab", "computed"), ("examples", "computed")]
+
+    status = bertpipe("status", "--config", "configs/demo.yaml", *overrides, "--json")
+    assert status.returncode == 0, status.stderr
+    assert {r["stage"]: r["state"] for r in json.loads(status.stdout)} == {"corpus": "complete", "vocab": "complete", "examples": "complete"}
+
+    again = bertpipe("run", "--config", "configs/demo.yaml", *overrides)
+    assert again.returncode == 0
+    assert "computed" not in again.stdout and again.stdout.count("cached") == 3
