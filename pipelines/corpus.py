@@ -7,7 +7,7 @@ per-document metadata, and one task per output shard gathers the documents and w
 `{train,validation}/part-NNNNN.arrow`.
 
 Output order and boundaries depend only on the inputs and the config, never on the number
-of workers: documents keep their input order (file, record number), exact duplicates keep
+of workers: documents keep their input order (file, byte offset), exact duplicates keep
 the first occurrence, and shards are cut in that order at equal character counts.
 """
 
@@ -41,7 +41,7 @@ from pipelines.storage import Storage
 log = logging.getLogger(__name__)
 
 STAGE = "corpus"
-CODE_VERSION = "1"
+CODE_VERSION = "2"
 SPLITS = ("train", "validation")
 
 DOCUMENT_SCHEMA = pa.schema(
@@ -55,7 +55,7 @@ DOCUMENT_SCHEMA = pa.schema(
 # What a work unit writes: the documents plus what the driver needs to place them.
 WORK_SCHEMA = pa.schema(
     list(DOCUMENT_SCHEMA)
-    + [("record", pa.int64()), ("chars", pa.int64()), ("n_sentences", pa.int64()), ("content_hash", pa.binary(16))]
+    + [("offset", pa.int64()), ("seq", pa.int64()), ("chars", pa.int64()), ("n_sentences", pa.int64()), ("content_hash", pa.binary(16))]
 )
 
 
@@ -197,7 +197,10 @@ def clean_unit(unit: Unit, cfg: CorpusConfig, storage: Storage, stage_uri: str, 
                 columns["source"].append(unit.source)
                 columns["title"].append(outcome.title)
                 columns["sentences"].append(outcome.sentences)
-                columns["record"].append(unit.part + j * unit.n_parts)
+                # input order: by byte offset in the file, then by position within the unit
+                # (Parquet rows of one row group share the group's offset)
+                columns["offset"].append(raw.offset)
+                columns["seq"].append(j)
                 columns["chars"].append(outcome.chars)
                 columns["n_sentences"].append(len(outcome.sentences))
                 columns["content_hash"].append(content_hash(outcome.sentences))
@@ -371,21 +374,22 @@ def _gather_metadata(stage: StageDir, units: list[Unit]) -> dict[str, np.ndarray
     """Per kept document, in input order: work unit, row in its work file, chars, hash, id."""
     parts = defaultdict(list)
     for position, unit in enumerate(units):
-        table = _read_arrow(stage.storage, stage.path(unit.work_path), ["doc_id", "record", "chars", "n_sentences", "content_hash"])
+        table = _read_arrow(stage.storage, stage.path(unit.work_path), ["doc_id", "offset", "seq", "chars", "n_sentences", "content_hash"])
         n = table.num_rows
         parts["unit"].append(np.full(n, unit.index, dtype=np.int64))
         parts["unit_pos"].append(np.full(n, position, dtype=np.int64))
         parts["file"].append(np.full(n, unit.file_index, dtype=np.int64))
         parts["row"].append(np.arange(n, dtype=np.int64))
-        parts["record"].append(table.column("record").to_numpy())
+        parts["offset"].append(table.column("offset").to_numpy())
+        parts["seq"].append(table.column("seq").to_numpy())
         parts["chars"].append(table.column("chars").to_numpy())
         parts["sentences"].append(table.column("n_sentences").to_numpy())
         parts["doc_id"].append(np.array(table.column("doc_id").to_pylist(), dtype=object))
         parts["hash"].append(np.array(table.column("content_hash").to_pylist(), dtype=object))
     if not parts:
-        return {k: np.array([], dtype=np.int64) for k in ("unit", "unit_pos", "file", "row", "record", "chars", "sentences", "doc_id", "hash")}
+        return {k: np.array([], dtype=np.int64) for k in ("unit", "unit_pos", "file", "row", "offset", "seq", "chars", "sentences", "doc_id", "hash")}
     meta = {k: np.concatenate(v) for k, v in parts.items()}
-    order = np.lexsort((meta["record"], meta["file"]))  # input order: file, then record number
+    order = np.lexsort((meta["seq"], meta["offset"], meta["file"]))  # input order
     return {k: v[order] for k, v in meta.items()}
 
 

@@ -140,3 +140,49 @@ def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
     assert "testing" not in written and "secret" not in written.lower()
     again, computed = corpus.run(cfg, Storage(cfg.storage))
     assert not computed
+
+
+def test_jsonl_and_parquet_inputs(tmp_path, ray_cluster):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from bertcore.config import parse_config
+
+    body = "The committee met on Tuesday. It approved the budget for the new library. Work starts next week."
+    rows = [{"key": f"doc-{i}", "body": f"{body} Item {i} was noted."} for i in range(30)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:15]), encoding="utf-8")
+    pq.write_table(pa.Table.from_pylist(rows[15:]), tmp_path / "b.parquet", row_group_size=4)
+    cfg = parse_config(
+        {
+            "run": {"root": str(tmp_path / "run")},
+            "corpus": {
+                "inputs": [
+                    {"uri": str(tmp_path / "*.jsonl"), "text_column": "body", "title_column": "key", "name": "json"},
+                    {"uri": str(tmp_path / "*.parquet"), "text_column": "body", "title_column": "key", "name": "pq"},
+                ],
+                "min_chars": 50,
+                "validation_fraction": 0.0,
+                "split_bytes": 600,  # several tasks share each file
+            },
+        }
+    )
+    manifest, _ = corpus.run(cfg, Storage(cfg.storage))
+    assert manifest.stats["work_units"] > 2
+    titles = [t for s in manifest.shards for t in read_shard(Path(cfg.run.root) / "corpus" / s.path).column("title").to_pylist()]
+    assert titles == [r["key"] for r in rows]  # every record once, in input order
+    first = read_shard(Path(cfg.run.root) / "corpus" / manifest.shards[0].path).column("sentences")[0].as_py()
+    assert first == ["The committee met on Tuesday.", "It approved the budget for the new library.", "Work starts next week.", "Item 0 was noted."]
+
+
+def test_near_duplicates_removed_when_enabled(gensim_data, tmp_path, ray_cluster):
+    from bertcore.config import parse_config
+
+    inputs = [{"uri": str(gensim_data / "lee_background.cor"), "format": "lines", "name": "news"}]
+    plain = parse_config({"run": {"root": str(tmp_path / "a")}, "corpus": {"inputs": inputs}})
+    near = parse_config({"run": {"root": str(tmp_path / "b")}, "corpus": {"inputs": inputs, "near_dedup": True}})
+    without, _ = corpus.run(plain, Storage(plain.storage))
+    with_near, _ = corpus.run(near, Storage(near.storage))
+    removed = with_near.stats["dropped"].get("near_duplicate", 0)
+    assert removed >= 1 and "near_duplicate" not in without.stats["dropped"]
+    assert with_near.stats["documents_kept"] == without.stats["documents_kept"] - removed
