@@ -61,13 +61,16 @@ def run_wikiextractor(path: str) -> dict:
     definitions loaded (its fastest mode; the CLI default also expands templates)."""
     import io
 
+    import wikiextractor.WikiExtractor as wx
     from wikiextractor.extract import Extractor
-    from wikiextractor.WikiExtractor import collect_pages
 
+    # process_dump() sets this from the dump's <namespace key="10">; without it every
+    # title "starts with" the empty prefix and collect_pages yields nothing
+    wx.templateNamespace = "Template"
     kept = 0
     start = time.perf_counter()
     with open(path, encoding="utf-8") as lines:
-        for page_id, revid, title, page in collect_pages(lines):  # main namespace, no redirects
+        for page_id, revid, title, page in wx.collect_pages(lines):  # main namespace, no redirects
             out = io.StringIO()
             Extractor(page_id, revid, "", title, page).extract(out)
             kept += bool(out.getvalue())
