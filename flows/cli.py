@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from bertcore.errors import BertpipeError
+from bertcore.errors import BertpipeError, ConfigError
 
 app = typer.Typer(
     help="bertpipe: raw text to a pretrained, evaluated BERT-family encoder.",
@@ -91,6 +91,51 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, as_json: Annotated[boo
         seconds = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "-"
         rows_text = str(r["rows"]) if r["rows"] is not None else "-"
         typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
+
+
+@app.command()
+def deploy(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    pool: Annotated[str, typer.Option("--pool", help="Prefect work pool of type process; created if missing.")] = "bertpipe",
+    kind: Annotated[Optional[list[str]], typer.Option("--kind", help="Deployments to create or update: full, corpus-refresh, evaluate (repeatable or comma-separated; default: all).")] = None,
+    cron: Annotated[Optional[list[str]], typer.Option("--cron", help="Schedule of one deployment as KIND=CRON, e.g. --cron 'full=0 3 * * 0'; KIND=none leaves it unscheduled (repeatable).")] = None,
+    timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone of the schedules.")] = "UTC",
+    name: Annotated[Optional[str], typer.Option("--name", help="Deployment name prefix (default: the recipe's file name), giving NAME-full, NAME-corpus-refresh, NAME-evaluate.")] = None,
+    paused: Annotated[bool, typer.Option("--paused", help="Create the deployments with their schedules paused.")] = False,
+) -> None:
+    """Create or update scheduled Prefect deployments of the flow for one recipe (full pipeline, corpus refresh, evaluation); a `prefect worker start --pool POOL` on a machine with this checkout runs them."""
+    try:
+        from flows.deploy import deploy as deploy_recipe
+
+        schedules: dict[str, str | None] = {}
+        for item in cron or []:
+            which, sep, expression = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--cron {item!r}: expected KIND=CRON, e.g. --cron 'full=0 3 * * 0'")
+            schedules[which.strip()] = None if expression.strip().lower() == "none" else expression.strip()
+        ids = deploy_recipe(config, set_ or [], pool=pool, kinds=_split_names(kind), schedules=schedules, timezone=timezone, name_prefix=name, paused=paused)
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"{len(ids)} deployment(s) in work pool {pool!r}; start a worker with: prefect worker start --pool {pool}")
+
+
+@app.command("save-recipe")
+def save_recipe(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    variable: Annotated[str, typer.Option("--variable", help="Name of the Prefect Variable.")] = "bertpipe_recipe",
+) -> None:
+    """Store the resolved recipe as a Prefect Variable: the `config` parameter infra/prefect/prefect.yaml deploys."""
+    try:
+        from flows.deploy import save_recipe as store_recipe
+
+        store_recipe(config, set_ or [], variable=variable)
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"recipe stored as Prefect Variable {variable!r}")
 
 
 @app.command("demo-data")

@@ -34,7 +34,24 @@ def _summary(name: str, manifest, computed: bool, stage_uri: str) -> dict[str, A
     }
 
 
-@task(name="stage", cache_policy=NO_CACHE, task_run_name="{name}")
+USER_ERROR = "UserError"
+
+
+def _retry_unless_user_error(task, task_run, state) -> bool:
+    # a user's mistake (bad config, missing input) fails the same way every time; a lost
+    # Ray node or a flaky object store does not, and a retried stage redoes only the
+    # shards that are not finished
+    return state.name != USER_ERROR
+
+
+@task(
+    name="stage",
+    cache_policy=NO_CACHE,
+    task_run_name="{name}",
+    retries=2,
+    retry_delay_seconds=[30, 120],
+    retry_condition_fn=_retry_unless_user_error,
+)
 def run_stage(name: str, config: PipelineConfig, force: bool) -> dict[str, Any]:
     logger = get_run_logger()
     storage = Storage(config.storage)
@@ -43,7 +60,7 @@ def run_stage(name: str, config: PipelineConfig, force: bool) -> dict[str, Any]:
         manifest, computed = spec.run(config, storage, force=force, parallelism=config.ray.parallelism)
     except BertpipeError as exc:
         # A user's mistake: fail with one clear line instead of a traceback.
-        return Failed(message=f"{name}: {exc}")
+        return Failed(name=USER_ERROR, message=f"{name}: {exc}")
     stage_uri = f"{config.run.root}/{name}"
     summary = _summary(name, manifest, computed, stage_uri)
     logger.info("%s: %s (%s rows, fingerprint %s) -> %s", name, summary["state"], summary["rows"], manifest.fingerprint, stage_uri)

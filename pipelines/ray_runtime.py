@@ -20,14 +20,26 @@ def ensure_ray(cfg: RayConfig) -> None:
     """Join `cfg.address`, or start an embedded local Ray with `cfg.num_cpus` CPUs."""
     if ray.is_initialized():
         return
-    # Workers must import bertcore/pipelines: on a cluster they receive the code through
-    # the runtime environment; locally they share this interpreter's sys.path.
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [_project_root(), os.environ.get("PYTHONPATH")]))}}
     if cfg.address:
-        ray.init(address=cfg.address, runtime_env=env, log_to_driver=True)
+        ray.init(address=cfg.address, runtime_env=_cluster_env(), log_to_driver=True)
     else:
-        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True)
+        # "local": always a new Ray, even where `ray start` left a cluster address behind
+        ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False, runtime_env=_local_env(), log_to_driver=True)
     log.info("ray: %s CPUs available", ray.cluster_resources().get("CPU"))
+
+
+def _local_env() -> dict:
+    # workers on this machine share its files: this interpreter's path is enough
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [_project_root(), os.environ.get("PYTHONPATH")]))}}
+
+
+def _cluster_env() -> dict:
+    # nodes have the dependencies installed but maybe another copy of the project, or none:
+    # ship the driver's own packages with the job (Ray caches them by content hash)
+    import bertcore
+    import pipelines
+
+    return {"py_modules": [bertcore, pipelines]}
 
 
 def _project_root() -> str:

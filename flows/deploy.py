@@ -1,0 +1,258 @@
+"""Prefect deployments of the `bert_pretraining` flow, each with a cron schedule.
+
+Three kinds of deployment share one recipe:
+
+- `full`: every stage; stages whose inputs and settings are unchanged are cached, so a
+  weekly full run only recomputes what changed.
+- `corpus-refresh`: only the corpus stage. Its fingerprint covers the input files' metadata,
+  so a daily refresh recomputes the corpus only when the inputs changed (a new dump under a
+  glob, an edited file); `bertpipe status` then shows the later stages as stale until the
+  next full run.
+- `evaluate`: only the evaluate stage, to re-score the current model.
+
+The flow's parameter is the pydantic `PipelineConfig`, so the Prefect UI shows the recipe
+as a typed form; each deployment stores the recipe resolved by `load_config` as that
+parameter's default value (secrets are excluded from the dump and never reach the Prefect
+database). The code is not packaged or pushed anywhere: the deployments point at this
+checkout (a `set_working_directory` pull step) and run on a process work pool, so a
+`prefect worker start --pool <pool>` on a machine with this checkout and its virtualenv runs
+them.
+"""
+
+from __future__ import annotations
+
+import os
+import zoneinfo
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from bertcore.config import PipelineConfig, load_config
+from bertcore.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+ENTRYPOINT = "flows/pipeline.py:bert_pretraining"
+DEFAULT_POOL = "bertpipe"
+DEFAULT_RECIPE_VARIABLE = "bertpipe_recipe"
+
+# Prefect shows only its own loggers unless told; the stage modules log through `logging`.
+FLOW_RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "pipelines,bertcore,flows"}
+
+
+@dataclass(frozen=True)
+class DeploymentKind:
+    """One kind of deployment: which stages its runs select and its default schedule."""
+
+    name: str
+    description: str
+    only: tuple[str, ...] | None
+    cron: str | None
+    """Default cron schedule (None: runs only when triggered)."""
+
+
+KINDS: dict[str, DeploymentKind] = {
+    kind.name: kind
+    for kind in (
+        DeploymentKind(
+            "full",
+            "Every stage, raw text to an evaluated model; complete stages with unchanged inputs and settings are cached.",
+            None,
+            "0 2 * * 6",  # Saturdays 02:00, after that night's corpus refresh
+        ),
+        DeploymentKind(
+            "corpus-refresh",
+            "Only the corpus stage: recomputed when the input files changed; later stages become stale until the next full run.",
+            ("corpus",),
+            "0 1 * * *",  # daily 01:00
+        ),
+        DeploymentKind(
+            "evaluate",
+            "Only the evaluate stage: re-scores the current model on the task files.",
+            ("evaluate",),
+            "0 6 * * 1",  # Mondays 06:00, after the weekend's full run
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """Everything one deployment is created from; built without touching Prefect's API."""
+
+    name: str
+    kind: str
+    description: str
+    parameters: dict[str, Any]
+    cron: str | None
+    timezone: str
+    tags: tuple[str, ...]
+
+
+def recipe_parameter(cfg: PipelineConfig) -> dict[str, Any]:
+    """The recipe as the JSON value of the flow's `config` parameter (secrets excluded)."""
+    return cfg.model_dump(mode="json")
+
+
+def plan_deployments(
+    cfg: PipelineConfig,
+    *,
+    name_prefix: str,
+    kinds: Sequence[str] | None = None,
+    schedules: Mapping[str, str | None] | None = None,
+    timezone: str = "UTC",
+) -> list[DeploymentPlan]:
+    """One plan per selected kind (default: all), in KINDS order.
+
+    `schedules` overrides the default cron of some kinds; a None value leaves that
+    deployment without a schedule (it runs when triggered from the UI or the API).
+    """
+    from prefect._internal.schemas.validators import validate_cron_string
+
+    selected = list(KINDS) if kinds is None else list(dict.fromkeys(kinds))
+    schedules = dict(schedules or {})
+    for where, names in (("kinds", selected), ("schedules", list(schedules))):
+        for name in names:
+            if name not in KINDS:
+                raise ConfigError(f"deploy {where}: unknown deployment kind {name!r}; kinds are: {', '.join(KINDS)}")
+    try:
+        zoneinfo.ZoneInfo(timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"deploy timezone: {timezone!r} is not an IANA time zone (e.g. UTC, Europe/Berlin)") from None
+    if not name_prefix.strip():
+        raise ConfigError("deploy name_prefix: must not be empty")
+
+    config = recipe_parameter(cfg)
+    plans = []
+    for name in KINDS:
+        if name not in selected:
+            continue
+        kind = KINDS[name]
+        cron = schedules.get(name, kind.cron)
+        if cron is not None:
+            try:
+                validate_cron_string(cron)
+            except ValueError:
+                raise ConfigError(f"deploy schedules.{name}: {cron!r} is not a valid cron expression (e.g. '0 2 * * 6')") from None
+        plans.append(
+            DeploymentPlan(
+                name=f"{name_prefix}-{name}",
+                kind=name,
+                description=kind.description,
+                parameters={
+                    "config": config,
+                    "only": list(kind.only) if kind.only else None,
+                    "from_stage": None,
+                    "force": False,
+                },
+                cron=cron,
+                timezone=timezone,
+                tags=("bertpipe", f"recipe:{name_prefix}", name),
+            )
+        )
+    return plans
+
+
+def ensure_work_pool(name: str) -> None:
+    """Create a process work pool called `name` unless it exists; an existing pool of another
+    type is an error (these deployments run from a checkout, not from an image)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(name)
+        except ObjectNotFound:
+            template = ProcessWorker.get_default_base_job_template()
+            try:
+                client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
+            except ObjectAlreadyExists:  # created meanwhile by another deploy
+                pass
+            return
+    if pool.type != "process":
+        raise ConfigError(
+            f"deploy pool: work pool {name!r} has type {pool.type!r}; bertpipe deployments run this checkout "
+            "in local processes, so use a process work pool (another --pool name creates one)"
+        )
+
+
+def _require_api() -> None:
+    from prefect.settings import get_current_settings
+
+    if not get_current_settings().api.url:
+        raise ConfigError(
+            "no Prefect server to deploy to: PREFECT_API_URL is not set; start one with `prefect server start` "
+            "and run `prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`"
+        )
+
+
+def deploy(
+    config_path: str | os.PathLike | None,
+    overrides: Sequence[str] = (),
+    *,
+    pool: str = DEFAULT_POOL,
+    kinds: Sequence[str] | None = None,
+    schedules: Mapping[str, str | None] | None = None,
+    timezone: str = "UTC",
+    name_prefix: str | None = None,
+    env: Mapping[str, str] | None = None,
+    paused: bool = False,
+    source: str | os.PathLike = PROJECT_ROOT,
+) -> list[UUID]:
+    """Create or update the deployments of `bert_pretraining` for one recipe in the process
+    work pool `pool` (created if missing) and return their ids, in KINDS order.
+
+    Deployments are named `<name_prefix>-<kind>` (default prefix: the recipe's file name
+    without extension), so deploying the same recipe again updates them in place. `env` adds
+    environment variables to the flow-run processes (stored in the Prefect database: no
+    credentials; workers take those from their own environment). Deploying sets each deployment's paused
+    state to `paused`, so re-deploying resumes a deployment paused in the UI unless it says so.
+    """
+    from prefect import deploy as prefect_deploy
+    from prefect.flows import Flow
+    from prefect.schedules import Cron
+
+    cfg = load_config(config_path, list(overrides))
+    prefix = name_prefix or (Path(config_path).stem if config_path else "default")
+    plans = plan_deployments(cfg, name_prefix=prefix, kinds=kinds, schedules=schedules, timezone=timezone)
+    if not plans:
+        return []
+    _require_api()
+    ensure_work_pool(pool)
+
+    flow = Flow.from_source(source=str(source), entrypoint=ENTRYPOINT)
+    job_variables = {"env": {**FLOW_RUN_ENV, **dict(env or {})}}
+    deployments = [
+        flow.to_deployment(
+            name=plan.name,
+            description=plan.description,
+            parameters=plan.parameters,
+            schedules=[Cron(plan.cron, timezone=plan.timezone)] if plan.cron else [],
+            paused=paused,
+            tags=list(plan.tags),
+            job_variables=job_variables,
+            concurrency_limit=1,  # two runs of one deployment would write the same stage directories
+        )
+        for plan in plans
+    ]
+    return prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False, ignore_warnings=True)
+
+
+def save_recipe(
+    config_path: str | os.PathLike | None,
+    overrides: Sequence[str] = (),
+    *,
+    variable: str = DEFAULT_RECIPE_VARIABLE,
+) -> dict[str, Any]:
+    """Store the resolved recipe as the Prefect Variable `variable` (JSON), the value that
+    `infra/prefect/prefect.yaml` passes as the flow's `config` parameter; returns it."""
+    from prefect.variables import Variable
+
+    cfg = load_config(config_path, list(overrides))
+    _require_api()
+    value = recipe_parameter(cfg)
+    Variable.set(variable, value, overwrite=True)
+    return value

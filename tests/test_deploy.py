@@ -1,0 +1,264 @@
+"""Prefect deployments of `bert_pretraining` (flows/deploy.py): what they carry, checked
+without a server, and a real round trip: a Prefect server and a process worker started by
+the test, a scheduled deployment created against the server, a run triggered and carried
+out by the worker from this checkout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import timezone
+from pathlib import Path
+
+import pytest
+
+from bertcore.config import load_config
+from bertcore.errors import ConfigError
+from flows.deploy import ENTRYPOINT, KINDS, PROJECT_ROOT, deploy, plan_deployments, recipe_parameter
+
+DEMO = PROJECT_ROOT / "configs" / "demo.yaml"
+PREFECT = [sys.executable, "-m", "prefect"]
+
+
+# -- plans: no server needed ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_cfg(tmp_path_factory):
+    return load_config(DEMO, [f"run.root={tmp_path_factory.mktemp('deploy-plan')}"])
+
+
+def test_plans_carry_the_recipe_and_the_stage_selection(demo_cfg):
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    from flows.pipeline import bert_pretraining
+
+    plans = plan_deployments(demo_cfg, name_prefix="demo", schedules={"evaluate": None})
+    assert [p.name for p in plans] == ["demo-full", "demo-corpus-refresh", "demo-evaluate"]
+    assert {p.kind: p.parameters["only"] for p in plans} == {"full": None, "corpus-refresh": ["corpus"], "evaluate": ["evaluate"]}
+    assert {p.kind: p.cron for p in plans} == {"full": KINDS["full"].cron, "corpus-refresh": KINDS["corpus-refresh"].cron, "evaluate": None}
+    schema = parameter_schema(bert_pretraining.fn).model_dump_for_openapi()
+    for plan in plans:
+        # what the Prefect server enforces for a deployment's parameters, and what the flow receives
+        validate(plan.parameters, schema, raise_on_error=True)
+        assert type(demo_cfg).model_validate(plan.parameters["config"]) == demo_cfg
+
+
+def test_recipe_parameter_never_carries_credentials(demo_cfg):
+    with_keys = demo_cfg.model_copy(update={"storage": type(demo_cfg.storage)(key="AKIAEXAMPLE", secret="s3cr3t-value")})
+    text = str(recipe_parameter(with_keys))
+    assert "AKIAEXAMPLE" not in text and "s3cr3t-value" not in text
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"kinds": ["nightly"]}, "deploy kinds: unknown deployment kind 'nightly'"),
+        ({"schedules": {"ful": "0 1 * * *"}}, "deploy schedules: unknown deployment kind 'ful'"),
+        ({"schedules": {"full": "0 25 * * *"}}, "deploy schedules.full: '0 25 * * *' is not a valid cron expression"),
+        ({"timezone": "Mars/Olympus"}, "deploy timezone: 'Mars/Olympus' is not an IANA time zone"),
+    ],
+)
+def test_bad_deploy_options_are_one_line_errors(demo_cfg, kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        plan_deployments(demo_cfg, name_prefix="demo", **kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_deploy_without_a_server_says_how_to_get_one():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        with pytest.raises(ConfigError, match="PREFECT_API_URL is not set"):
+            deploy(DEMO, pool="nowhere")
+
+
+# -- a real server, worker and run ------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a process this test started, and everything it started (flow runs, their Ray)."""
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _prefect_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` on a free port with its own SQLite database; yields the API URL."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    env = _prefect_env(
+        home,
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        PREFECT_SERVER_UI_ENABLED="false",
+        # the scheduler looks at new deployments every few seconds
+        PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS="2",
+    )
+    log = open(home / "server.log", "wb")
+    server = subprocess.Popen(
+        [*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            try:
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield api
+    finally:
+        _stop(server)
+        log.close()
+
+
+@pytest.fixture
+def api(prefect_server):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server}):
+        yield prefect_server
+
+
+def _scheduled_times(client, deployment_id, minimum: int, wait_s: float = 60):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        runs = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))),
+        )
+        if len(runs) >= minimum or time.monotonic() > deadline:
+            return [r.expected_start_time.astimezone(timezone.utc) for r in runs]
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_scheduled_deployment_runs_on_a_process_worker(api, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    root = tmp_path / "run"
+    pool = "bertpipe-test"
+    ids = deploy(
+        DEMO,
+        [f"run.root={root}"],
+        pool=pool,
+        schedules={"corpus-refresh": "17 3 * * *", "evaluate": None},
+        name_prefix="demo",
+    )
+    assert len(ids) == 3
+    # deploying the same recipe again updates the deployments instead of adding more
+    assert deploy(DEMO, [f"run.root={root}"], pool=pool, schedules={"corpus-refresh": "17 3 * * *", "evaluate": None}, name_prefix="demo") == ids
+
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool(pool).type == "process"
+        refresh = client.read_deployment_by_name("bert_pretraining/demo-corpus-refresh")
+        assert refresh.entrypoint == ENTRYPOINT and refresh.work_pool_name == pool
+        assert refresh.parameters["only"] == ["corpus"] and refresh.parameters["config"]["run"]["root"] == str(root)
+        assert refresh.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}]
+        assert [s.schedule.cron for s in refresh.schedules] == ["17 3 * * *"]
+        assert not client.read_deployment_by_name("bert_pretraining/demo-evaluate").schedules
+        # the server's scheduler turns the cron into upcoming runs at 03:17 UTC
+        upcoming = _scheduled_times(client, refresh.id, minimum=1)
+        assert upcoming and all((t.hour, t.minute) == (3, 17) for t in upcoming)
+
+    run = run_deployment("bert_pretraining/demo-corpus-refresh", timeout=0)
+    worker_home = tmp_path / "worker"
+    worker_home.mkdir()
+    log_path = worker_home / "worker.log"
+    with open(log_path, "wb") as log:
+        # the worker runs from an unrelated directory: the deployment's pull step finds the code
+        worker = subprocess.Popen(
+            [*PREFECT, "worker", "start", "--pool", pool, "--type", "process"],
+            env=_prefect_env(worker_home, PREFECT_API_URL=api, PREFECT_WORKER_QUERY_SECONDS="2"),
+            stdout=log, stderr=subprocess.STDOUT, cwd=worker_home,
+        )
+        try:
+            with get_client(sync_client=True) as client:
+                deadline = time.monotonic() + 420
+                while True:
+                    state = client.read_flow_run(run.id).state
+                    if state is not None and state.is_final():
+                        break
+                    assert worker.poll() is None, f"the worker exited:\n{log_path.read_text()[-3000:]}"
+                    assert time.monotonic() < deadline, f"flow run still {state.name if state else None}:\n{log_path.read_text()[-3000:]}"
+                    time.sleep(2)
+        finally:
+            _stop(worker)
+    assert state.is_completed(), f"{state.name}: {state.message}\n{log_path.read_text()[-4000:]}"
+    assert (root / "corpus" / "_manifest.json").is_file()
+    assert not (root / "vocab").exists()  # the refresh selected the corpus stage only
+
+
+def test_prefect_yaml_deploys_the_same_deployments(api, tmp_path):
+    """`prefect deploy` on infra/prefect/prefect.yaml, fed the recipe through the Prefect
+    Variable that `save_recipe` stores, gives the deployments `deploy` would create."""
+    import shutil
+
+    from prefect.client.orchestration import get_client
+
+    from flows.deploy import FLOW_RUN_ENV, ensure_work_pool, save_recipe
+
+    root = tmp_path / "run"
+    recipe = save_recipe(DEMO, [f"run.root={root}"])
+    ensure_work_pool("bertpipe")
+    # a copy: `prefect deploy` may offer to write back into the file it read
+    prefect_file = tmp_path / "prefect.yaml"
+    shutil.copy(PROJECT_ROOT / "infra" / "prefect" / "prefect.yaml", prefect_file)
+    out = subprocess.run(
+        [*PREFECT, "--no-prompt", "deploy", "--prefect-file", str(prefect_file), "--all"],
+        cwd=PROJECT_ROOT, env=_prefect_env(tmp_path, PREFECT_API_URL=api), capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    plans = {p.kind: p for p in plan_deployments(load_config(DEMO, [f"run.root={root}"]), name_prefix="bertpipe")}
+    with get_client(sync_client=True) as client:
+        for kind, plan in plans.items():
+            deployment = client.read_deployment_by_name(f"bert_pretraining/bertpipe-{kind}")
+            assert deployment.parameters == plan.parameters and deployment.parameters["config"] == recipe
+            assert [(s.schedule.cron, s.schedule.timezone) for s in deployment.schedules] == [(plan.cron, plan.timezone)]
+            assert deployment.entrypoint == ENTRYPOINT and deployment.work_pool_name == "bertpipe"
+            assert deployment.job_variables == {"env": FLOW_RUN_ENV}
+            assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(PROJECT_ROOT)}}]

@@ -1,0 +1,178 @@
+"""Faults during the examples stage (dupe_factor 3, both phases, so it runs long enough to
+be hit): a Ray worker killed mid-task, and the whole driver killed mid-stage. Either way the
+finished stage is byte-identical to an undisturbed run.
+
+The disturbed runs are subprocesses with their own embedded Ray, so the processes killed
+are found among that subprocess's descendants and nothing else on the machine is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipelines import examples
+from pipelines.stage import MANIFEST, Manifest
+from pipelines.storage import Storage
+
+# Runs the examples stage on an embedded Ray; prints one RESULT line with the manifest.
+DRIVER = r"""
+import json, sys
+from bertcore.config import PipelineConfig
+from pipelines import examples
+from pipelines.ray_runtime import ensure_ray
+from pipelines.storage import Storage
+
+cfg = PipelineConfig.model_validate_json(open(sys.argv[1]).read())
+ensure_ray(cfg.ray)
+manifest, computed = examples.run(cfg, Storage(cfg.storage))
+print("RESULT " + json.dumps(manifest.to_json()))
+"""
+
+
+def _config(demo_pipeline, root: Path):
+    """The session's demo config on a fresh root holding copies of its corpus and vocab."""
+    cfg, _ = demo_pipeline
+    for stage in ("corpus", "vocab"):
+        shutil.copytree(Path(cfg.run.root) / stage, root / stage)
+    return cfg.model_copy(
+        update={
+            "run": cfg.run.model_copy(update={"root": str(root)}),
+            "ray": cfg.ray.model_copy(update={"address": "", "num_cpus": 2}),
+            "examples": cfg.examples.model_copy(update={"dupe_factor": 3}),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def undisturbed(demo_pipeline, tmp_path_factory):
+    """The manifest of the examples stage (dupe_factor 3, both phases) run without faults."""
+    cfg = _config(demo_pipeline, tmp_path_factory.mktemp("undisturbed"))
+    assert {p.name for p in cfg.examples.phases} >= {"seq128", "seq512"}
+    manifest, computed = examples.run(cfg, Storage(cfg.storage))
+    assert computed
+    return manifest
+
+
+def _start_driver(cfg, tmp_path: Path) -> subprocess.Popen:
+    config_file = tmp_path / "config.json"
+    config_file.write_text(cfg.model_dump_json())
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(config_file)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _tasks_running(driver: subprocess.Popen, name: str) -> list[psutil.Process]:
+    """Ray workers under this driver executing task `name` (Ray titles them `ray::<name>`)."""
+    found = []
+    try:
+        children = psutil.Process(driver.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for child in children:
+        try:
+            command = child.cmdline()
+        except psutil.Error:
+            continue
+        if command and command[0].startswith(f"ray::{name}"):
+            found.append(child)
+    return found
+
+
+def _kill_tree(driver: subprocess.Popen) -> None:
+    """SIGKILL the driver and everything it started (its Ray's processes), by pid."""
+    try:
+        tree = psutil.Process(driver.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    driver.kill()
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    driver.communicate(timeout=30)
+
+
+def _shards(manifest: Manifest) -> dict[str, str]:
+    return {s.path: s.sha256 for s in manifest.shards}
+
+
+def _files_in_shard_dirs(root: Path) -> set[str]:
+    """Every file under examples/<phase>/<split>/, as paths relative to examples/."""
+    stage = root / "examples"
+    return {str(p.relative_to(stage)) for p in stage.glob("*/*/*") if p.is_file() and not p.relative_to(stage).parts[0].startswith("_")}
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_retried_and_the_output_is_unchanged(undisturbed, demo_pipeline, tmp_path):
+    reference = undisturbed
+    cfg = _config(demo_pipeline, tmp_path / "run")
+    driver = _start_driver(cfg, tmp_path)
+    killed: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while driver.poll() is None:
+            assert time.monotonic() < deadline, "the examples stage did not finish"
+            if not killed:
+                for worker in _tasks_running(driver, "build_shard")[:1]:
+                    worker.send_signal(signal.SIGKILL)
+                    killed.append(worker.pid)
+            time.sleep(0.02)
+        out, err = driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            _kill_tree(driver)
+    assert killed, "no build_shard task was caught running; nothing was disturbed"
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert driver.returncode == 0 and results, err[-4000:]
+    # Ray's account of the retry (raylet messages reach the driver's stdout)
+    assert "Task build_shard failed" in out + err and "will be retried" in out + err
+
+    manifest = Manifest.from_json(json.loads(results[-1].removeprefix("RESULT ")))
+    assert manifest.fingerprint == reference.fingerprint
+    assert _shards(manifest) == _shards(reference)
+    assert manifest.stats == reference.stats
+    # no half-written file from the killed task is left beside the shards
+    assert _files_in_shard_dirs(tmp_path / "run") == set(_shards(reference))
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes_keeping_finished_shards(undisturbed, demo_pipeline, tmp_path):
+    reference = undisturbed
+    root = tmp_path / "run"
+    cfg = _config(demo_pipeline, root)
+    driver = _start_driver(cfg, tmp_path)
+    progress = root / "examples" / "_progress"
+    try:
+        deadline = time.monotonic() + 300
+        # wait until a few build_shard tasks have finished (each leaves a task marker), then crash
+        while len(list(progress.glob("task__*.json"))) < 3:
+            assert driver.poll() is None, "the examples stage ended before it could be interrupted"
+            assert time.monotonic() < deadline, "no build_shard task finished in time"
+            time.sleep(0.05)
+    finally:
+        _kill_tree(driver)
+    assert not (root / "examples" / MANIFEST).exists()
+
+    finished = {}
+    for marker in progress.glob("task__*.json"):
+        for path in json.loads(marker.read_text())["shards"]:
+            finished[path] = (root / "examples" / path).stat().st_mtime_ns
+    assert finished and len(finished) < len(reference.shards)
+
+    manifest, computed = examples.run(cfg, Storage(cfg.storage))
+    assert computed
+    assert _shards(manifest) == _shards(reference)
+    # the shards finished before the crash were kept, not written again
+    assert {path: (root / "examples" / path).stat().st_mtime_ns for path in finished} == finished
+    assert _files_in_shard_dirs(root) == set(_shards(reference))
