@@ -1,0 +1,132 @@
+"""Checkpoint -> the Hugging Face folder that `transformers` loads (DESIGN.md "model/").
+
+    config.json              BertConfig of the model (architectures: BertForPreTraining)
+    model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does)
+    vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
+                             the vocab stage's files (model_max_length set to the model's
+                             max_position_embeddings, so pipelines truncate where it ends)
+
+`consolidate_checkpoint` turns one DeepSpeed checkpoint folder (checkpoints/step-NNNNNNN/,
+any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model's
+names, which are transformers' names; `export_checkpoint` writes the folder from a state
+dict. Neither needs a GPU or torch.distributed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+
+import safetensors.torch
+import torch
+
+from bertcore.errors import InputDataError
+from bertcore.model import TIED_KEYS, BertForPreTraining, ModelConfig
+from bertcore.train import parameter_group_names
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
+
+# Where a tied entry takes its tensor from (bertcore.model ties them the same way).
+_TIED_SOURCE = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+assert set(_TIED_SOURCE) == set(TIED_KEYS)
+
+
+def _expected_keys(model_config: ModelConfig) -> tuple[list[str], list[list[str]]]:
+    """(state-dict keys, parameter names per optimizer group) of the model, computed on
+    the meta device (no memory, no initialisation cost)."""
+    with torch.device("meta"):
+        model = BertForPreTraining(model_config)
+    return list(model.state_dict()), parameter_group_names(model)
+
+
+def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Full fp32 state dict (tied entries included) of a DeepSpeed checkpoint folder.
+
+    ZeRO 1-3 checkpoints keep the fp32 master weights partitioned in the optimizer files;
+    DeepSpeed's zero_to_fp32 joins them. A stage-0 checkpoint holds the whole module; with
+    bf16/fp16 its module weights are 16-bit copies, so the fp32 masters are taken from the
+    optimizer wrapper's groups instead, in `parameter_groups` order.
+    """
+    checkpoint_dir = os.path.abspath(checkpoint_dir.rstrip("/"))
+    if not os.path.isdir(checkpoint_dir):
+        raise InputDataError(f"{checkpoint_dir}: no such checkpoint folder")
+    names = os.listdir(checkpoint_dir)
+    keys, groups = _expected_keys(model_config)
+    if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
+    elif "mp_rank_00_model_states.pt" in names:
+        saved = torch.load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=False)
+        state = dict(saved["module"])
+        optimizer = saved.get("optimizer") or {}
+        masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
+        if masters is not None:
+            if [len(g) for g in masters] != [len(g) for g in groups]:
+                raise InputDataError(f"{checkpoint_dir}: the optimizer's parameter groups do not match this model config")
+            for group_names, group_tensors in zip(groups, masters):
+                for name, tensor in zip(group_names, group_tensors):
+                    state[name] = tensor
+    else:
+        raise InputDataError(f"{checkpoint_dir}: not a DeepSpeed checkpoint (no model or optimizer states file)")
+    state = {k: v.detach().to(torch.float32).cpu() for k, v in state.items()}
+    for tied, source in _TIED_SOURCE.items():
+        if source in state:
+            state[tied] = state[source]
+    missing, unexpected = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
+    if missing or unexpected:
+        raise InputDataError(
+            f"{checkpoint_dir}: the checkpoint does not fit the model config (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    return {k: state[k] for k in keys}
+
+
+def export_checkpoint(
+    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str
+) -> list[str]:
+    """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
+    bertcore.model names, the model config and the vocab stage's folder; returns the file
+    names written. Tied entries, if present, must equal the tensors they alias."""
+    hf_config = model_config.to_hf_config_dict()  # refuses pre-LN models
+    for name in TOKENIZER_FILES:
+        if not os.path.isfile(os.path.join(tokenizer_dir, name)):
+            raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
+    with open(os.path.join(tokenizer_dir, "vocab.txt"), encoding="utf-8") as handle:
+        entries = handle.read().split("\n")
+    entries = entries[:-1] if entries and entries[-1] == "" else entries
+    if len(entries) != model_config.vocab_size:
+        raise InputDataError(
+            f"{tokenizer_dir}/vocab.txt has {len(entries)} entries but the model's vocab_size is {model_config.vocab_size}; "
+            "export with the vocabulary the model was trained with"
+        )
+    tensors = {}
+    for name, tensor in state_dict.items():
+        if name in _TIED_SOURCE:
+            source = state_dict.get(_TIED_SOURCE[name])
+            if source is not None and not torch.equal(tensor, source):
+                raise ValueError(f"{name} must equal {_TIED_SOURCE[name]} (they are one tied parameter)")
+            continue
+        tensors[name] = tensor.detach().cpu().contiguous()
+    os.makedirs(out_dir, exist_ok=True)
+    safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as handle:
+        json.dump(hf_config, handle, indent=2)
+        handle.write("\n")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+    config_path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(config_path, encoding="utf-8") as handle:
+        tokenizer_config = json.load(handle)
+    tokenizer_config["model_max_length"] = model_config.max_position_embeddings
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(tokenizer_config, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+    return list(HF_FILES)

@@ -1,0 +1,505 @@
+"""Pretrain stage: examples + vocab -> DeepSpeed checkpoints, `model/` (Hugging Face
+layout) and `metrics.jsonl` under `<run.root>/pretrain/`.
+
+Ray shape: a Ray Train TorchTrainer with `pretrain.num_workers` workers (gloo on CPU with
+DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.train.Trainer, which owns the
+DeepSpeed engine, the data and the checkpoints. Then one Ray task consolidates the final
+checkpoint into `model/`. The driver only checks inputs, decides about resuming, and
+writes the manifest.
+
+When run.root is remote (s3://...), workers copy the examples shards they read to a local
+temporary folder (the loader memory-maps files), DeepSpeed writes each checkpoint to a
+local mirror, and each rank uploads its own files before rank 0 writes the checkpoint's
+completion marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from bertcore.errors import BertpipeError, ConfigError
+from bertcore.examples import ExamplesConfig
+from bertcore.export import consolidate_checkpoint, export_checkpoint
+from bertcore.masking import VocabTables
+from bertcore.model import ModelConfig
+from bertcore.train import (
+    CHECKPOINTS,
+    METRICS,
+    LocalStageFiles,
+    PhaseData,
+    PretrainConfig,
+    Trainer,
+    WorkerContext,
+    checkpoint_tag,
+    clear_checkpoints,
+    complete_checkpoints,
+    latest_checkpoint,
+)
+from pipelines.ray_runtime import unwrap
+from pipelines.stage import Manifest, ShardInfo, StageDir, fingerprint
+from pipelines.storage import Storage, join
+
+log = logging.getLogger(__name__)
+
+STAGE = "pretrain"
+CODE_VERSION = "1"
+MODEL_DIR = "model"
+
+
+class UpstreamMissing(BertpipeError):
+    """A stage this one reads is not complete."""
+
+
+# -- stage files over Storage --------------------------------------------------------------
+
+
+class StorageStageFiles:
+    """bertcore.train.StageFiles for a remote stage directory: files are written to a
+    local mirror and uploaded one object at a time (an object appears whole or not at all)."""
+
+    def __init__(self, storage: Storage, uri: str, mirror: str):
+        self.storage, self.uri, self.mirror = storage, uri.rstrip("/"), mirror
+
+    def _remote(self, relative: str) -> str:
+        return join(self.uri, relative)
+
+    def local_path(self, relative: str) -> str:
+        return os.path.join(self.mirror, relative)
+
+    def upload(self, relative: str) -> None:
+        local = self.local_path(relative)
+        fs, path = self.storage.fs(self._remote(relative))
+        if os.path.isdir(local):
+            for name in sorted(os.listdir(local)):
+                self.upload(f"{relative}/{name}")
+        else:
+            fs.put_file(local, path)
+
+    def download(self, relative: str) -> None:
+        fs, path = self.storage.fs(self._remote(relative))
+        local = self.local_path(relative)
+        if fs.isdir(path):
+            for name in self.storage.listdir(self._remote(relative)):
+                self.download(f"{relative}/{name}")
+        else:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            fs.get_file(path, local)
+
+    def drop_local(self, relative: str) -> None:
+        local = self.local_path(relative)
+        if os.path.isdir(local):
+            shutil.rmtree(local, ignore_errors=True)
+        elif os.path.exists(local):
+            os.unlink(local)
+
+    def exists(self, relative: str) -> bool:
+        return self.storage.exists(self._remote(relative))
+
+    def listdir(self, relative: str) -> list[str]:
+        return self.storage.listdir(self._remote(relative))
+
+    def read_text(self, relative: str) -> str:
+        return self.storage.read_text(self._remote(relative))
+
+    def write_text(self, relative: str, text: str) -> None:
+        self.storage.write_bytes(self._remote(relative), text.encode())
+
+    def remove(self, relative: str) -> None:
+        self.storage.remove(self._remote(relative), recursive=True)
+        self.drop_local(relative)
+
+
+def _scratch(uri: str, who: str) -> str:
+    """A local folder for one process's copies of a remote URI's files."""
+    key = hashlib.sha256(uri.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), "bertpipe-pretrain", key, who)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def stage_files(storage: Storage, stage_uri: str, who: str):
+    """The stage directory as StageFiles: the folder itself when local (or a shared
+    filesystem), else a local mirror per process `who` ('rank-0', 'driver', ...)."""
+    local = storage.local_path(stage_uri)
+    if local is not None:
+        os.makedirs(local, exist_ok=True)
+        return LocalStageFiles(local)
+    return StorageStageFiles(storage, stage_uri, _scratch(stage_uri, who))
+
+
+def _fetch(storage: Storage, uri: str, directory: str) -> str:
+    """A local path for a file URI: the file itself when local, else a copy in `directory`
+    (kept when its size still matches, so a restarted worker does not copy again)."""
+    local = storage.local_path(uri)
+    if local is not None:
+        return local
+    fs, path = storage.fs(uri)
+    target = os.path.join(directory, *posixpath.normpath(path).lstrip("/").split("/")[-3:])
+    if not (os.path.exists(target) and os.path.getsize(target) == storage.size(uri)):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.tmp-{uuid.uuid4().hex}"
+        fs.get_file(path, tmp)
+        os.replace(tmp, target)
+    return target
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Inputs:
+    """What the examples and vocab stages produced, as the pretrain stage needs it."""
+
+    examples_fingerprint: str
+    vocab_fingerprint: str
+    examples: ExamplesConfig
+    tokens: list[str]
+    """The vocabulary in id order (vocab.txt)."""
+    train_shards: dict[str, list[str]]
+    """Phase name -> URIs of examples/<phase>/train/ shards."""
+    validation_shards: dict[str, list[str]]
+    masking: dict[str, str]
+    """Phase name -> static | dynamic."""
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokens.index("[PAD]")
+
+
+def _manifest(storage: Storage, root: str, stage: str) -> Manifest:
+    manifest = StageDir(storage, root, stage).manifest()
+    if manifest is None:
+        raise UpstreamMissing(
+            f"the {stage} stage has no output under {join(root, stage)}: run `bertpipe run --only {stage}` (or the whole flow) first"
+        )
+    return manifest
+
+
+def read_inputs(cfg: PretrainConfig, root: str, storage: Storage) -> Inputs:
+    """Read the examples and vocab manifests and check pretrain.phases against them."""
+    examples = _manifest(storage, root, "examples")
+    vocab = _manifest(storage, root, "vocab")
+    examples_cfg = ExamplesConfig.model_validate(examples.config)
+    produced = {p.name: p for p in examples_cfg.phases}
+    train, validation, masking = {}, {}, {}
+    for i, phase in enumerate(cfg.phases):
+        source = produced.get(phase.name)
+        if source is None:
+            raise ConfigError(
+                f"pretrain.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
+                "use one of those names or add the phase to examples.phases"
+            )
+        if phase.max_seq_length < source.max_seq_length:
+            raise ConfigError(
+                f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
+                f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that"
+            )
+        prefix = f"{phase.name}/"
+        train[phase.name] = [join(root, "examples", s.path) for s in examples.shards if s.path.startswith(prefix + "train/")]
+        validation[phase.name] = [join(root, "examples", s.path) for s in examples.shards if s.path.startswith(prefix + "validation/")]
+        if not train[phase.name]:
+            raise UpstreamMissing(f"{join(root, 'examples', phase.name, 'train')}: the examples manifest lists no shards; rerun the examples stage")
+        rows = sum(s.rows for s in examples.shards if s.path.startswith(prefix + "train/"))
+        if rows < cfg.micro_batch_size(phase):
+            raise ConfigError(
+                f"pretrain.phases[{i}].batch_size ({phase.batch_size}) needs {cfg.micro_batch_size(phase)} sequences per worker "
+                f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
+            )
+        phase_stats = examples.stats.get(phase.name) or examples.stats.get("phases", {}).get(phase.name) or {}
+        masking[phase.name] = phase_stats.get("masking", examples_cfg.masking) if isinstance(phase_stats, dict) else examples_cfg.masking
+    tokens = storage.read_text(join(root, "vocab", "vocab.txt")).split("\n")
+    tokens = tokens[:-1] if tokens and tokens[-1] == "" else tokens
+    return Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, tokens, train, validation, masking)
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerJob:
+    """Everything a training worker needs (pickled to each Ray Train worker)."""
+
+    cfg: PretrainConfig
+    model_config: dict
+    seed: int
+    resume_key: str
+    storage: Storage
+    stage_uri: str
+    inputs: Inputs
+    env: dict[str, str] = field(default_factory=dict)
+
+    def phase_data(self, who: str) -> list[PhaseData]:
+        vocab = VocabTables.from_tokens(self.inputs.tokens)
+        scratch = _scratch(self.stage_uri, f"{who}-shards")
+        out = []
+        for phase in self.cfg.phases:
+            examples_phase = self.inputs.examples.phase(phase.name)
+            masking = self.inputs.masking[phase.name]
+            out.append(
+                PhaseData(
+                    name=phase.name,
+                    paths=[_fetch(self.storage, uri, scratch) for uri in self.inputs.train_shards[phase.name]],
+                    validation_paths=[_fetch(self.storage, uri, scratch) for uri in self.inputs.validation_shards[phase.name]]
+                    if phase is self.cfg.phases[-1] and self.cfg.validation_batches
+                    else [],
+                    masking=masking,
+                    mask_config=self.inputs.examples.mask_config(examples_phase, vocab) if masking == "dynamic" else None,
+                    pad_id=vocab.special.pad,
+                    length_bins=list(self.inputs.examples.length_bins),
+                )
+            )
+        return out
+
+
+def _train_worker(config: dict) -> None:
+    """Body of one Ray Train worker: torch.distributed is set up by TorchTrainer."""
+    job: WorkerJob = config["job"]
+    os.environ.update(job.env)
+    import ray.train.torch
+    import torch
+    from ray.experimental.tqdm_ray import tqdm
+
+    context = ray.train.get_context()
+    device = str(ray.train.torch.get_device()) if job.cfg.use_gpu else "cpu"
+    ctx = WorkerContext(rank=context.get_world_rank(), world_size=context.get_world_size(), device=device)
+    if job.cfg.torch_threads:
+        torch.set_num_threads(job.cfg.torch_threads)
+    who = f"rank-{ctx.rank}"
+
+    def progress(total: int, initial: int):
+        bar = tqdm(total=total, desc="pretrain", unit="step")
+        bar.n = initial
+        return bar
+
+    trainer = Trainer(
+        job.cfg,
+        ModelConfig.model_validate(job.model_config),
+        job.phase_data(who),
+        stage_files(job.storage, job.stage_uri, who),
+        seed=job.seed,
+        resume_key=job.resume_key,
+        ctx=ctx,
+        progress=progress,
+        device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
+    )
+    trainer.run()
+
+
+def _fit(job: WorkerJob) -> None:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cfg = job.cfg
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"job": job},
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=f"pretrain-{job.resume_key[:8]}-{uuid.uuid4().hex[:6]}",
+            storage_path=os.path.join(tempfile.gettempdir(), "bertpipe-ray-train"),
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            worker_runtime_env={"env_vars": job.env} if job.env else None,
+        ),
+    )
+    try:
+        trainer.fit()
+    except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
+        failures = getattr(exc, "worker_failures", None) or {}
+        for rank in sorted(failures):
+            error = unwrap(failures[rank])
+            if isinstance(error, BertpipeError):
+                raise error from None
+        raise
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+@ray.remote(num_cpus=1, max_retries=1)
+def _export_task(storage: Storage, stage_uri: str, vocab_uri: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
+    """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri`;
+    returns [{name, bytes, sha256}] of the files written."""
+    with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
+        files = stage_files(storage, stage_uri, f"export-{uuid.uuid4().hex[:8]}")
+        files.download(f"{CHECKPOINTS}/{tag}")
+        model_cfg = ModelConfig.model_validate(model_config)
+        state = consolidate_checkpoint(files.local_path(f"{CHECKPOINTS}/{tag}"), model_cfg)
+        files.drop_local(f"{CHECKPOINTS}/{tag}")
+        vocab_dir = storage.local_path(vocab_uri)
+        if vocab_dir is None:
+            vocab_dir = os.path.join(tmp, "vocab")
+            os.makedirs(vocab_dir)
+            for name in storage.listdir(vocab_uri):
+                if not name.startswith(("_", ".")):
+                    _copy_down(storage, join(vocab_uri, name), os.path.join(vocab_dir, name))
+        out_local = os.path.join(tmp, "model")
+        names = export_checkpoint(state, model_cfg, vocab_dir, out_local)
+        written = []
+        for name in names:
+            local = os.path.join(out_local, name)
+            info = storage.write_file(join(out_uri, name), lambda path, local=local: shutil.copyfile(local, path))
+            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256})
+        return written
+
+
+def _copy_down(storage: Storage, uri: str, local: str) -> None:
+    fs, path = storage.fs(uri)
+    if fs.isfile(path):
+        fs.get_file(path, local)
+
+
+def export_model(cfg: PretrainConfig, root: str, storage: Storage, *, step: int | None = None, out: str | None = None) -> list[dict]:
+    """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
+    one) to `out` (default: <root>/pretrain/model/); returns the files written. Needs Ray
+    (ensure_ray) for the one task that does the work."""
+    stage_uri = join(root, STAGE)
+    files = stage_files(storage, stage_uri, "driver")
+    markers = complete_checkpoints(files)
+    if step is not None:
+        markers = [m for m in markers if m["step"] == step]
+    if not markers:
+        what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
+        raise ConfigError(f"{join(stage_uri, CHECKPOINTS)}: no complete {what}; run the pretrain stage first")
+    marker = markers[-1]
+    ref = _export_task.remote(
+        storage, stage_uri, join(root, "vocab"), checkpoint_tag(marker["step"]), marker["model_config"], out or join(stage_uri, MODEL_DIR)
+    )
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        error = unwrap(exc)
+        if isinstance(error, BertpipeError):
+            raise error from None
+        raise
+
+
+# -- driver ---------------------------------------------------------------------------------
+
+
+def train(cfg: PretrainConfig, root: str, storage: Storage, seed: int) -> dict:
+    """Train (resuming per pretrain.resume), export the final checkpoint to
+    <root>/pretrain/model/, and return {"shards": [ShardInfo...], "stats": {...}}.
+    Ray must be running (pipelines.ray_runtime.ensure_ray)."""
+    started = time.perf_counter()
+    inputs = read_inputs(cfg, root, storage)
+    stage_uri = join(root, STAGE)
+    files = stage_files(storage, stage_uri, "driver")
+    resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": seed})
+    if cfg.resume == "never":
+        clear_checkpoints(files)
+    else:
+        marker = latest_checkpoint(files)
+        if marker is not None and marker.get("resume_key") != resume_key:
+            raise ConfigError(
+                f"pretrain: {join(stage_uri, CHECKPOINTS)} holds checkpoints of another pretrain config or other inputs "
+                "(latest: " + checkpoint_tag(marker["step"]) + "); set pretrain.resume=never to start over (deletes them) "
+                "or restore the config they were written with"
+            )
+    model_cfg = cfg.build_model_config(inputs.vocab_size, inputs.pad_id)
+    job = WorkerJob(
+        cfg=cfg,
+        model_config=model_cfg.model_dump(mode="json"),
+        seed=seed,
+        resume_key=resume_key,
+        storage=storage,
+        stage_uri=stage_uri,
+        inputs=inputs,
+        env={} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"},
+    )
+    _fit(job)
+    marker = latest_checkpoint(files)
+    if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
+        raise RuntimeError(f"pretrain: training ended without a final checkpoint under {join(stage_uri, CHECKPOINTS)}")
+    exported = export_model(cfg, root, storage, step=marker["step"])
+    shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
+    metrics_uri = join(stage_uri, METRICS)
+    lines = storage.read_text(metrics_uri).splitlines() if storage.exists(metrics_uri) else []
+    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=storage.size(metrics_uri) or 0, sha256=storage.sha256(metrics_uri)))
+    return {"shards": shards, "stats": _stats(marker, lines), "timings": {"total_s": round(time.perf_counter() - started, 3)}}
+
+
+def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
+    import json
+
+    records = [json.loads(line) for line in lines if line.strip()]
+    last = records[-1] if records else {}
+    window = records[-min(len(records), 50):]  # the final loss is noisy: also report a mean over the last steps
+
+    def mean(key: str) -> float | None:
+        values = [r[key] for r in window if r.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
+    return {
+        "steps": marker["step"],
+        "total_steps": marker["total_steps"],
+        "stopped_by": marker.get("stopped_by"),
+        "phase": marker.get("phase"),
+        "tokens_seen": marker["tokens_seen"],
+        "train_time_s": marker["train_time_s"],
+        "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
+        "mfu": sum(mfus) / len(mfus) if mfus else None,
+        "final": {k: last.get(k) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")},
+        "last_steps_mean": {k: mean(k) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")},
+        "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
+        "validation": marker.get("validation"),
+        "checkpoint": checkpoint_tag(marker["step"]),
+        "world_size": marker["world_size"],
+        "zero_stage": marker["zero_stage"],
+        "precision": marker["precision"],
+        "model_config": marker["model_config"],
+    }
+
+
+def expected_fingerprint(cfg, storage: Storage) -> str:
+    from pipelines import examples, vocab
+
+    return _fingerprint(cfg, examples.expected_fingerprint(cfg, storage), vocab.expected_fingerprint(cfg, storage))
+
+
+def _fingerprint(cfg, examples_fp: str, vocab_fp: str) -> str:
+    section = cfg.pretrain.model_dump(mode="json")
+    return fingerprint(STAGE, CODE_VERSION, section, {"examples": examples_fp, "vocab": vocab_fp, "seed": cfg.run.seed})
+
+
+def run(cfg, storage: Storage, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
+    """Run the pretrain stage; returns (manifest, whether it was computed now). `force`
+    re-runs the stage; with pretrain.resume=auto a finished checkpoint is re-exported
+    rather than retrained (resume=never retrains). `parallelism` is unused: the worker
+    count is pretrain.num_workers."""
+    examples_m = _manifest(storage, cfg.run.root, "examples")
+    vocab_m = _manifest(storage, cfg.run.root, "vocab")
+    fp = _fingerprint(cfg, examples_m.fingerprint, vocab_m.fingerprint)
+    stage = StageDir(storage, cfg.run.root, STAGE)
+    if not force and stage.state(fp) == "complete":
+        return stage.manifest(), False
+    stage.invalidate()
+    result = train(cfg.pretrain, cfg.run.root, storage, cfg.run.seed)
+    manifest = Manifest(
+        stage=STAGE,
+        code_version=CODE_VERSION,
+        fingerprint=fp,
+        inputs={"examples": examples_m.fingerprint, "vocab": vocab_m.fingerprint},
+        config=cfg.pretrain.model_dump(mode="json"),
+        shards=result["shards"],
+        stats=result["stats"],
+        timings=result["timings"],
+    )
+    stage.write_manifest(manifest, cfg)
+    return manifest, True
