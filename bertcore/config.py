@@ -17,9 +17,11 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from bertcore.errors import ConfigError
 from bertcore.section import Section
+from bertcore.eval.config import EvaluateConfig
 from bertcore.examples import ExamplesConfig
 from bertcore.text.config import CorpusConfig
 from bertcore.tokenizer import VocabConfig
+from bertcore.train import PretrainConfig
 
 
 class RunConfig(Section):
@@ -99,9 +101,11 @@ class PipelineConfig(Section):
     corpus: CorpusConfig
     vocab: VocabConfig = Field(default_factory=VocabConfig)
     examples: ExamplesConfig = Field(default_factory=ExamplesConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
 
 
-STAGES = ("corpus", "vocab", "examples")
+STAGES = ("corpus", "vocab", "examples", "pretrain", "evaluate")
 """Stage names in flow order."""
 
 

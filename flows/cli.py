@@ -64,11 +64,38 @@ def run(
         return
     if state.is_failed():
         _fail(state.message or "the flow failed", hint=f"logs above; stage outputs under {cfg.run.root}")
-    for summary in state.result():
+    summaries = state.result()
+    for summary in summaries:
         typer.echo(
             f"{summary['stage']:<10} {summary['state']:<9} rows={summary['rows']:<9} "
             f"fingerprint={summary['fingerprint']}  {summary['uri']}"
         )
+    for summary in summaries:
+        if "report" in summary:
+            typer.echo(f"report: {summary['report']}")
+
+
+@app.command()
+def export(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    step: Annotated[Optional[int], typer.Option("--step", help="Checkpoint step to export (default: the latest complete one).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Output folder or URI (default: <run.root>/pretrain/model).")] = None,
+) -> None:
+    """Write a Hugging Face model folder (config.json, model.safetensors, tokenizer files) from a pretraining checkpoint."""
+    try:
+        cfg = _load(config, set_)
+        from pipelines import pretrain
+        from pipelines.ray_runtime import ensure_ray
+        from pipelines.storage import Storage
+
+        ensure_ray(cfg.ray)
+        written = pretrain.export_model(cfg.pretrain, cfg.run.root, Storage(cfg.storage), step=step, out=out)
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    for item in written:
+        typer.echo(str(item.get("uri") or item.get("path") or item))
 
 
 @app.command()

@@ -61,11 +61,16 @@ def run_stage(name: str, config: PipelineConfig, force: bool) -> dict[str, Any]:
     except BertpipeError as exc:
         # A user's mistake: fail with one clear line instead of a traceback.
         return Failed(name=USER_ERROR, message=f"{name}: {exc}")
-    stage_uri = f"{config.run.root}/{name}"
+    stage_uri = f"{config.run.root}/{spec.directory}"
     summary = _summary(name, manifest, computed, stage_uri)
     logger.info("%s: %s (%s rows, fingerprint %s) -> %s", name, summary["state"], summary["rows"], manifest.fingerprint, stage_uri)
     for skipped in manifest.skipped:
         logger.warning("%s: skipped input %s: %s", name, skipped["file"], skipped["reason"])
+    if name == "evaluate":
+        from pipelines import evaluate
+
+        evaluate.publish_artifacts(*evaluate.load_report(config.run.root, storage))
+        summary["report"] = f"{stage_uri}/report.md"
     create_table_artifact(
         key=f"{name}-stats",
         table=[{"statistic": k, "value": str(v)} for k, v in _flatten(manifest.stats).items()],

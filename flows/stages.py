@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bertcore.config import STAGES, PipelineConfig
-from pipelines import corpus, examples, vocab
+from pipelines import corpus, evaluate, examples, pretrain, vocab
 from pipelines.stage import Manifest
 from pipelines.storage import Storage
 
@@ -17,12 +17,16 @@ class StageSpec:
     name: str
     run: Callable[..., tuple[Manifest, bool]]
     expected_fingerprint: Callable[[PipelineConfig, Storage], str]
+    directory: str
+    """The stage's directory under run.root (DESIGN.md names evaluate's `eval/`)."""
 
 
 REGISTRY: dict[str, StageSpec] = {
-    "corpus": StageSpec("corpus", corpus.run, corpus.expected_fingerprint),
-    "vocab": StageSpec("vocab", vocab.run, vocab.expected_fingerprint),
-    "examples": StageSpec("examples", examples.run, examples.expected_fingerprint),
+    "corpus": StageSpec("corpus", corpus.run, corpus.expected_fingerprint, "corpus"),
+    "vocab": StageSpec("vocab", vocab.run, vocab.expected_fingerprint, "vocab"),
+    "examples": StageSpec("examples", examples.run, examples.expected_fingerprint, "examples"),
+    "pretrain": StageSpec("pretrain", pretrain.run, pretrain.expected_fingerprint, "pretrain"),
+    "evaluate": StageSpec("evaluate", evaluate.run, evaluate.expected_fingerprint, evaluate.DIRECTORY),
 }
 assert tuple(REGISTRY) == STAGES
 

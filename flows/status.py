@@ -15,7 +15,7 @@ def stage_status(cfg: PipelineConfig) -> list[dict[str, Any]]:
     storage = Storage(cfg.storage)
     rows = []
     for name, spec in REGISTRY.items():
-        stage = StageDir(storage, cfg.run.root, name)
+        stage = StageDir(storage, cfg.run.root, spec.directory)
         manifest = stage.manifest()
         try:
             expected = spec.expected_fingerprint(cfg, storage)

@@ -27,8 +27,22 @@ import torch
 from torch import nn
 
 from bertcore.eval import metrics, qa
-from bertcore.eval.tasks import QAExample, TaggedSentence, TaskConfig, TextExample, fold_splits, infer_labels, read_split
+from bertcore.errors import ConfigError
+from bertcore.eval.tasks import (
+    QAExample,
+    TaggedSentence,
+    TaskConfig,
+    TaskDataError,
+    TextExample,
+    fold_splits,
+    infer_labels,
+    read_split,
+)
 from bertcore.rng import keyed_seed
+
+class TaskSettingError(ConfigError, ValueError):
+    """A task setting the encoder cannot honour (a ValueError and a bertpipe ConfigError)."""
+
 
 # --- loading -------------------------------------------------------------------------------
 
@@ -349,7 +363,9 @@ def _fit_and_score(
         encoder = load_encoder(encoder_dir, random_init=random_init)
         max_positions = getattr(encoder.config, "max_position_embeddings", None)
         if max_positions is not None and task.max_seq_length > max_positions:
-            raise ValueError(f"max_seq_length {task.max_seq_length} exceeds the encoder's max_position_embeddings {max_positions}")
+            raise TaskSettingError(
+                f"task {task.name!r}: max_seq_length {task.max_seq_length} exceeds the encoder's max_position_embeddings {max_positions}"
+            )
         outputs = 2 if task.type == "qa" else 1 if task.type == "regression" else len(labels)
         model = TaskModel(encoder, task.type, outputs, getattr(encoder.config, "hidden_dropout_prob", 0.1))
         train_features, _ = featurize(train)
@@ -410,7 +426,7 @@ def run_task(
                 skipped[split] = read.skipped
                 problems += read.problems
         if not train.examples:
-            raise ValueError(f"{task.train}: no usable training examples")
+            raise TaskDataError(f"{task.train}: no usable training examples")
 
         result: dict = {}
         if task.cross_validation_folds is None:
@@ -445,17 +461,33 @@ def run_task(
     }
 
 
-def run_seeds(
-    task: TaskConfig, encoder_dir: str | None, tokenizer_dir: str, *, random_init: bool, num_threads: int = 1
-) -> dict:
-    """`run_task` for every seed in task.seeds: {"runs": [...], "validation": {metric:
-    {median, min, max, std, n, n_nan}}, "test": {...} when present}."""
-    runs = [run_task(task, encoder_dir, tokenizer_dir, s, random_init=random_init, num_threads=num_threads) for s in task.seeds]
-    out: dict = {"runs": runs}
+def summarize_seeds(runs: Sequence[dict]) -> dict:
+    """{"runs": runs, "validation": {metric: {median, min, max, std, n, n_nan}}, "test":
+    {...} when present} for `run_task` results of one model over several seeds."""
+    out: dict = {"runs": list(runs)}
     for split in ("validation", "test"):
         if split in runs[0]:
             out[split] = metrics.summarize_runs([r[split] for r in runs])
     return out
+
+
+def baseline_gain(pretrained: dict, baseline: dict) -> dict[str, float]:
+    """{metric: median pretrained - median random_init} on validation, for two
+    `summarize_seeds` results."""
+    return {
+        name: pretrained["validation"][name]["median"] - baseline["validation"][name]["median"]
+        for name in pretrained["validation"]
+        if name in baseline["validation"]
+    }
+
+
+def run_seeds(
+    task: TaskConfig, encoder_dir: str | None, tokenizer_dir: str, *, random_init: bool, num_threads: int = 1
+) -> dict:
+    """`run_task` for every seed in task.seeds, summarised by `summarize_seeds`."""
+    return summarize_seeds(
+        [run_task(task, encoder_dir, tokenizer_dir, s, random_init=random_init, num_threads=num_threads) for s in task.seeds]
+    )
 
 
 def compare_with_baseline(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, *, num_threads: int = 1) -> dict:
@@ -464,9 +496,4 @@ def compare_with_baseline(task: TaskConfig, encoder_dir: str, tokenizer_dir: str
     {metric: median pretrained - median random_init} on validation}."""
     pretrained = run_seeds(task, encoder_dir, tokenizer_dir, random_init=False, num_threads=num_threads)
     baseline = run_seeds(task, encoder_dir, tokenizer_dir, random_init=True, num_threads=num_threads)
-    gain = {
-        name: pretrained["validation"][name]["median"] - baseline["validation"][name]["median"]
-        for name in pretrained["validation"]
-        if name in baseline["validation"]
-    }
-    return {"pretrained": pretrained, "random_init": baseline, "gain": gain}
+    return {"pretrained": pretrained, "random_init": baseline, "gain": baseline_gain(pretrained, baseline)}

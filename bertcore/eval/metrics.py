@@ -4,6 +4,9 @@ held-out pretraining (MLM/NSP) scores, plus the summary over fine-tuning seeds.
 Every score is a fraction in [0, 1] (or a correlation in [-1, 1]); the report multiplies
 by 100 where papers do. Functions take plain sequences and return floats, so they are
 equally usable from a test, a fine-tuning loop or a notebook.
+
+scikit-learn, scipy and seqeval are imported by the functions that use them: the run
+config imports this package (TaskConfig), and every CLI command loads the run config.
 """
 
 from __future__ import annotations
@@ -17,21 +20,21 @@ from typing import Literal
 
 import numpy as np
 import torch
-from scipy import stats
-from seqeval import metrics as seqeval_metrics
-from seqeval import scheme as seqeval_scheme
-from sklearn import metrics as sk
 
 # --- classification and regression -------------------------------------------------------
 
 
 def accuracy(y_true: Sequence, y_pred: Sequence) -> float:
+    from sklearn import metrics as sk
+
     return float(sk.accuracy_score(y_true, y_pred))
 
 
 def f1(y_true: Sequence, y_pred: Sequence, *, average: Literal["binary", "macro"] = "binary", pos_label=1) -> float:
     """Binary F1 of `pos_label`, or the unweighted mean of per-class F1 (macro). A class
     that is never predicted and never true contributes nothing (zero_division=0)."""
+    from sklearn import metrics as sk
+
     if average == "binary":
         return float(sk.f1_score(y_true, y_pred, average="binary", pos_label=pos_label, zero_division=0))
     return float(sk.f1_score(y_true, y_pred, average="macro", zero_division=0))
@@ -39,6 +42,8 @@ def f1(y_true: Sequence, y_pred: Sequence, *, average: Literal["binary", "macro"
 
 def matthews(y_true: Sequence, y_pred: Sequence) -> float:
     """Matthews correlation (CoLA's metric); 0 when either side is constant."""
+    from sklearn import metrics as sk
+
     return float(sk.matthews_corrcoef(y_true, y_pred))
 
 
@@ -51,11 +56,15 @@ def _correlation(fn, x: Sequence[float], y: Sequence[float]) -> float:
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     """Pearson r; nan when either side is constant or shorter than 2."""
+    from scipy import stats
+
     return _correlation(stats.pearsonr, x, y)
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman rho (ties get average ranks); nan when either side is constant."""
+    from scipy import stats
+
     return _correlation(stats.spearmanr, x, y)
 
 
@@ -76,6 +85,9 @@ def entity_scores(
     entity that starts with B- after O. IOB2/BIO and IOBES: strict, so a prediction whose
     entity does not open with B- (or S-) is no entity at all.
     """
+    from seqeval import metrics as seqeval_metrics
+    from seqeval import scheme as seqeval_scheme
+
     if len(y_true) != len(y_pred) or any(len(t) != len(p) for t, p in zip(y_true, y_pred)):
         raise ValueError("entity_scores: gold and predicted tag sequences differ in length")
     true, pred = [list(t) for t in y_true], [list(p) for p in y_pred]

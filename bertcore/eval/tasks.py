@@ -2,8 +2,9 @@
 
 A task is one labelled data set (SST-2, MRPC, CoNLL-2003, SQuAD, a company's own TSV)
 described by a `TaskConfig`; the readers turn its files into plain example records.
-Readers check every row: a malformed one raises a ValueError naming the file and the
-1-based line, or, with on_error="skip", is left out and counted in `ReadResult.skipped`.
+Readers check every row: a malformed one raises a TaskDataError (a ValueError and a
+bertpipe InputDataError) naming the file and the 1-based line, or, with on_error="skip",
+is left out and counted in `ReadResult.skipped`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any, Literal
 
 import fsspec
 from pydantic import Field, field_validator, model_validator
-from sklearn.model_selection import KFold, StratifiedKFold
 
+from bertcore.errors import InputDataError
 from bertcore.eval.metrics import TagScheme
 from bertcore.rng import keyed_seed
 from bertcore.section import Section
@@ -138,6 +139,11 @@ class TaskConfig(Section):
         return self
 
 
+class TaskDataError(InputDataError, ValueError):
+    """A task file cannot be used as it is (a malformed row, too few examples). A
+    ValueError for library callers; an InputDataError, so the CLI prints it as one line."""
+
+
 # --- example records -----------------------------------------------------------------------
 
 
@@ -196,7 +202,7 @@ class _Problems:
         where = f"{self.path}, line {line}" if line is not None else self.path
         message = f"{where}: {reason}"
         if self.on_error == "raise":
-            raise ValueError(f"{message} (fix the row or set on_error: skip)")
+            raise TaskDataError(f"{message} (fix the row or set on_error: skip)")
         self.skipped += 1
         if len(self.messages) < self.keep:
             self.messages.append(message)
@@ -557,11 +563,13 @@ def fold_splits(task: TaskConfig, examples: list) -> list[tuple[list[int], list[
     """(train indexes, held-out indexes) per cross-validation fold. The folds depend only on
     the task name, never on the fine-tuning seed, so seeds differ by training alone.
     Classification folds keep the label proportions (when every label has k examples)."""
+    from sklearn.model_selection import KFold, StratifiedKFold  # here: the run config imports this module
+
     k = task.cross_validation_folds
     if k is None:
         raise ValueError(f"task {task.name!r} has no cross_validation_folds")
     if len(examples) < k:
-        raise ValueError(f"task {task.name!r}: {len(examples)} training examples cannot make {k} folds")
+        raise TaskDataError(f"task {task.name!r}: {len(examples)} training examples cannot make {k} folds")
     state = keyed_seed(0, task.name, "folds") % 2**32
     indexes = list(range(len(examples)))
     if task.type == "classification":

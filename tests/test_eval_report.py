@@ -1,0 +1,174 @@
+"""The evaluation report: training-log parsing, strict JSON, PNG plots, markdown tables
+and the flat score rows, from metrics dictionaries written here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bertcore.eval import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _summary(median: float, low: float, high: float, n: int = 3) -> dict:
+    return {"median": median, "min": low, "max": high, "std": 0.01, "n": n, "n_nan": 0}
+
+
+def _metrics() -> dict:
+    """A metrics dictionary shaped like the evaluate stage's eval/metrics.json."""
+    return {
+        "seed": 7,
+        "baseline": True,
+        "model": {
+            "uri": "runs/x/pretrain/model",
+            "parameters": 1_012_130,
+            "config": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "vocab_size": 4000},
+        },
+        "pretraining_log": {"uri": "runs/x/pretrain/metrics.jsonl", "records": 150, "unreadable_lines": 1, "last": {"step": 150, "loss": 7.61, "mlm_accuracy": 0.058}},
+        "intrinsic": {
+            "seq128": {
+                "pretrained": {"sequences": 637, "masked_tokens": 11156, "mlm_loss": 6.902, "mlm_perplexity": 993.8, "mlm_accuracy": 0.0447, "nsp_loss": 0.6977, "nsp_accuracy": 0.5243},
+                "random_init": {"sequences": 637, "masked_tokens": 11156, "mlm_loss": 8.323, "mlm_perplexity": 4119.3, "mlm_accuracy": 0.0003, "nsp_loss": 0.6956, "nsp_accuracy": 0.4757},
+            }
+        },
+        "tasks": {
+            "sst": {
+                "type": "classification",
+                "primary_metric": "accuracy",
+                "seeds": 3,
+                "folds": 5,
+                "freeze_encoder": False,
+                "pretrained": {"validation": {"accuracy": _summary(0.8771, 0.85, 0.90), "mcc": _summary(0.61, 0.55, 0.70)}},
+                "random_init": {"validation": {"accuracy": _summary(0.60, 0.55, 0.62), "mcc": _summary(0.1, 0.0, 0.2)}},
+                "gain": {"accuracy": 0.2771, "mcc": 0.51},
+                "skipped": {"train": 2},
+                "skipped_problems": ["data/sst.tsv, line 4: 1 columns where 2 were expected"],
+            },
+            "stsb": {
+                "type": "regression",
+                "primary_metric": "spearman",
+                "seeds": 1,
+                "folds": None,
+                "pretrained": {
+                    "validation": {"spearman": _summary(float("nan"), float("nan"), float("nan"), 1)},
+                    "test": {"spearman": _summary(0.3, 0.3, 0.3, 1)},
+                },
+                "random_init": {"validation": {"spearman": _summary(0.1, 0.1, 0.1, 1)}},
+                "gain": {"spearman": float("nan")},
+                "skipped": {"train": 0},
+                "skipped_problems": [],
+            },
+        },
+        "embeddings": {
+            "sentences": 500,
+            "sts_pairs": 0,
+            "pretrained": {"cls": {"anisotropy": 0.99996}, "mean": {"anisotropy": 0.95}},
+            "random_init": {"cls": {"anisotropy": 0.9999}, "mean": {"anisotropy": 0.96}},
+        },
+        "skipped_rows": {"total": 2, "files": {"data/sst.tsv": 2}},
+        "notes": ["intrinsic: phase seq512 (512 tokens) is longer than the model's 128 positions; left out"],
+    }
+
+
+def test_training_log_skips_broken_lines_and_sorts_by_step():
+    lines = [
+        json.dumps({"step": 2, "loss": 7.0, "mlm_accuracy": 0.1}),
+        json.dumps({"step": 1, "loss": 9.0, "mlm_accuracy": None}),
+        "",
+        json.dumps({"loss": 3.0}),  # no step
+        '{"step": 3, "loss": 6.',  # cut short by a kill
+        json.dumps([1, 2]),
+    ]
+    records, bad = report.read_training_log(lines)
+    assert [r["step"] for r in records] == [1, 2]
+    assert bad == 3
+
+
+def test_metrics_json_is_strict_json_without_nan():
+    text = report.json_dumps({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 0.5}})
+
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+
+    assert json.loads(text, parse_constant=refuse) == {"a": None, "b": [1.0, None], "c": {"d": 0.5}}
+
+
+def test_pretraining_plot_is_a_png_and_marks_phases(tmp_path):
+    records = [{"step": s, "loss": 10 - s / 100, "mlm_accuracy": s / 1000, "phase": "seq128" if s < 500 else "seq512"} for s in range(1, 1001)]
+    records[3]["mlm_accuracy"] = None  # a step without masked tokens
+    path = tmp_path / "curves.png"
+    assert report.plot_pretraining(records, str(path))
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_long_training_logs_are_binned_before_plotting(tmp_path):
+    records = [{"step": s, "loss": 5.0 + math.sin(s)} for s in range(50_000)]
+    path = tmp_path / "long.png"
+    assert report.plot_pretraining(records, str(path))  # only the loss: the accuracy panel says so
+    steps = np.array([r["step"] for r in records], dtype=float)
+    binned_steps, binned = report._binned(steps, np.array([r["loss"] for r in records]), 100)
+    assert len(binned_steps) == len(binned) == 100
+    assert binned_steps[0] < binned_steps[-1] and abs(binned.mean() - 5.0) < 0.01
+
+
+def test_no_plot_without_losses_or_tasks(tmp_path):
+    assert not report.plot_pretraining([], str(tmp_path / "a.png"))
+    assert not report.plot_pretraining([{"step": 1, "mlm_accuracy": 0.1}], str(tmp_path / "b.png"))
+    assert not report.plot_tasks({}, str(tmp_path / "c.png"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_task_plot_handles_a_metric_that_is_nan(tmp_path):
+    path = tmp_path / "tasks.png"
+    assert report.plot_tasks(_metrics()["tasks"], str(path))
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_markdown_tables_show_scores_gain_and_problems():
+    md = report.render_markdown(_metrics(), {"pretraining": "plots/pretraining.png", "tasks": "plots/tasks.png"})
+    lines = md.splitlines()
+    sst = next(line for line in lines if line.startswith("| sst | classification"))
+    # median [min, max] x 100, random-init median, gain in points, seeds, how it was scored
+    assert "87.7 [85.0, 90.0]" in sst and "60.0 [55.0, 62.0]" in sst and "| 27.7 |" in sst and "5-fold CV" in sst
+    stsb = next(line for line in lines if line.startswith("| stsb | regression"))
+    assert "| – |" in stsb  # an undefined correlation is shown as missing, not as nan
+    assert any(line.startswith("| stsb | test | spearman | 30.0 |") for line in lines)
+    pretrained_mlm = next(line for line in lines if line.startswith("| seq128 | pretrained"))
+    assert "| 637 | 11,156 | 6.902 | 993.8 | 4.5 |" in pretrained_mlm
+    assert "![pretraining curves](plots/pretraining.png)" in md and "![task scores](plots/tasks.png)" in md
+    assert "| pretrained | cls | 1.0000 |" in md  # cosine near 1 keeps its digits
+    assert "data/sst.tsv, line 4" in md and "2 malformed row(s)" in md
+    assert "seq512 (512 tokens) is longer" in md
+    assert "1 unreadable line(s)" in md
+
+
+def test_markdown_without_log_baseline_or_tasks():
+    metrics = _metrics()
+    metrics.update(pretraining_log=None, tasks={}, embeddings=None, skipped_rows={"total": 0, "files": {}}, notes=[], baseline=False)
+    for by_model in metrics["intrinsic"].values():
+        by_model.pop("random_init")
+    md = report.render_markdown(metrics, {})
+    assert "No pretraining log" in md
+    assert "random init" not in md and "## Fine-tuning" not in md and "Skipped input rows" not in md
+    assert "| seq128 | pretrained |" in md
+
+
+def test_score_rows_share_keys_and_gain_is_the_difference():
+    rows = report.score_rows(_metrics())
+    keys = {tuple(sorted(r)) for r in rows}
+    assert len(keys) == 1
+    by = {(r["section"], r["name"], r["metric"]): r for r in rows}
+    accuracy = by[("fine-tuning", "sst", "accuracy")]
+    assert accuracy["pretrained"] == pytest.approx(0.8771) and accuracy["random_init"] == pytest.approx(0.60)
+    assert accuracy["gain"] == pytest.approx(0.2771) and accuracy["seeds"] == 3
+    assert (accuracy["pretrained_min"], accuracy["pretrained_max"]) == (0.85, 0.90)
+    assert by[("fine-tuning", "stsb", "spearman")]["pretrained"] is None  # nan becomes null
+    assert ("fine-tuning", "stsb (test)", "spearman") in by
+    mlm = by[("pretraining", "seq128", "mlm_accuracy")]
+    assert mlm["gain"] == pytest.approx(0.0447 - 0.0003)
+    assert by[("embeddings", "mean", "anisotropy")]["random_init"] == 0.96
+    json.dumps(rows, allow_nan=False)  # a table artifact takes plain JSON
