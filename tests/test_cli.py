@@ -45,16 +45,41 @@ def test_user_errors_are_one_line(args, message, tmp_path):
 
 @pytest.mark.slow
 def test_demo_flow_end_to_end(tmp_path):
-    overrides = ["--set", f"run.root={tmp_path}", "--set", "vocab.vocab_size=3000", "--set", "examples.dupe_factor=1"]
-    out = bertpipe("run", "--config", "configs/demo.yaml", *overrides)
+    """All five stages through the CLI with the demo recipe, shortened: a report at the end,
+    a model transformers loads, then a second run that is cached throughout."""
+    overrides = [
+        f"run.root={tmp_path}",
+        "vocab.vocab_size=3000",
+        "examples.dupe_factor=1",
+        "examples.max_seq_length=128",
+        "pretrain.phases=[{name: seq128, steps: 40, batch_size: 16, max_seq_length: 128}]",
+        "pretrain.checkpoint_every=20",
+        "evaluate.tasks=[{name: polarity, type: classification, format: fasttext, "
+        "train: '{demo_data}/pang_lee_polarity.cor', encoding: cp1252, cross_validation_folds: 3, "
+        "seeds: [1], epochs: 1, batch_size: 16, max_seq_length: 32}]",
+        "evaluate.embeddings.sentences=100",
+    ]
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    out = bertpipe("run", "--config", "configs/demo.yaml", *sets, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
-    lines = [line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["corpus"], ["vocab"], ["examples"])]
-    assert [(l[0], l[1]) for l in lines] == [("corpus", "computed"), ("vocab", "computed"), ("examples", "computed")]
+    stages = ["corpus", "vocab", "examples", "pretrain", "evaluate"]
+    lines = [line.split() for line in out.stdout.splitlines() if line.split()[:1] in [[s] for s in stages]]
+    assert [(l[0], l[1]) for l in lines] == [(s, "computed") for s in stages]
+    report = tmp_path / "eval" / "report.md"
+    assert f"report: {report}" in out.stdout
+    text = report.read_text(encoding="utf-8")
+    assert "polarity" in text and "random" in text.lower()
+    assert (tmp_path / "eval" / "metrics.json").exists()
 
-    status = bertpipe("status", "--config", "configs/demo.yaml", *overrides, "--json")
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(tmp_path / "pretrain" / "model"))
+    assert len(fill("The city is on the [MASK] of the river.")) == 5
+
+    status = bertpipe("status", "--config", "configs/demo.yaml", *sets, "--json")
     assert status.returncode == 0, status.stderr
-    assert {r["stage"]: r["state"] for r in json.loads(status.stdout)} == {"corpus": "complete", "vocab": "complete", "examples": "complete"}
+    assert {r["stage"]: r["state"] for r in json.loads(status.stdout)} == dict.fromkeys(stages, "complete")
 
-    again = bertpipe("run", "--config", "configs/demo.yaml", *overrides)
+    again = bertpipe("run", "--config", "configs/demo.yaml", *sets, timeout=600)
     assert again.returncode == 0
-    assert "computed" not in again.stdout and again.stdout.count("cached") == 3
+    assert "computed" not in again.stdout and again.stdout.count("cached") == 5

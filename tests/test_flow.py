@@ -22,20 +22,29 @@ def upstream_copy(demo_pipeline, tmp_path):
     return cfg.model_copy(update={"run": cfg.run.model_copy(update={"root": str(tmp_path)})})
 
 
+DATA_STAGES = ["corpus", "vocab", "examples"]
+
+
 def states(summaries):
     return {s["stage"]: s["state"] for s in summaries}
 
 
 def test_flow_caches_and_reruns_downstream_only(upstream_copy, prefect_harness):
     cfg = upstream_copy
-    assert states(bert_pretraining(cfg)) == {"corpus": "cached", "vocab": "cached", "examples": "cached"}
-    assert {r["stage"]: r["state"] for r in stage_status(cfg)} == {"corpus": "complete", "vocab": "complete", "examples": "complete"}
+    assert states(bert_pretraining(cfg, only=DATA_STAGES)) == {"corpus": "cached", "vocab": "cached", "examples": "cached"}
+    assert {r["stage"]: r["state"] for r in stage_status(cfg)} == {
+        "corpus": "complete",
+        "vocab": "complete",
+        "examples": "complete",
+        "pretrain": "missing",
+        "evaluate": "missing",
+    }
 
     changed = cfg.model_copy(update={"examples": cfg.examples.model_copy(update={"masked_lm_prob": 0.2})})
     assert {r["stage"]: r["state"] for r in stage_status(changed)}["examples"] == "stale"
-    assert states(bert_pretraining(changed)) == {"corpus": "cached", "vocab": "cached", "examples": "computed"}
+    assert states(bert_pretraining(changed, only=DATA_STAGES)) == {"corpus": "cached", "vocab": "cached", "examples": "computed"}
     assert states(bert_pretraining(changed, only=["vocab"], force=True)) == {"vocab": "computed"}
-    assert states(bert_pretraining(changed, from_stage="examples")) == {"examples": "cached"}
+    assert states(bert_pretraining(changed, only=["examples"])) == {"examples": "cached"}
 
 
 def test_flow_reports_a_user_error_as_one_line(tmp_path, prefect_harness, ray_cluster):
@@ -47,3 +56,16 @@ def test_flow_reports_a_user_error_as_one_line(tmp_path, prefect_harness, ray_cl
     assert "corpus stage has no output" in state.message and "\n" not in state.message
     state = bert_pretraining(cfg, return_state=True)
     assert state.is_failed() and "corpus.inputs[0]" in state.message
+
+
+def test_stage_selection():
+    from bertcore.errors import ConfigError
+    from flows.stages import select
+
+    assert select(None, None) == ["corpus", "vocab", "examples", "pretrain", "evaluate"]
+    assert select(None, "examples") == ["examples", "pretrain", "evaluate"]
+    assert select(["evaluate", "corpus"], None) == ["corpus", "evaluate"]
+    with pytest.raises(ConfigError, match="unknown stage 'trainer'"):
+        select(["trainer"], None)
+    with pytest.raises(ConfigError, match="either --only or --from"):
+        select(["corpus"], "vocab")
