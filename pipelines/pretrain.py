@@ -406,11 +406,15 @@ def train(cfg: PretrainConfig, root: str, storage: Storage, seed: int) -> dict:
     else:
         marker = latest_checkpoint(files)
         if marker is not None and marker.get("resume_key") != resume_key:
-            raise ConfigError(
-                f"pretrain: {join(stage_uri, CHECKPOINTS)} holds checkpoints of another pretrain config or other inputs "
-                "(latest: " + checkpoint_tag(marker["step"]) + "); set pretrain.resume=never to start over (deletes them) "
-                "or restore the config they were written with"
+            # The checkpoints belong to another trajectory (the pretrain settings that shape
+            # training, the examples, the vocabulary or the seed changed): like any stage
+            # whose fingerprint changed, this one is recomputed from the start.
+            log.warning(
+                "pretrain: %s holds checkpoints of another config or other inputs (latest %s); starting over",
+                join(stage_uri, CHECKPOINTS),
+                checkpoint_tag(marker["step"]),
             )
+            clear_checkpoints(files)
     model_cfg = cfg.build_model_config(inputs.vocab_size, inputs.pad_id)
     job = WorkerJob(
         cfg=cfg,

@@ -51,7 +51,7 @@ def test_demo_flow_end_to_end(tmp_path):
         f"run.root={tmp_path}",
         "vocab.vocab_size=3000",
         "examples.dupe_factor=1",
-        "examples.max_seq_length=128",
+        "examples.phases=[{name: seq128, max_seq_length: 128, max_predictions_per_seq: 20}]",
         "pretrain.phases=[{name: seq128, steps: 40, batch_size: 16, max_seq_length: 128}]",
         "pretrain.checkpoint_every=20",
         "evaluate.tasks=[{name: polarity, type: classification, format: fasttext, "
