@@ -38,7 +38,7 @@ from bertcore.tokenizer import load_tokenizer, vocab_fingerprint, vocab_list
 from pipelines import corpus, vocab
 from pipelines.ray_runtime import run_tasks
 from pipelines.stage import Manifest, ShardInfo, StageDir, fingerprint
-from pipelines.storage import Storage, is_local
+from pipelines.storage import Storage
 from pipelines.vocab import read_batches, upstream_manifest
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -46,18 +45,14 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3 HTTP endpoint (moto) on 127.0.0.1; yields its URL."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    from processes import free_port
+
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     url = f"http://127.0.0.1:{port}"
@@ -103,3 +98,16 @@ def demo_pipeline(tmp_path_factory, ray_cluster):
     for stage in (corpus, vocab, examples):
         manifests[stage.STAGE], _ = stage.run(cfg, storage)
     return cfg, manifests
+
+
+@pytest.fixture(scope="session")
+def world_of_one():
+    """torch.distributed with one gloo process in this process (what DeepSpeed needs)."""
+    import torch
+
+    from processes import free_port
+
+    if not torch.distributed.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    yield

@@ -6,8 +6,6 @@ out by the worker from this checkout."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from datetime import timezone
 from pathlib import Path
 
 import pytest
+from processes import free_port, stop
 
 from bertcore.config import load_config
 from bertcore.errors import ConfigError
@@ -82,33 +81,6 @@ def test_deploy_without_a_server_says_how_to_get_one():
 # -- a real server, worker and run ------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a process this test started, and everything it started (flow runs, their Ray)."""
-    import psutil
-
-    try:
-        children = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        children = []
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    for child in children:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def _prefect_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", **extra)
@@ -119,7 +91,7 @@ def _prefect_env(home: Path, **extra: str) -> dict[str, str]:
 def prefect_server(tmp_path_factory):
     """`prefect server start` on a free port with its own SQLite database; yields the API URL."""
     home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
+    port = free_port()
     env = _prefect_env(
         home,
         PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
@@ -147,7 +119,7 @@ def prefect_server(tmp_path_factory):
             time.sleep(0.5)
         yield api
     finally:
-        _stop(server)
+        stop(server)
         log.close()
 
 
@@ -226,7 +198,7 @@ def test_scheduled_deployment_runs_on_a_process_worker(api, tmp_path):
                     assert time.monotonic() < deadline, f"flow run still {state.name if state else None}:\n{log_path.read_text()[-3000:]}"
                     time.sleep(2)
         finally:
-            _stop(worker)
+            stop(worker)
     assert state.is_completed(), f"{state.name}: {state.message}\n{log_path.read_text()[-4000:]}"
     assert (root / "corpus" / "_manifest.json").is_file()
     assert not (root / "vocab").exists()  # the refresh selected the corpus stage only

@@ -13,7 +13,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from test_train import SEED, make_run_root, phase_data, tiny_pretrain, world_of_one  # noqa: E402,F401
+from test_train import SEED, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
 from bertcore.errors import InputDataError  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint, export_checkpoint  # noqa: E402

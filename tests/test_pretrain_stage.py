@@ -21,7 +21,7 @@ import pyarrow.ipc as ipc  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain, world_of_one  # noqa: E402,F401
+from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
 from pydantic import create_model  # noqa: E402
 

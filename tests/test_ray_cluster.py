@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from processes import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -61,37 +61,6 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Stop `ray start --block` processes this test started; each takes its node's processes
-    down with it. Survivors among their descendants (workers) are killed by pid."""
-    import psutil
-
-    descendants = []
-    for proc in procs:
-        try:
-            descendants += psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-    for proc in reversed(procs):  # worker node first, head last
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 @pytest.fixture(scope="module")
 def two_node_cluster():
     """A Ray head and a worker node on this machine; yields (address, driver env, node temp dirs).
@@ -102,11 +71,11 @@ def two_node_cluster():
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     temp_dirs = [tempfile.mkdtemp(prefix="bpray-", dir="/tmp") for _ in range(2)]
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     common = ["--num-cpus", "1", "--object-store-memory", str(150 * 2**20), "--disable-usage-stats", "--block"]
     commands = [
-        ["--head", "--port", str(port), "--include-dashboard", "false", "--dashboard-port", str(_free_port())],
+        ["--head", "--port", str(port), "--include-dashboard", "false", "--dashboard-port", str(free_port())],
         ["--address", address],
     ]
     logs = [open(Path(temp_dir) / "start.log", "wb") for temp_dir in temp_dirs]
@@ -128,7 +97,7 @@ def two_node_cluster():
                         time.sleep(0.5)
         yield address, env, temp_dirs
     finally:
-        _stop(procs)
+        stop(*procs)
         for log in logs:
             log.close()
         for path in temp_dirs:

@@ -13,7 +13,6 @@ import json
 import math
 import os
 from collections import Counter
-import socket
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -336,21 +335,6 @@ def test_only_checkpoints_with_a_marker_count_as_complete(tmp_path):
 
 
 # -- the loop in one process -------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    """torch.distributed with one gloo process (what DeepSpeed needs), for this process."""
-    if not torch.distributed.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    yield
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ recipe, a `--set` override and a Prefect form all get the same paths.
 
 from __future__ import annotations
 
-import codecs
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from bertcore.eval.tasks import TaskConfig
+from bertcore.eval.tasks import TaskConfig, known_encoding
 from bertcore.section import Section
 
 _TASK_FILES = ("train", "validation", "test")
@@ -69,11 +68,7 @@ class StsConfig(Section):
     @field_validator("encoding")
     @classmethod
     def _known_encoding(cls, value: str) -> str:
-        try:
-            codecs.lookup(value)
-        except LookupError:
-            raise ValueError(f"unknown text encoding {value!r}") from None
-        return value
+        return known_encoding(value)
 
 
 class EmbeddingsConfig(Section):

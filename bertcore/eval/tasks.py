@@ -38,6 +38,15 @@ _FORMATS_OF: dict[str, tuple[str, ...]] = {
 }
 
 
+def known_encoding(value: str) -> str:
+    """Validate a text encoding name (for config fields)."""
+    try:
+        codecs.lookup(value)
+    except LookupError:
+        raise ValueError(f"unknown text encoding {value!r}") from None
+    return value
+
+
 class TaskConfig(Section):
     """One fine-tuning task: its files, how to read them, and how to fine-tune on them."""
 
@@ -105,11 +114,7 @@ class TaskConfig(Section):
     @field_validator("encoding")
     @classmethod
     def _known_encoding(cls, value: str) -> str:
-        try:
-            codecs.lookup(value)
-        except LookupError:
-            raise ValueError(f"unknown text encoding {value!r}") from None
-        return value
+        return known_encoding(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:

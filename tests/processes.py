@@ -1,0 +1,38 @@
+"""Helpers for tests that start their own servers: a free port and a clean stop."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop(*procs: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop processes this test started (the last one first) and everything they started:
+    SIGTERM, then SIGKILL for whatever is left, children included, by pid."""
+    descendants = []
+    for proc in procs:
+        try:
+            descendants += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
