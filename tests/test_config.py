@@ -84,3 +84,14 @@ def test_missing_and_invalid_yaml(tmp_path):
     bad.write_text("corpus: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_config_reference_matches_the_models():
+    """docs/config.md is generated from the pydantic models; regenerate it with
+    `python -m flows.config_reference > docs/config.md` after changing a field."""
+    from flows.config_reference import render
+
+    reference = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+    assert reference.read_text(encoding="utf-8") == render()
+    for key in ("corpus.inputs[].uri", "vocab.vocab_size", "examples.objective", "pretrain.zero_stage", "evaluate.tasks[].type"):
+        assert f"`{key}`" in render(), key

@@ -1,0 +1,82 @@
+"""The configuration reference (docs/config.md), generated from the pydantic models so the
+docs cannot drift from the code: `python -m flows.config_reference > docs/config.md`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from pydantic import BaseModel
+
+from bertcore.config import PipelineConfig
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace("typing.", "")
+    for prefix in ("<class '", "'>"):
+        text = text.replace(prefix, "")
+    return text.split(".")[-1] if "[" not in text else text
+
+
+def _default(field) -> str:
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()
+        except TypeError:
+            return "(computed)"
+    elif field.is_required():
+        return "required"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        value = [v.model_dump(mode="json") for v in value]
+    return json.dumps(value, default=str)
+
+
+def _item_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a `list[Model]` field, else None."""
+    args = getattr(annotation, "__args__", ())
+    if getattr(annotation, "__origin__", None) is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
+def _rows(model: type[BaseModel], prefix: str, out: list[str], nested: list[tuple[str, type[BaseModel]]]) -> None:
+    for name, field in model.model_fields.items():
+        text = " ".join((field.description or "").split()).replace("|", "/")
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested.append((f"{prefix}{name}", annotation))
+            continue
+        if (item := _item_model(annotation)) is not None:
+            nested.append((f"{prefix}{name}[]", item))
+        kind = _type_name(annotation).replace(" | ", " or ").replace("|", " or ")
+        out.append(f"| `{prefix}{name}` | `{kind}` | `{_default(field)}` | {text} |")
+
+
+def render() -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the pydantic models by `python -m flows.config_reference`; a test checks",
+        "that this file matches the code. Every key can be set in a recipe or with `--set key=value`.",
+        "",
+    ]
+    for section, field in PipelineConfig.model_fields.items():
+        model = field.annotation
+        lines += [f"## `{section}`", "", " ".join((model.__doc__ or "").split()), ""]
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        nested: list[tuple[str, type[BaseModel]]] = []
+        _rows(model, f"{section}.", lines, nested)
+        while nested:
+            prefix, sub = nested.pop(0)
+            _rows(sub, f"{prefix}.", lines, nested)
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
