@@ -137,6 +137,9 @@ class TreeUsage:
         }
 
 
+# -- Ray's task timeline --------------------------------------------------------------------------
+
+
 def ray_task_times(since: float) -> dict[str, list]:
     """Per Ray task function that started after `since` (time.time()), from Ray's timeline:
     [runs, summed run seconds, first start, last end (seconds after `since`)]."""
