@@ -22,12 +22,13 @@ instead: the rate at which each row consumes the same input. tok/CPU-s divides b
 time (user + system) of the whole process tree instead of wall time x CPUs: the steadier
 figure when other jobs share the machine.
 
-Not timed: starting Ray (and warming its workers' imports, as an earlier stage of the flow
-would have), building the HF Dataset from the shards, reading the sentences for row 1.
-Each row runs in a fresh process (with --trials N, runs alternate between rows and inputs
-and the fastest of each is reported); memory is sampled every 0.1 s over the whole process
-tree (Ray's raylet, object store and workers; datasets' pool) as in benchmarks/vocab.py:
-summed PSS, and the largest RSS of any one process.
+Not timed: starting Ray, warming its workers' imports (as an earlier stage of the flow
+would have) and waiting for its processes to settle; building the HF Dataset from the
+shards; reading the sentences for row 1. Each row runs in a fresh process (with --trials
+N, runs alternate between rows and inputs and the fastest of each is reported); memory
+and CPU time are sampled every 0.1 s over the whole process tree (Ray's raylet, object
+store and workers; datasets' pool) as in benchmarks/vocab.py: summed PSS, and the largest
+RSS of any one process. --profile adds where the time of one shard's two tasks goes.
 
     python benchmarks/examples.py [--inputs 1,10] [--trials 1] [--workdir DIR] [--profile]
 """
@@ -60,6 +61,8 @@ from benchmarks.vocab import (  # noqa: E402
     prepare_demo_corpus,
     ray_task_times,
     repeat_corpus,
+    settle,
+    warm_workers,
 )
 
 SEQ = 128
@@ -91,25 +94,14 @@ def run_tokenizer(root: Path, cpus: int) -> dict:
 
 
 def run_bertpipe(root: Path, cpus: int) -> dict:
-    import ray
-
     from pipelines import examples
     from pipelines.ray_runtime import ensure_ray
     from pipelines.storage import Storage
 
     cfg = demo_config(root, EXAMPLES)
     ensure_ray(cfg.ray)
-
-    @ray.remote(num_cpus=1)
-    def warm() -> int:
-        import pipelines.examples  # noqa: F401  (what every stage task imports first)
-
-        time.sleep(2)  # hold the CPU so that each warm-up lands on its own worker
-        return os.getpid()
-
-    ray.get([warm.remote() for _ in range(cpus)])
-    with TreeUsage() as idle_usage:  # what Ray's own processes use while no task runs
-        time.sleep(3)
+    warm_workers(cpus)
+    idle_cpu = settle()
     idle = TreeUsage.snapshot()
     with TreeUsage() as memory:
         start, since = time.perf_counter(), time.time()
@@ -122,7 +114,7 @@ def run_bertpipe(root: Path, cpus: int) -> dict:
         "tokens": sum(split["tokens"] for split in phase.values()),
         "sequences": sum(split["examples"] for split in phase.values()),
         "idle_pss_mb": idle,
-        "idle_cpu_per_s": idle_usage.cpu_s / 3,
+        "idle_cpu_per_s": idle_cpu,
         "timings": manifest.timings,
         "tasks": tasks,
         **memory.report(),

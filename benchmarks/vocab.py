@@ -1,5 +1,7 @@
-"""Vocabulary stage: time and peak memory to train a 30522-entry WordPiece vocabulary on the
-demo corpus and on the demo corpus repeated 10 times.
+"""Vocabulary stage: time and peak memory on the demo corpus and on it repeated 10 times.
+
+The stage trains a 30522-entry WordPiece vocabulary (vocab.vocab_size=30522 over the demo
+recipe) on each corpus.
 
 The x10 corpus is the demo corpus stage's output with every shard written 10 times under new
 part numbers and with new doc_ids, plus a manifest listing them (`repeat_corpus`). Running
@@ -12,10 +14,12 @@ so the x10 row understates that part; the script prints the distinct-word estima
 
 Each measured run is a fresh process (with --trials N, runs alternate between the inputs
 and the fastest of each is reported) with its own embedded local Ray (`ray.num_cpus` =
-this machine's CPUs); Ray's start is not timed. Memory is sampled every 0.1 s over the
-whole process tree (driver, raylet with the object store, GCS, agents, workers): the peak
-of the summed PSS (shared pages split between the processes that map them, so the object
-store is counted once) and the largest peak RSS of any one process (the training worker).
+this machine's CPUs). Not timed: Ray's start, its workers' first imports, and the wait
+until Ray's processes have settled (below 0.1 CPU s per s). Memory is sampled every 0.1 s
+over the whole process tree (driver, raylet with the object store, GCS, agents, workers):
+the peak of the summed PSS (shared pages split between the processes that map them, so
+the object store is counted once) and the largest peak RSS of any one process (the
+training worker). CPU time is summed over the same tree.
 
 Also timed, in one process without Ray: the two library calls the stage makes
 (count_alphabet, train_wordpiece) on the same sentences, to show where the time goes.
@@ -54,15 +58,24 @@ class TreeUsage:
 
     CPU time (user + system, summed over the processes) is the steadier measure on a shared
     machine: wall time stretches when other jobs take the cores, CPU time much less. A
-    process that exits between two samples loses at most one interval of CPU time."""
+    process that exits between two samples loses at most one interval of CPU time.
+
+    The sampling itself costs: reading a process's PSS (/proc/PID/smaps_rollup) takes the
+    kernel up to ~7 ms for a Ray worker, so summing PSS over a dozen processes every 0.1 s
+    would take a fifth of a core from the run being measured, more for rows with more
+    processes. So RSS and CPU times (cheap) are read every `interval_s`, PSS every
+    `pss_every` samples (and at the start and the end), and the sampler thread's own CPU
+    time is subtracted from `cpu_s`."""
 
     interval_s: float = 0.1
+    pss_every: int = 5
     peak_pss_mb: float = 0.0
     """max over samples of the summed PSS of the tree"""
     peak_rss_one_mb: float = 0.0
     """max over samples and processes of one process's RSS"""
     peak_rss_driver_mb: float = 0.0
     samples: int = 0
+    sampler_cpu_s: float = 0.0
     _base_cpu: dict[int, float] = field(default_factory=dict, repr=False)
     _last_cpu: dict[int, float] = field(default_factory=dict, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -88,31 +101,37 @@ class TreeUsage:
                 continue  # a worker that just exited
         return total
 
-    def _sample(self) -> None:
+    def _sample(self, pss: bool = True) -> None:
         import psutil
 
-        pss = 0.0
+        total = 0.0
         for proc in self.processes():
             try:
                 with proc.oneshot():
-                    mem = proc.memory_full_info()
+                    rss = proc.memory_info().rss / 2**20
                     times = proc.cpu_times()
+                    if pss:
+                        total += proc.memory_full_info().pss / 2**20
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            pss += mem.pss / 2**20
-            self.peak_rss_one_mb = max(self.peak_rss_one_mb, mem.rss / 2**20)
+            self.peak_rss_one_mb = max(self.peak_rss_one_mb, rss)
             if proc.pid == os.getpid():
-                self.peak_rss_driver_mb = max(self.peak_rss_driver_mb, mem.rss / 2**20)
+                self.peak_rss_driver_mb = max(self.peak_rss_driver_mb, rss)
             self._last_cpu[proc.pid] = times.user + times.system
-        self.peak_pss_mb = max(self.peak_pss_mb, pss)
+        if pss:
+            self.peak_pss_mb = max(self.peak_pss_mb, total)
         self.samples += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._sample()
+            start = time.thread_time()
+            self._sample(pss=self.samples % self.pss_every == 0)
+            self.sampler_cpu_s += time.thread_time() - start
 
     def __enter__(self) -> TreeUsage:
+        start = time.thread_time()
         self._sample()
+        self.sampler_cpu_s += time.thread_time() - start
         self._base_cpu = dict(self._last_cpu)
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -121,11 +140,14 @@ class TreeUsage:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        start = time.thread_time()
         self._sample()
+        self.sampler_cpu_s += time.thread_time() - start
 
     @property
     def cpu_s(self) -> float:
-        return sum(t - self._base_cpu.get(pid, 0.0) for pid, t in self._last_cpu.items())
+        """CPU seconds of the tree, less the sampler's own."""
+        return sum(t - self._base_cpu.get(pid, 0.0) for pid, t in self._last_cpu.items()) - self.sampler_cpu_s
 
     def report(self) -> dict:
         return {
@@ -137,7 +159,34 @@ class TreeUsage:
         }
 
 
-# -- Ray's task timeline --------------------------------------------------------------------------
+# -- Ray ------------------------------------------------------------------------------------------
+
+
+def warm_workers(cpus: int) -> None:
+    """Have `cpus` Ray workers import the stage modules, as the stages before this one in a
+    flow would have (a cold worker spends a second or more importing pyarrow and tokenizers)."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def warm() -> None:
+        import pipelines.examples  # noqa: F401
+        import pipelines.vocab  # noqa: F401
+
+        time.sleep(2)  # hold the CPU so that each warm-up lands on its own worker
+
+    ray.get([warm.remote() for _ in range(cpus)])
+
+
+def settle(quiet_cpu_per_s: float = 0.1, max_s: float = 30.0) -> float:
+    """Wait until Ray's processes are done starting up (the tree uses less than
+    `quiet_cpu_per_s` CPU seconds per second, or `max_s` passed), so the measured run starts
+    on a quiet cluster, as a long-lived one is; returns the last one-second CPU rate."""
+    deadline = time.monotonic() + max_s
+    while True:
+        with TreeUsage() as usage:
+            time.sleep(1.0)
+        if usage.cpu_s < quiet_cpu_per_s or time.monotonic() > deadline:
+            return usage.cpu_s
 
 
 def ray_task_times(since: float) -> dict[str, list]:
@@ -273,9 +322,8 @@ def child(root: str) -> None:
 
     cfg = demo_config(Path(root), [f"vocab.vocab_size={VOCAB_SIZE}"])
     ensure_ray(cfg.ray)
-    time.sleep(3)  # let the prestarted workers finish starting, so the idle figures are idle
-    with TreeUsage() as idle_usage:  # what Ray's own processes use while no task runs
-        time.sleep(3)
+    warm_workers(cfg.ray.num_cpus)
+    idle_cpu = settle()
     idle_pss = TreeUsage.snapshot()
     with TreeUsage() as memory:
         start, since = time.perf_counter(), time.time()
@@ -288,7 +336,7 @@ def child(root: str) -> None:
             {
                 "seconds": seconds,
                 "idle_pss_mb": idle_pss,
-                "idle_cpu_per_s": idle_usage.cpu_s / 3,
+                "idle_cpu_per_s": idle_cpu,
                 **memory.report(),
                 "cpus": cfg.ray.num_cpus,
                 "sentences": stats["corpus_train_sentences"],

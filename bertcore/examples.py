@@ -22,6 +22,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,7 +30,18 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from bertcore.masking import KEPT, MASKED, RANDOM, MaskConfig, VocabTables, mask_tokens
+from bertcore.masking import (
+    KEPT,
+    MASKED,
+    RANDOM,
+    MaskConfig,
+    MaskDraws,
+    MaskedExample,
+    MaskedSequences,
+    VocabTables,
+    mask_sequences,
+    mask_tokens,
+)
 from bertcore.pairs import Pair, PairConfig, RandomDocs, build_pairs, pack_sentences
 from bertcore.rng import keyed_random
 from bertcore.section import Section
@@ -249,18 +261,20 @@ class ExampleStats:
         self.document_passes += 1
         self.short_target_documents += int(short_target)
 
-    def add_record(self, record: dict, pair: Pair | None = None, kinds: Sequence[int] = ()) -> None:
-        self.examples += 1
-        self.tokens += record["length"]
-        self.length_histogram[record["length"]] += 1
-        self.nsp_labels[record["next_sentence_label"]] += 1
+    def add_pair(self, pair: Pair) -> None:
+        self.truncated += int(pair.truncated)
+        self.single_segment_chunks += int(pair.single_segment_chunk)
+        self.short_target_examples += int(pair.target_was_short)
+        self.same_document_negatives += int(pair.same_document_negative)
+
+    def add_sequences(self, lengths: np.ndarray, labels: np.ndarray, kinds: np.ndarray) -> None:
+        """Sequences of a block: their lengths, NSP labels and the kinds of their masks."""
+        self.examples += len(lengths)
+        self.tokens += int(lengths.sum())
+        self.length_histogram.update(dict(zip(*(a.tolist() for a in np.unique(lengths, return_counts=True)))))
+        self.nsp_labels.update(dict(zip(*(a.tolist() for a in np.unique(labels, return_counts=True)))))
         self.masked += len(kinds)
-        self.masked_kinds.update(kinds)
-        if pair is not None:
-            self.truncated += int(pair.truncated)
-            self.single_segment_chunks += int(pair.single_segment_chunk)
-            self.short_target_examples += int(pair.target_was_short)
-            self.same_document_negatives += int(pair.same_document_negative)
+        self.masked_kinds.update(dict(zip(*(a.tolist() for a in np.unique(kinds, return_counts=True)))))
 
     def merge(self, other: ExampleStats) -> ExampleStats:
         out = ExampleStats()
@@ -328,27 +342,196 @@ class ExampleStats:
         )
 
 
-def _record(tokens: list[int], segment_b_start: int, label: int, rng: random.Random, mask: MaskConfig | None):
-    """(record, mask kinds). mask None = dynamic masking (nothing stored)."""
-    if mask is None:
-        return {
-            "input_ids": tokens,
-            "segment_b_start": segment_b_start,
-            "masked_positions": [],
-            "masked_ids": [],
-            "next_sentence_label": label,
-            "length": len(tokens),
-        }, []
-    is_continuation = mask.vocab.is_continuation[np.asarray(tokens, dtype=np.int64)].tolist()
-    masked = mask_tokens(tokens, is_continuation, rng, mask)
-    return {
-        "input_ids": masked.input_ids,
-        "segment_b_start": segment_b_start,
-        "masked_positions": masked.masked_positions,
-        "masked_ids": masked.masked_ids,
-        "next_sentence_label": label,
-        "length": len(tokens),
-    }, masked.kinds
+# -- documents -> record batches ------------------------------------------------------------------
+
+BLOCK_ROWS = 4096
+"""Sequences masked together and written as one record batch."""
+
+
+class _Block:
+    """Sequences in the order they are made, turned into one Arrow record batch at a time.
+
+    Static masking (not spans) is drawn per document with numpy (`MaskDraws`, one generator
+    per document and pass, seeded from that document's `random.Random` after its pairs) and
+    applied to the whole block at once (`mask_sequences`); SpanBERT spans are masked per
+    sequence as they arrive; dynamic masking stores the sequences unmasked.
+    """
+
+    def __init__(self, vocab: VocabTables, mask: MaskConfig | None, stats: ExampleStats | None):
+        self.vocab = vocab
+        self.mask = mask
+        self.stats = stats
+        self.schema = arrow_schema(vocab.vocab_size)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.sequences: list[list[int]] = []
+        self.b_starts: list[int] = []
+        self.labels: list[int] = []
+        self.draws: list[MaskDraws] = []
+        self.span_masks: list[MaskedExample] = []
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def add(self, tokens: list[int], segment_b_start: int, label: int, rng: random.Random) -> None:
+        self.sequences.append(tokens)
+        self.b_starts.append(segment_b_start)
+        self.labels.append(label)
+        if self.mask is not None and self.mask.span:
+            is_continuation = self.vocab.is_continuation[np.asarray(tokens, dtype=np.int64)].tolist()
+            self.span_masks.append(mask_tokens(tokens, is_continuation, rng, self.mask))
+
+    def draw_masks(self, rng: random.Random, sequences: int) -> None:
+        """Draw the masks of the last `sequences` sequences added (one document's)."""
+        if self.mask is None or self.mask.span or not sequences:
+            return
+        tokens = sum(len(s) for s in self.sequences[-sequences:])
+        generator = np.random.default_rng(rng.getrandbits(64))
+        self.draws.append(MaskDraws.draw(generator, tokens, self.vocab))
+
+    def take(self) -> pa.RecordBatch:
+        """The sequences added so far as a record batch (then forgotten)."""
+        lengths = np.fromiter(map(len, self.sequences), dtype=np.int64, count=len(self.sequences))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter(chain.from_iterable(self.sequences), dtype=np.int64, count=int(offsets[-1]))
+        if self.mask is None:
+            masked = MaskedSequences(ids, np.zeros(len(lengths), dtype=np.int64), *(np.zeros(0, dtype=np.int64),) * 3)
+        elif self.mask.span:
+            masked = MaskedSequences(
+                np.fromiter(chain.from_iterable(m.input_ids for m in self.span_masks), dtype=np.int64, count=len(ids)),
+                np.fromiter((len(m.masked_positions) for m in self.span_masks), dtype=np.int64, count=len(lengths)),
+                *(np.asarray(list(chain.from_iterable(getattr(m, name) for m in self.span_masks)), dtype=np.int64)
+                  for name in ("masked_positions", "masked_ids", "kinds")),
+            )
+        else:
+            masked = mask_sequences(ids, offsets, MaskDraws.concatenate(self.draws), self.mask)
+        labels = np.asarray(self.labels, dtype=np.int8)
+        if self.stats is not None:
+            self.stats.add_sequences(lengths, labels, masked.kinds)
+        mask_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(masked.counts, out=mask_offsets[1:])
+        id_type_ = self.schema.field("input_ids").type.value_type
+        if len(ids) and int(ids.max()) > _max_id(id_type_):
+            raise ValueError(f"token id {int(ids.max())} does not fit the shard's {id_type_} ids")
+        columns = [
+            list_array(offsets, masked.input_ids, id_type_),
+            arrow_array(np.asarray(self.b_starts), pa.uint16()),
+            list_array(mask_offsets, masked.positions, pa.uint16()),
+            list_array(mask_offsets, masked.masked_ids, id_type_),
+            arrow_array(labels, pa.int8()),
+            arrow_array(lengths, pa.uint16()),
+        ]
+        self._clear()
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _max_id(type_: pa.DataType) -> int:
+    return UINT16_MAX if type_ == pa.uint16() else 2**31 - 1
+
+
+# numpy <-> Arrow for the primitive columns of the shards, both ways without copies where
+# possible. (pa.array(ndarray) and Array.to_numpy() import pandas, half a second in each
+# fresh worker process, although nothing here needs it.)
+_NUMPY_TYPES = {
+    pa.int8(): np.int8,
+    pa.uint16(): np.uint16,
+    pa.int32(): np.int32,
+    pa.uint32(): np.uint32,
+    pa.int64(): np.int64,
+}
+
+
+def arrow_array(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """A primitive Arrow array (no nulls) of `values` converted to `type_`."""
+    data = np.ascontiguousarray(values, dtype=_NUMPY_TYPES[type_])
+    return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(data)])
+
+
+def numpy_view(array: pa.Array) -> np.ndarray:
+    """A zero-copy numpy view of a primitive Arrow array without nulls."""
+    dtype = np.dtype(_NUMPY_TYPES[array.type])
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+
+
+def list_array(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """list<value_type> from offsets (n+1) and flat values."""
+    return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values, value_type))
+
+
+def _document_sequences(
+    doc_index: int,
+    docs: RandomDocs,
+    cfg: ExamplesConfig,
+    phase: PhaseConfig,
+    rng: random.Random,
+    block: _Block,
+) -> None:
+    """Add one document's pairs for one pass (objectives bert and sop) to `block`."""
+    special = block.vocab.special
+    pairs = build_pairs(docs.get(doc_index), rng, cfg.pair_config(phase), docs, doc_index)
+    if block.stats is not None and pairs:
+        block.stats.add_document(pairs[0].target_was_short)
+    for pair in pairs:
+        tokens = [special.cls, *pair.tokens_a, special.sep, *pair.tokens_b, special.sep]
+        block.add(tokens, len(pair.tokens_a) + 2, int(pair.is_random_next), rng)
+        if block.stats is not None:
+            block.stats.add_pair(pair)
+    block.draw_masks(rng, len(pairs))
+
+
+def _packed_sequences(docs_iter, rng: random.Random, cfg: ExamplesConfig, phase: PhaseConfig, block: _Block) -> Iterator[None]:
+    """Add packed sequences to `block`, yielding after each (the caller flushes full blocks)."""
+    special = block.vocab.special
+    for body in pack_sentences(docs_iter, rng, cfg.pair_config(phase), special.sep):
+        block.add([special.cls, *body, special.sep], len(body) + 2, -1, rng)
+        block.draw_masks(rng, 1)
+        yield
+
+
+def example_batches(
+    doc_indices: Sequence[int],
+    docs: RandomDocs,
+    cfg: ExamplesConfig,
+    phase: PhaseConfig,
+    seed: int,
+    vocab: VocabTables,
+    stats: ExampleStats | None = None,
+    passes: Sequence[int] | None = None,
+    block_rows: int = BLOCK_ROWS,
+    doc_keys: Sequence[str | int] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Records of one corpus shard as `arrow_schema` record batches of about `block_rows`,
+    ordered by (pass, document order, pair order).
+
+    `doc_indices` are the shard's documents as indices into the corpus-wide `docs`;
+    `passes` defaults to range(cfg.dupe_factor); `doc_keys` key each document's generator
+    (default: its index). The batch boundaries do not change the records.
+    """
+    mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
+    block = _Block(vocab, mask, stats)
+    for pass_index in range(cfg.dupe_factor) if passes is None else passes:
+        if cfg.objective == "roberta" and not cfg.doc_sentences:
+            if not doc_indices:
+                continue
+            rng = keyed_random(seed, "examples", phase.name, "pack", doc_indices[0], pass_index)
+            for _ in _packed_sequences((docs.get(i) for i in doc_indices), rng, cfg, phase, block):
+                if len(block) >= block_rows:
+                    yield block.take()
+            continue
+        for n, doc_index in enumerate(doc_indices):
+            key = doc_index if doc_keys is None else doc_keys[n]
+            rng = keyed_random(seed, "examples", phase.name, key, pass_index)
+            if cfg.objective == "roberta":
+                for _ in _packed_sequences([docs.get(doc_index)], rng, cfg, phase, block):
+                    pass
+            else:
+                _document_sequences(doc_index, docs, cfg, phase, rng, block)
+            if len(block) >= block_rows:
+                yield block.take()
+    if len(block):
+        yield block.take()
 
 
 def examples_for_document(
@@ -362,41 +545,15 @@ def examples_for_document(
     stats: ExampleStats | None = None,
     doc_key: str | int | None = None,
 ) -> list[dict]:
-    """Records of one document for one pass (objectives bert, sop, and roberta with
+    """Records (dicts) of one document for one pass (objectives bert, sop, and roberta with
     doc_sentences). `docs` is the corpus-wide document index (random B segments come from
     it); `doc_key` keys the generator (default: doc_index), e.g. the corpus doc_id.
     """
-    rng = keyed_random(seed, "examples", phase.name, doc_index if doc_key is None else doc_key, pass_index)
-    special = vocab.special
-    mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
-    doc = docs.get(doc_index)
-    if cfg.objective == "roberta":
-        if not cfg.doc_sentences:
-            raise ValueError("FULL-SENTENCES packs across documents: use examples_for_shard")
-        return _packed_records([doc], rng, cfg, phase, vocab, mask, stats)
-    pairs = build_pairs(doc, rng, cfg.pair_config(phase), docs, doc_index)
-    if stats is not None and pairs:
-        stats.add_document(pairs[0].target_was_short)
-    records = []
-    for pair in pairs:
-        tokens = [special.cls, *pair.tokens_a, special.sep, *pair.tokens_b, special.sep]
-        record, kinds = _record(tokens, len(pair.tokens_a) + 2, int(pair.is_random_next), rng, mask)
-        records.append(record)
-        if stats is not None:
-            stats.add_record(record, pair, kinds)
-    return records
-
-
-def _packed_records(docs_iter, rng, cfg, phase, vocab, mask, stats) -> list[dict]:
-    special = vocab.special
-    records = []
-    for body in pack_sentences(docs_iter, rng, cfg.pair_config(phase), special.sep):
-        tokens = [special.cls, *body, special.sep]
-        record, kinds = _record(tokens, len(tokens), -1, rng, mask)
-        records.append(record)
-        if stats is not None:
-            stats.add_record(record, None, kinds)
-    return records
+    if cfg.objective == "roberta" and not cfg.doc_sentences:
+        raise ValueError("FULL-SENTENCES packs across documents: use examples_for_shard")
+    keys = None if doc_key is None else [doc_key]
+    batches = example_batches([doc_index], docs, cfg, phase, seed, vocab, stats, [pass_index], doc_keys=keys)
+    return [record for batch in batches for record in batch.to_pylist()]
 
 
 def examples_for_shard(
@@ -409,18 +566,6 @@ def examples_for_shard(
     stats: ExampleStats | None = None,
     passes: Sequence[int] | None = None,
 ) -> Iterator[dict]:
-    """Records of one corpus shard, ordered by (pass, document order, pair order).
-
-    `doc_indices` are the shard's documents as indices into the corpus-wide `docs`;
-    `passes` defaults to range(cfg.dupe_factor).
-    """
-    for pass_index in range(cfg.dupe_factor) if passes is None else passes:
-        if cfg.objective == "roberta" and not cfg.doc_sentences:
-            if not doc_indices:
-                continue
-            rng = keyed_random(seed, "examples", phase.name, "pack", doc_indices[0], pass_index)
-            mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
-            yield from _packed_records((docs.get(i) for i in doc_indices), rng, cfg, phase, vocab, mask, stats)
-            continue
-        for doc_index in doc_indices:
-            yield from examples_for_document(doc_index, docs, cfg, phase, seed, pass_index, vocab, stats)
+    """`example_batches` as records (dicts), for tests and small corpora."""
+    for batch in example_batches(doc_indices, docs, cfg, phase, seed, vocab, stats, passes):
+        yield from batch.to_pylist()

@@ -337,3 +337,122 @@ def _mask_batch_spans(input_ids, candidate, continuation_mask, lengths, generato
         out[b, :n] = torch.tensor(example.input_ids, dtype=out.dtype)
         labels[b, example.masked_positions] = torch.tensor(example.masked_ids, dtype=labels.dtype)
     return out, labels
+
+
+# -- static masking of many sequences at once ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaskDraws:
+    """The random numbers that mask a run of sequences, one of each per token, so that a
+    block of sequences can be masked at once while every document keeps its own generator.
+
+    order: the sort key of the token (of its word's first token with whole words);
+    kind: [MASK] below 0.8, kept below 0.9, else random; replacement: index into
+    `VocabTables.replacement_ids` used when the kind is random.
+    """
+
+    order: np.ndarray
+    kind: np.ndarray
+    replacement: np.ndarray
+
+    @classmethod
+    def draw(cls, generator: np.random.Generator, tokens: int, vocab: VocabTables) -> MaskDraws:
+        uniform = generator.random((2, tokens))
+        replacement = generator.integers(0, len(vocab.replacement_ids), tokens)
+        return cls(uniform[0], uniform[1], replacement)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[MaskDraws]) -> MaskDraws:
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("order", "kind", "replacement")))
+
+
+@dataclass(frozen=True)
+class MaskedSequences:
+    """Static masks of sequences stored back to back (the flat form the shards use)."""
+
+    input_ids: np.ndarray
+    """(N,) every sequence as the model sees it, concatenated."""
+    counts: np.ndarray
+    """(B,) masked positions per sequence."""
+    positions: np.ndarray
+    """(M,) positions within their sequence, ascending within each sequence."""
+    masked_ids: np.ndarray
+    """(M,) original ids at those positions."""
+    kinds: np.ndarray
+    """(M,) MASKED / KEPT / RANDOM."""
+
+
+def mask_sequences(ids: np.ndarray, offsets: np.ndarray, draws: MaskDraws, cfg: MaskConfig) -> MaskedSequences:
+    """`mask_tokens`' rules applied to B sequences at once with numpy (not SpanBERT spans).
+
+    ids: (N,) the sequences back to back; offsets: (B+1,) where each starts, then N;
+    draws: one set per token. A sequence's candidate words are ordered by their draws
+    (a uniform random order), then taken greedily as in Google's loop: a whole word that
+    would overflow the quota is skipped. Same distribution as `mask_tokens`, different
+    draws.
+    """
+    if cfg.span:
+        raise ValueError("SpanBERT spans are drawn per sequence: use mask_tokens")
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    B = len(lengths)
+    special = cfg.vocab.special
+    if B == 0 or len(ids) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return MaskedSequences(np.asarray(ids).copy(), np.zeros(B, dtype=np.int64), empty, empty.copy(), empty.copy())
+    T = int(lengths.max())
+    pos = np.arange(T)
+    valid = pos < lengths[:, None]  # (B, T)
+    flat_index = np.minimum(offsets[:-1, None] + pos, len(ids) - 1)
+    tokens = np.where(valid, np.asarray(ids, dtype=np.int64)[flat_index], special.pad)
+    never = np.zeros(cfg.vocab_size, dtype=bool)
+    never[list(cfg.never_masked)] = True
+    candidate = valid & ~never[tokens]
+    quota = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(lengths * cfg.masked_lm_prob))).astype(np.int64)
+    keys = np.where(candidate, draws.order[flat_index], 2.0)
+
+    if not cfg.joins_words:
+        # Every word is one token: the `quota` smallest keys of each row.
+        ranked = np.sort(keys, axis=1)
+        threshold = ranked[np.arange(B), np.minimum(quota, T) - 1]
+        selected = candidate & (keys <= threshold[:, None])
+    else:
+        previous = np.zeros_like(candidate)
+        previous[:, 1:] = candidate[:, :-1]
+        starts = candidate & ~(cfg.vocab.is_continuation[tokens] & previous)
+        word = np.where(candidate, np.cumsum(starts, axis=1) - 1, T)  # (B, T), T = no word
+        rows = np.repeat(np.arange(B), T)
+        word_len = np.bincount(rows * (T + 1) + word.ravel(), minlength=B * (T + 1)).reshape(B, T + 1)
+        word_key = np.full((B, T + 1), 2.0)
+        r, c = np.nonzero(starts)
+        word_key[r, word[r, c]] = keys[r, c]
+        order = np.argsort(word_key[:, :T], axis=1, kind="stable")  # words in random order
+        ordered_len = np.take_along_axis(word_len, order, axis=1)
+        n_words = starts.sum(axis=1)
+        take = np.zeros((B, T), dtype=bool)
+        room = quota.copy()
+        for rank in range(int(n_words.max())):
+            fits = (rank < n_words) & (ordered_len[:, rank] <= room) & (room > 0)
+            take[:, rank] = fits
+            room -= np.where(fits, ordered_len[:, rank], 0)
+            if not room.any():
+                break
+        taken = np.zeros((B, T + 1), dtype=bool)
+        np.put_along_axis(taken, order, take, axis=1)
+        selected = candidate & np.take_along_axis(taken, word, axis=1)
+
+    kind_draw = draws.kind[flat_index]
+    kinds = np.where(kind_draw < 0.8, MASKED, np.where(kind_draw < 0.9, KEPT, RANDOM))
+    out = tokens.copy()
+    out[selected & (kinds == MASKED)] = special.mask
+    randomised = selected & (kinds == RANDOM)
+    out[randomised] = cfg.vocab.replacement_ids[draws.replacement[flat_index[randomised]]]
+    _, cols = np.nonzero(selected)
+    return MaskedSequences(
+        input_ids=out[valid],
+        counts=selected.sum(axis=1),
+        positions=cols,
+        masked_ids=tokens[selected],
+        kinds=kinds[selected],
+    )

@@ -1,8 +1,10 @@
 """Training sequences from documents: NSP pairs (BERT), SOP pairs (ALBERT) and packed
 sentences (RoBERTa FULL-SENTENCES / DOC-SENTENCES).
 
-A document is `list[list[int]]`: its segments (sentences), each already tokenized to ids.
-Everything here is pure; randomness enters as a `random.Random`.
+A document is a sequence of segments (sentences), each already tokenized to ids: a
+`list[list[int]]`, or a `FlatDocument` (segments back to back in one array, as the examples
+stage reads them from its token shards). Everything here is pure; randomness enters as a
+`random.Random`.
 
 `objective: bert` follows Google's create_pretraining_data.py step for step (see DESIGN.md,
 "Reference algorithm"). Deliberate differences, all rare:
@@ -27,10 +29,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate, chain
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Document = list[list[int]]
+import numpy as np
+
+Document = Sequence[list[int]]
+"""A document's segments (sentences) as token ids: a list of lists or a `FlatDocument`."""
 
 RANDOM_NEXT_TRIES = 10
 """Draws of a document index that avoid the current document (Google's constant)."""
@@ -108,22 +114,33 @@ def truncate_seq_pair(
     As in Google's code: each step trims the longer side (B on a tie) by one token, from the
     front or the back with probability 0.5 each. Trimming both ends keeps the kept text from
     always being a prefix, which would bias the model toward sentence starts.
+
+    The steps are not walked one by one: which side each step trims depends only on the
+    lengths, so the number of tokens cut from each side is known up front, and the number
+    cut from its front is the count of heads in that many fair coins (one random bit each).
+    Same distribution as Google's loop, one draw per side instead of one per token.
     """
-    a_lo, a_hi = 0, len(tokens_a)
-    b_lo, b_hi = 0, len(tokens_b)
-    while (a_hi - a_lo) + (b_hi - b_lo) > max_num_tokens:
-        trim_a = (a_hi - a_lo) > (b_hi - b_lo)
-        front = rng.random() < 0.5
-        if trim_a:
-            if front:
-                a_lo += 1
-            else:
-                a_hi -= 1
-        elif front:
-            b_lo += 1
-        else:
-            b_hi -= 1
-    return list(tokens_a[a_lo:a_hi]), list(tokens_b[b_lo:b_hi])
+    len_a, len_b = len(tokens_a), len(tokens_b)
+    cut_a, cut_b = trim_counts(len_a, len_b, max_num_tokens)
+    front_a, front_b = _heads(rng, cut_a), _heads(rng, cut_b)
+    return list(tokens_a[front_a : len_a - cut_a + front_a]), list(tokens_b[front_b : len_b - cut_b + front_b])
+
+
+def trim_counts(len_a: int, len_b: int, max_num_tokens: int) -> tuple[int, int]:
+    """Tokens Google's loop cuts from A and from B: the longer side until both are equal,
+    then B and A in turn (B first, as a tie trims B)."""
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return 0, 0
+    gap = abs(len_a - len_b)
+    if excess <= gap:
+        return (excess, 0) if len_a > len_b else (0, excess)
+    rest = excess - gap
+    return (gap if len_a > len_b else 0) + rest // 2, (gap if len_b > len_a else 0) + rest - rest // 2
+
+
+def _heads(rng: random.Random, coins: int) -> int:
+    return rng.getrandbits(coins).bit_count() if coins else 0
 
 
 def draw_target_length(max_num_tokens: int, short_seq_prob: float, rng: random.Random) -> tuple[int, bool]:
@@ -137,7 +154,53 @@ def draw_target_length(max_num_tokens: int, short_seq_prob: float, rng: random.R
     return max_num_tokens, False
 
 
+class FlatDocument(Sequence[list[int]]):
+    """A document's segments stored back to back: `values[bounds[i]:bounds[i + 1]]` is
+    segment i. Segments are turned into lists only when read, so drawing a random B from a
+    long document costs the few segments used, not the whole document."""
+
+    __slots__ = ("values", "bounds", "nonempty_known")
+
+    def __init__(self, values: np.ndarray, bounds: np.ndarray, nonempty_known: bool = False):
+        self.values = values
+        self.bounds = bounds
+        self.nonempty_known = nonempty_known
+        """The caller guarantees there is no empty segment (skips the check)."""
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("FlatDocument slices must be contiguous")
+            return FlatDocument(self.values, self.bounds[start : max(start, stop) + 1], self.nonempty_known)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.values[self.bounds[index] : self.bounds[index + 1]].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for start, end in zip(self.bounds[:-1].tolist(), self.bounds[1:].tolist()):
+            yield self.values[start:end].tolist()
+
+    def nonempty(self) -> FlatDocument:
+        """Itself without empty segments."""
+        if self.nonempty_known or len(self) == 0 or (np.diff(self.bounds) > 0).all():
+            return self
+        return FlatDocument(self.values, np.unique(self.bounds), True)
+
+    def flat(self) -> tuple[list[int], list[int]]:
+        """(all tokens, where each segment starts in them, then the end) as lists."""
+        first = int(self.bounds[0])
+        return self.values[first : int(self.bounds[-1])].tolist(), (self.bounds - first).tolist()
+
+
 def _nonempty(doc: Document) -> Document:
+    if isinstance(doc, FlatDocument):
+        return doc.nonempty()
     return [segment for segment in doc if segment]
 
 
@@ -189,33 +252,40 @@ def build_pairs(
     """
     if cfg.objective == "roberta":
         raise ValueError("objective roberta packs sentences: use pack_sentences")
-    doc = _nonempty(doc)
-    if not doc:
+    tokens, starts = _flat(_nonempty(doc))
+    n = len(starts) - 1
+    if n == 0:
         return []
     max_num_tokens = cfg.max_seq_length - 3  # [CLS] A [SEP] B [SEP]
     target, short = draw_target_length(max_num_tokens, cfg.short_seq_prob, rng)
     pairs: list[Pair] = []
-    chunk: list[list[int]] = []
-    chunk_len = 0
+    first = 0  # the chunk is segments first..i
     i = 0
-    while i < len(doc):
-        chunk.append(doc[i])
-        chunk_len += len(doc[i])
-        if i == len(doc) - 1 or chunk_len >= target:
-            pair, unused = _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index)
+    while i < n:
+        if i == n - 1 or starts[i + 1] - starts[first] >= target:
+            pair, unused = _pair_from_chunk(tokens, starts, first, i + 1, target, short, rng, cfg, random_docs, doc_index)
             if pair is not None:
                 pairs.append(pair)
             i -= unused  # put unused segments back: the walk rewinds
-            chunk, chunk_len = [], 0
+            first = i + 1
         i += 1
     return pairs
 
 
-def _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index) -> tuple[Pair | None, int]:
+def _flat(doc: Document) -> tuple[list[int], list[int]]:
+    """(all tokens, where each segment starts, then the end): segments are then slices."""
+    if isinstance(doc, FlatDocument):
+        return doc.flat()
+    return list(chain.from_iterable(doc)), [0, *accumulate(map(len, doc))]
+
+
+def _pair_from_chunk(tokens, starts, first, end, target, short, rng, cfg, random_docs, doc_index) -> tuple[Pair | None, int]:
+    """The pair made of segments first..end-1 (Google's chunk) and how many of them go back."""
     max_num_tokens = cfg.max_seq_length - 3
-    a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-    single = len(chunk) == 1
-    tokens_a = [t for segment in chunk[:a_end] for t in segment]
+    segments = end - first
+    a_end = first + (rng.randint(1, segments - 1) if segments >= 2 else 1)
+    single = segments == 1
+    tokens_a = tokens[starts[first] : starts[a_end]]
     unused = 0
     same_doc = False
     if cfg.objective == "sop":
@@ -226,7 +296,7 @@ def _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index) -> 
             cut = rng.randint(1, len(tokens_a) - 1)
             tokens_a, tokens_b = tokens_a[:cut], tokens_a[cut:]
         else:
-            tokens_b = [t for segment in chunk[a_end:] for t in segment]
+            tokens_b = tokens[starts[a_end] : starts[end]]
         swapped = rng.random() < 0.5
         if swapped:
             tokens_a, tokens_b = tokens_b, tokens_a
@@ -235,16 +305,11 @@ def _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index) -> 
         label = True
         target_b = target - len(tokens_a)
         other, same_doc = _random_document(random_docs, doc_index, rng)
-        start = rng.randint(0, len(other) - 1)
-        tokens_b = []
-        for segment in other[start:]:
-            tokens_b.extend(segment)
-            if len(tokens_b) >= target_b:
-                break
-        unused = len(chunk) - a_end
+        tokens_b = _segments_from(other, rng.randint(0, len(other) - 1), target_b)
+        unused = end - a_end
     else:
         label = False
-        tokens_b = [t for segment in chunk[a_end:] for t in segment]
+        tokens_b = tokens[starts[a_end] : starts[end]]
     before = len(tokens_a) + len(tokens_b)
     tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
     pair = Pair(
@@ -257,6 +322,21 @@ def _pair_from_chunk(chunk, target, short, rng, cfg, random_docs, doc_index) -> 
         same_document_negative=same_doc,
     )
     return pair, unused
+
+
+def _segments_from(doc: Document, start: int, least: int) -> list[int]:
+    """Tokens of whole segments from `start` on, until there are at least `least` (or the
+    document ends): Google's random B."""
+    if isinstance(doc, FlatDocument):
+        bounds = doc.bounds
+        stop = int(np.searchsorted(bounds, bounds[start] + max(least, 1), side="left"))
+        return doc.values[bounds[start] : bounds[min(stop, len(bounds) - 1)]].tolist()
+    out: list[int] = []
+    for segment in doc[start:]:
+        out.extend(segment)
+        if len(out) >= least:
+            break
+    return out
 
 
 def pack_sentences(

@@ -17,23 +17,39 @@ inside `bertcore.examples`, so the bytes do not depend on the number of workers.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import shutil
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import ray
+from tokenizers import Tokenizer
 
 from bertcore.config import PipelineConfig
 from bertcore.errors import InputDataError
-from bertcore.examples import ExamplesConfig, ExampleStats, PhaseConfig, arrow_schema, examples_for_shard, id_type
+from bertcore.examples import (
+    ExamplesConfig,
+    ExampleStats,
+    PhaseConfig,
+    arrow_array,
+    arrow_schema,
+    example_batches,
+    id_type,
+    list_array,
+    numpy_view,
+)
 from bertcore.masking import VocabTables
+from bertcore.pairs import FlatDocument
 from bertcore.tokenizer import load_tokenizer, vocab_fingerprint, vocab_list
 from pipelines import corpus, vocab
 from pipelines.ray_runtime import run_tasks
@@ -47,7 +63,7 @@ STAGE = "examples"
 CODE_VERSION = "1"
 SPLITS = ("train", "validation")
 FLUSH_ROWS = 4096
-"""Records buffered per length bin before they are written as one record batch."""
+"""Records buffered per length bin before they are written as one record batch (at least)."""
 
 
 # -- local copies of what workers read -----------------------------------------------------------
@@ -95,27 +111,83 @@ class DocumentIndex:
 
 
 class TokenStore:
-    """`RandomDocs` over the token shards of one split, memory-mapped and opened lazily."""
+    """`RandomDocs` over the token shards of one split, memory-mapped and opened lazily; a
+    document comes back as a `FlatDocument` over the mapped ids (nothing copied until read)."""
 
     def __init__(self, index: DocumentIndex, storage: Storage, cache_key: str):
         self.index = index
         self.storage = storage
         self.cache_key = cache_key
-        self._tables: dict[int, pa.ChunkedArray] = {}
+        self._shards: dict[int, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]] = {}
 
     @property
     def num_documents(self) -> int:
         return self.index.num_documents
 
-    def _segments(self, shard: int) -> pa.ChunkedArray:
-        if shard not in self._tables:
+    def _arrays(self, shard: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """One token shard, memory-mapped: the first row of each record batch, and per
+        batch (ids, segment bounds, document bounds) as numpy views of the map."""
+        if shard not in self._shards:
             path = local_copy(self.storage, self.index.shard_uris[shard], self.cache_key)
-            self._tables[shard] = ipc.open_file(pa.memory_map(path)).read_all().column("segments")
-        return self._tables[shard]
+            reader = ipc.open_file(pa.memory_map(path))
+            starts, batches = [0], []
+            for i in range(reader.num_record_batches):
+                documents = reader.get_batch(i).column("segments")
+                segments = documents.values
+                batches.append((numpy_view(segments.values), numpy_view(segments.offsets), numpy_view(documents.offsets)))
+                starts.append(starts[-1] + len(documents))
+            self._shards[shard] = (np.asarray(starts), batches)
+        return self._shards[shard]
 
-    def get(self, index: int) -> list[list[int]]:
+    def get(self, index: int) -> FlatDocument:
         shard, row = self.index.locate(index)
-        return self._segments(shard)[row].as_py()
+        starts, batches = self._arrays(shard)
+        b = int(np.searchsorted(starts, row, side="right") - 1)
+        ids, segment_bounds, document_bounds = batches[b]
+        row -= int(starts[b])
+        # tokenize_shard stores no empty segment
+        return FlatDocument(ids, segment_bounds[document_bounds[row] : document_bounds[row + 1] + 1], nonempty_known=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _vocabulary(directory: str) -> tuple[Tokenizer, VocabTables]:
+    """The tokenizer and its masking tables, loaded once per worker process and vocabulary
+    (the directory is a per-fingerprint cache, or the vocab stage's own local directory)."""
+    tokenizer = load_tokenizer(directory)
+    return tokenizer, VocabTables.from_tokens(vocab_list(tokenizer))
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Tokenize on this thread only: a task holds one CPU, and the tokenizer's own thread
+    pool would compete with the other tasks on the node (and leave cores idle while its
+    threads wait on each other)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType) -> pa.Array:
+    """A batch's documents as list<list<id>>: each document's non-empty sentences' ids."""
+    documents = batch.column("sentences")
+    sentences = documents.flatten().to_pylist()
+    sentence_bounds = numpy_view(documents.offsets)
+    sentence_bounds = sentence_bounds - sentence_bounds[0]
+    ids = [e.ids for e in tokenizer.encode_batch(sentences, add_special_tokens=False)]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    values = np.fromiter(chain.from_iterable(ids), dtype=np.uint16 if ids_type == pa.uint16() else np.int32, count=int(lengths.sum()))
+    kept = lengths > 0  # Google drops lines that tokenize to nothing; so do we, here
+    segment_bounds = np.concatenate([[0], np.cumsum(lengths[kept])])
+    kept_before = np.concatenate([[0], np.cumsum(kept)])
+    document_bounds = kept_before[sentence_bounds]
+    segments = list_array(segment_bounds, values, ids_type)
+    return pa.ListArray.from_arrays(arrow_array(document_bounds, pa.int32()), segments)
 
 
 # -- Ray tasks ----------------------------------------------------------------------------------
@@ -128,19 +200,14 @@ def tokenize_shard(corpus_uri: str, relative: str, vocab_key: str, storage: Stor
     done = stage.finished(relative, fp)
     if done is not None:
         return done.rows
-    tokenizer = load_tokenizer(local_vocab_dir(storage, StageDir(storage, root, "vocab"), vocab_key))
+    tokenizer, _ = _vocabulary(local_vocab_dir(storage, StageDir(storage, root, "vocab"), vocab_key))
     ids_type = id_type(tokenizer.get_vocab_size())
     schema = pa.schema([("doc_id", pa.string()), ("segments", pa.list_(pa.list_(ids_type)))])
-    tables = []
-    for batch in read_batches(storage, corpus_uri):
-        docs = batch.column("sentences").to_pylist()
-        flat = [s for doc in docs for s in doc]
-        encoded = tokenizer.encode_batch(flat, add_special_tokens=False)
-        segments, at = [], 0
-        for doc in docs:
-            segments.append([e.ids for e in encoded[at : at + len(doc)]])
-            at += len(doc)
-        tables.append(pa.table({"doc_id": batch.column("doc_id"), "segments": pa.array(segments, schema.field("segments").type)}, schema=schema))
+    with _one_thread():
+        tables = [
+            pa.table({"doc_id": batch.column("doc_id"), "segments": _tokenize(tokenizer, batch, ids_type)}, schema=schema)
+            for batch in read_batches(storage, corpus_uri)
+        ]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
 
     def write(path: str) -> None:
@@ -173,31 +240,36 @@ def build_shard(
             if all(s is not None for s in shards):
                 return shards, data["stats"]
 
-    tokens = vocab_list(load_tokenizer(local_vocab_dir(storage, StageDir(storage, root, "vocab"), vocab_key)))
-    tables = VocabTables.from_tokens(tokens)
-    schema = arrow_schema(len(tokens))
+    _, tables = _vocabulary(local_vocab_dir(storage, StageDir(storage, root, "vocab"), vocab_key))
+    schema = arrow_schema(tables.vocab_size)
     docs = TokenStore(index, storage, vocab_key)
     own = range(int(index.starts[shard_number]), int(index.starts[shard_number + 1]))
+    bounds = np.asarray(cfg.length_bins)
     stats = ExampleStats()
 
     with tempfile.TemporaryDirectory(prefix="bertpipe-examples-") as tmp:
         writers: dict[int, tuple[ipc.RecordBatchFileWriter, pa.OSFile]] = {}
-        buffers: dict[int, list[dict]] = defaultdict(list)
+        buffers: dict[int, list[pa.RecordBatch]] = defaultdict(list)
+        buffered: dict[int, int] = defaultdict(int)
         counts: dict[int, int] = defaultdict(int)
 
         def flush(bin_: int) -> None:
             if bin_ not in writers:
                 sink = pa.OSFile(os.path.join(tmp, f"{bin_}.arrow"), "wb")
                 writers[bin_] = (ipc.new_file(sink, schema), sink)
-            writers[bin_][0].write_batch(pa.RecordBatch.from_pylist(buffers[bin_], schema=schema))
+            writers[bin_][0].write_table(pa.Table.from_batches(buffers[bin_], schema=schema).combine_chunks())
             buffers[bin_].clear()
+            buffered[bin_] = 0
 
-        for record in examples_for_shard(list(own), docs, cfg, phase, seed, tables, stats):
-            bin_ = cfg.length_bin(record["length"])
-            buffers[bin_].append(record)
-            counts[bin_] += 1
-            if len(buffers[bin_]) >= FLUSH_ROWS:
-                flush(bin_)
+        for batch in example_batches(list(own), docs, cfg, phase, seed, tables, stats):
+            bins = bounds[np.searchsorted(bounds, numpy_view(batch.column("length")))]
+            for bin_ in np.unique(bins).tolist():
+                part = batch.take(arrow_array(np.flatnonzero(bins == bin_), pa.int64()))
+                buffers[bin_].append(part)
+                counts[bin_] += part.num_rows
+                buffered[bin_] += part.num_rows
+                if buffered[bin_] >= FLUSH_ROWS:
+                    flush(bin_)
         for bin_ in sorted(buffers):
             if buffers[bin_]:
                 flush(bin_)

@@ -12,7 +12,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertcore.masking import KEPT, MASKED, RANDOM, MaskConfig, VocabTables, mask_batch, mask_tokens, num_to_predict
+from bertcore.masking import (
+    KEPT,
+    MASKED,
+    RANDOM,
+    MaskConfig,
+    MaskDraws,
+    VocabTables,
+    mask_batch,
+    mask_sequences,
+    mask_tokens,
+    num_to_predict,
+)
 
 torch.set_num_threads(1)
 
@@ -245,3 +256,76 @@ def test_static_and_dynamic_masking_pick_positions_with_the_same_probabilities()
     dynamic = (labels != -100).sum(0).numpy()
     assert np.abs(static / n - dynamic / n).max() < 0.04
     assert static[0] == static[7] == static[-1] == 0
+
+
+# ---------------------------------------------------------------- mask_sequences (static, vectorised)
+
+
+def mask_flat(rows, config, seed):
+    ids = np.asarray([t for r in rows for t in r], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    draws = MaskDraws.draw(np.random.default_rng(seed), len(ids), VOCAB)
+    return mask_sequences(ids, offsets, draws, config), offsets
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(sequences(), min_size=1, max_size=6), seed=st.integers(0, 2**62), wwm=st.booleans(),
+       max_pred=st.integers(1, 30), prob=st.sampled_from([0.05, 0.15, 0.5]))
+def test_mask_sequences_follows_the_same_rules_per_sequence(rows, seed, wwm, max_pred, prob):
+    config = cfg(max_predictions_per_seq=max_pred, whole_word_mask=wwm, masked_lm_prob=prob)
+    masked, offsets = mask_flat(rows, config, seed)
+    assert len(masked.input_ids) == offsets[-1] and len(masked.counts) == len(rows)
+    at = 0
+    for b, row in enumerate(rows):
+        n = int(masked.counts[b])
+        example = type("E", (), {})()
+        example.input_ids = masked.input_ids[offsets[b] : offsets[b + 1]].tolist()
+        example.masked_positions = masked.positions[at : at + n].tolist()
+        example.masked_ids = masked.masked_ids[at : at + n].tolist()
+        example.kinds = masked.kinds[at : at + n].tolist()
+        at += n
+        check_masked_example(row, example, config)
+        if wwm:
+            # Greedy: once the walk is over, no unmasked whole word would still fit.
+            room = num_to_predict(len(row), config) - n
+            chosen = set(example.masked_positions)
+            assert all(len(w) > room for w in words_of(row) if not set(w) & chosen)
+    assert at == len(masked.positions)
+
+
+def test_mask_sequences_kinds_are_80_10_10_and_seeded():
+    rng = random.Random(6)
+    rows = [[CLS] + [rng.choice(WORD_IDS) for _ in range(254)] + [SEP] for _ in range(600)]
+    config = cfg(max_predictions_per_seq=40)
+    masked, _ = mask_flat(rows, config, 0)
+    assert masked.counts.tolist() == [38] * 600
+    share = np.bincount(masked.kinds, minlength=3) / len(masked.kinds)
+    assert abs(share[MASKED] - 0.8) < 0.01 and abs(share[KEPT] - 0.1) < 0.01 and abs(share[RANDOM] - 0.1) < 0.01
+    again, _ = mask_flat(rows, config, 0)
+    other, _ = mask_flat(rows, config, 1)
+    assert np.array_equal(masked.input_ids, again.input_ids) and np.array_equal(masked.positions, again.positions)
+    assert not np.array_equal(masked.positions, other.positions)
+
+
+def test_mask_sequences_and_mask_tokens_pick_positions_with_the_same_probabilities():
+    tokens = [CLS, WORD_IDS[0], PIECE_IDS[0], PIECE_IDS[1], WORD_IDS[1], WORD_IDS[2], PIECE_IDS[2], SEP,
+              WORD_IDS[3], PIECE_IDS[3], PIECE_IDS[4], PIECE_IDS[5], WORD_IDS[4], SEP]
+    for wwm in (False, True):
+        config = cfg(masked_lm_prob=0.25, whole_word_mask=wwm)
+        n = 4000
+        one_by_one = np.zeros(len(tokens))
+        rng = random.Random(0)
+        for _ in range(n):
+            for p in mask_tokens(tokens, continuation(tokens), rng, config).masked_positions:
+                one_by_one[p] += 1
+        masked, _ = mask_flat([tokens] * n, config, 0)
+        at_once = np.bincount(masked.positions, minlength=len(tokens))
+        assert np.abs(one_by_one / n - at_once / n).max() < 0.04
+        assert at_once[0] == at_once[7] == at_once[-1] == 0
+
+
+def test_mask_sequences_refuses_spans_and_takes_empty_input():
+    with pytest.raises(ValueError, match="per sequence"):
+        mask_flat([[CLS, WORD_IDS[0], SEP]], cfg(span=True), 0)
+    masked = mask_sequences(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), MaskDraws.draw(np.random.default_rng(0), 0, VOCAB), cfg())
+    assert len(masked.input_ids) == len(masked.counts) == len(masked.positions) == 0

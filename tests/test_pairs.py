@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertcore.pairs import InMemoryDocs, PairConfig, build_pairs, pack_sentences, truncate_seq_pair
+from bertcore.pairs import InMemoryDocs, PairConfig, build_pairs, pack_sentences, trim_counts, truncate_seq_pair
 
 SEP = -1  # any id no document uses
 
@@ -281,3 +281,15 @@ def test_random_b_can_come_from_a_callable():
     assert pair.is_random_next and set(pair.tokens_b) <= {900, 901, 902, 903, 904}
     with pytest.raises(ValueError, match="empty document"):
         build_pairs(doc, random.Random(0), PairConfig(max_seq_length=16), lambda rng: [[]])
+
+
+@settings(max_examples=300, deadline=None)
+@given(len_a=st.integers(1, 80), len_b=st.integers(1, 80), max_num_tokens=st.integers(2, 120))
+def test_trim_counts_match_googles_step_by_step_loop(len_a, len_b, max_num_tokens):
+    a, b = len_a, len_b
+    while a + b > max_num_tokens:
+        if a > b:
+            a -= 1
+        else:
+            b -= 1
+    assert trim_counts(len_a, len_b, max_num_tokens) == (len_a - a, len_b - b)
