@@ -125,18 +125,10 @@ class TokenStore:
         return self.index.num_documents
 
     def _arrays(self, shard: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-        """One token shard, memory-mapped: the first row of each record batch, and per
-        batch (ids, segment bounds, document bounds) as numpy views of the map."""
         if shard not in self._shards:
             path = local_copy(self.storage, self.index.shard_uris[shard], self.cache_key)
-            reader = ipc.open_file(pa.memory_map(path))
-            starts, batches = [0], []
-            for i in range(reader.num_record_batches):
-                documents = reader.get_batch(i).column("segments")
-                segments = documents.values
-                batches.append((numpy_view(segments.values), numpy_view(segments.offsets), numpy_view(documents.offsets)))
-                starts.append(starts[-1] + len(documents))
-            self._shards[shard] = (np.asarray(starts), batches)
+            stat = os.stat(path)
+            self._shards[shard] = _mapped_token_shard(path, stat.st_size, stat.st_mtime_ns)
         return self._shards[shard]
 
     def get(self, index: int) -> FlatDocument:
@@ -147,6 +139,24 @@ class TokenStore:
         row -= int(starts[b])
         # tokenize_shard stores no empty segment
         return FlatDocument(ids, segment_bounds[document_bounds[row] : document_bounds[row + 1] + 1], nonempty_known=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mapped_token_shard(path: str, size: int, mtime_ns: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """One token shard, memory-mapped: the first row of each record batch, and per batch
+    (ids, segment bounds, document bounds) as numpy views of the map. Cached per worker
+    process, so the tasks a worker runs one after another (which all draw random documents
+    from every shard of their split) open each shard once; a cached shard costs address
+    space, not memory. `size` and `mtime_ns` are part of the key: a shard written again
+    (`--force`) is a new file at the same path, and must be mapped again."""
+    reader = ipc.open_file(pa.memory_map(path))
+    starts, batches = [0], []
+    for i in range(reader.num_record_batches):
+        documents = reader.get_batch(i).column("segments")
+        segments = documents.values
+        batches.append((numpy_view(segments.values), numpy_view(segments.offsets), numpy_view(documents.offsets)))
+        starts.append(starts[-1] + len(documents))
+    return np.asarray(starts), batches
 
 
 @functools.lru_cache(maxsize=4)
@@ -179,7 +189,8 @@ def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType
     sentences = documents.flatten().to_pylist()
     sentence_bounds = numpy_view(documents.offsets)
     sentence_bounds = sentence_bounds - sentence_bounds[0]
-    ids = [e.ids for e in tokenizer.encode_batch(sentences, add_special_tokens=False)]
+    # encode_batch_fast skips the character offsets, which nothing here needs (~15% less CPU)
+    ids = [e.ids for e in tokenizer.encode_batch_fast(sentences, add_special_tokens=False)]
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     values = np.fromiter(chain.from_iterable(ids), dtype=np.uint16 if ids_type == pa.uint16() else np.int32, count=int(lengths.sum()))
     kept = lengths > 0  # Google drops lines that tokenize to nothing; so do we, here
