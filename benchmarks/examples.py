@@ -224,7 +224,7 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     the stage's two Ray tasks in this process: tokenize_shard, then build_shard (against the
     token shards the measured bertpipe run left under `root`); writes go to a scratch root.
     Each call is timed `repeats` times without a profiler (the least wall and CPU time is
-    kept; CPU time counts the tokenizer's threads), next to `encode_batch` alone on the same
+    kept; CPU time counts the tokenizer's threads), next to the two encode calls alone on the same
     sentences, then profiled once with cProfile (which inflates Python-heavy code most)."""
     import numpy as np
 
@@ -248,6 +248,7 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
         attempt = iter(range(10**6))  # a new fingerprint per call, so no call finds the last one's output
         calls = {  # the plain functions behind the Ray tasks
             "encode_batch alone": lambda: tokenizer.encode_batch(shard_sentences, add_special_tokens=False),
+            "encode_batch_fast alone": lambda: tokenizer.encode_batch_fast(shard_sentences, add_special_tokens=False),
             "tokenize_shard": lambda: examples.tokenize_shard._function(
                 str(root / "corpus" / train[0].path), "_tokens/" + train[0].path, vocab_key, storage, scratch, f"profile{next(attempt)}"
             ),

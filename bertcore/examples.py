@@ -344,8 +344,10 @@ class ExampleStats:
 
 # -- documents -> record batches ------------------------------------------------------------------
 
-BLOCK_ROWS = 4096
-"""Sequences masked together and written as one record batch."""
+BLOCK_TOKENS = 4096 * 128
+"""Sequences masked together and written as one record batch: this many tokens' worth of
+the phase's longest sequence (4,096 at 128 tokens, 1,024 at 512), which bounds the padded
+(rows x max_seq_length) arrays of `mask_sequences` to a few MB each."""
 
 
 class _Block:
@@ -499,11 +501,11 @@ def example_batches(
     vocab: VocabTables,
     stats: ExampleStats | None = None,
     passes: Sequence[int] | None = None,
-    block_rows: int = BLOCK_ROWS,
+    block_rows: int | None = None,
     doc_keys: Sequence[str | int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Records of one corpus shard as `arrow_schema` record batches of about `block_rows`,
-    ordered by (pass, document order, pair order).
+    """Records of one corpus shard as `arrow_schema` record batches of about `block_rows`
+    (default: BLOCK_TOKENS // max_seq_length), ordered by (pass, document order, pair order).
 
     `doc_indices` are the shard's documents as indices into the corpus-wide `docs`;
     `passes` defaults to range(cfg.dupe_factor); `doc_keys` key each document's generator
@@ -511,6 +513,8 @@ def example_batches(
     """
     mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
     block = _Block(vocab, mask, stats)
+    if block_rows is None:
+        block_rows = max(64, BLOCK_TOKENS // phase.max_seq_length)
     for pass_index in range(cfg.dupe_factor) if passes is None else passes:
         if cfg.objective == "roberta" and not cfg.doc_sentences:
             if not doc_indices:

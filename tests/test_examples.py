@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 
 import mwparserfromhell
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
@@ -18,12 +19,13 @@ from bertcore.examples import (
     ExamplesConfig,
     ExampleStats,
     arrow_schema,
+    example_batches,
     examples_for_document,
     examples_for_shard,
     records_to_table,
 )
 from bertcore.masking import VocabTables, num_to_predict
-from bertcore.pairs import InMemoryDocs
+from bertcore.pairs import FlatDocument, InMemoryDocs
 
 SEED = 20240601
 
@@ -151,6 +153,38 @@ def test_output_depends_only_on_seed_document_and_pass(wiki):
     assert single and single == halves[3][before : before + len(single)]
     assert examples_for_document(25, corpus, cfg, phase, SEED + 1, 1, vocab) != single
     assert examples_for_document(25, corpus, cfg, phase, SEED, 2, vocab) != single
+
+
+@pytest.mark.parametrize("options", [{}, {"whole_word_mask": True}, {"span_masking": True},
+                                     {"objective": "roberta"}, {"objective": "roberta", "masking": "static"}])
+def test_block_boundaries_and_flat_documents_do_not_change_the_records(wiki, options):
+    docs, vocab = wiki
+    cfg = ExamplesConfig(max_seq_length=64, **options)
+    phase = cfg.phases[0]
+    lists = InMemoryDocs(docs[:30])
+    reference = [r for b in example_batches(range(30), lists, cfg, phase, SEED, vocab, passes=[0, 1]) for r in b.to_pylist()]
+    small = list(example_batches(range(30), lists, cfg, phase, SEED, vocab, passes=[0, 1], block_rows=7))
+    assert len(small) > 2 and [r for b in small for r in b.to_pylist()] == reference
+    # The stage reads documents as FlatDocument views of its token shards.
+    flat = FlatDocs(docs[:30])
+    assert [r for b in example_batches(range(30), flat, cfg, phase, SEED, vocab, passes=[0, 1]) for r in b.to_pylist()] == reference
+
+
+class FlatDocs:
+    """RandomDocs returning FlatDocument views, as the stage's TokenStore does."""
+
+    def __init__(self, docs):
+        self.docs = [
+            FlatDocument(np.asarray([t for s in d for t in s], dtype=np.uint16), np.concatenate([[0], np.cumsum([len(s) for s in d])]))
+            for d in docs
+        ]
+
+    @property
+    def num_documents(self):
+        return len(self.docs)
+
+    def get(self, index):
+        return self.docs[index]
 
 
 def test_sop_examples_on_wikipedia(wiki):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertcore.pairs import InMemoryDocs, PairConfig, build_pairs, pack_sentences, trim_counts, truncate_seq_pair
+from bertcore.pairs import FlatDocument, InMemoryDocs, PairConfig, build_pairs, pack_sentences, trim_counts, truncate_seq_pair
 
 SEP = -1  # any id no document uses
 
@@ -293,3 +294,37 @@ def test_trim_counts_match_googles_step_by_step_loop(len_a, len_b, max_num_token
         else:
             b -= 1
     assert trim_counts(len_a, len_b, max_num_tokens) == (len_a - a, len_b - b)
+
+
+def as_flat(doc):
+    return FlatDocument(np.asarray(flat(doc), dtype=np.int64), np.concatenate([[0], np.cumsum([len(s) for s in doc])]).astype(np.int64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(shape=st.lists(st.lists(st.integers(0, 5), max_size=12), min_size=2, max_size=6), seed=st.integers(0, 2**32),
+       max_seq_length=st.integers(5, 60), objective=st.sampled_from(["bert", "sop"]))
+def test_flat_documents_give_the_same_pairs_as_lists(shape, seed, max_seq_length, objective):
+    # Empty segments (length 0) included: both forms drop them the same way.
+    docs = numbered_corpus(shape)
+    flat_docs = [as_flat(d) for d in docs]
+
+    class Flat:
+        num_documents = len(docs)
+
+        def get(self, index):
+            return flat_docs[index]
+
+    cfg = PairConfig(max_seq_length=max_seq_length, objective=objective)
+    for index, doc in enumerate(docs):
+        expected = build_pairs(doc, random.Random(seed), cfg, InMemoryDocs(docs), index)
+        assert build_pairs(flat_docs[index], random.Random(seed), cfg, Flat(), index) == expected
+
+
+def test_flat_document_reads_like_a_list_of_segments():
+    doc = [[1, 2], [], [3], [4, 5, 6]]
+    view = as_flat(doc)
+    assert len(view) == 4 and list(view) == doc and view[-1] == [4, 5, 6] and list(view[1:3]) == [[], [3]]
+    assert list(view.nonempty()) == [[1, 2], [3], [4, 5, 6]]
+    assert view.nonempty().flat() == ([1, 2, 3, 4, 5, 6], [0, 2, 3, 6])
+    with pytest.raises(IndexError):
+        view[4]
