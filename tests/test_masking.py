@@ -239,18 +239,27 @@ def test_mask_batch_kinds_are_80_10_10():
     assert abs(kept / total - (0.1 + 0.1 / len(VOCAB.replacement_ids))) < 0.01
 
 
-def test_static_and_dynamic_masking_pick_positions_with_the_same_probabilities():
-    # Words of different lengths compete for a small quota: the per-position masking rate
-    # exposes any difference between the two greedy whole-word walks.
-    tokens = [CLS, WORD_IDS[0], PIECE_IDS[0], PIECE_IDS[1], WORD_IDS[1], WORD_IDS[2], PIECE_IDS[2], SEP,
-              WORD_IDS[3], PIECE_IDS[3], PIECE_IDS[4], PIECE_IDS[5], WORD_IDS[4], SEP]
-    config = cfg(masked_lm_prob=0.25, whole_word_mask=True)  # quota round(14 * 0.25) = 4 (half to even)
-    n = 4000
-    static = np.zeros(len(tokens))
+# Words of different lengths compete for a small quota: the per-position masking rate
+# exposes any difference between two greedy whole-word walks.
+COMPETING = [CLS, WORD_IDS[0], PIECE_IDS[0], PIECE_IDS[1], WORD_IDS[1], WORD_IDS[2], PIECE_IDS[2], SEP,
+             WORD_IDS[3], PIECE_IDS[3], PIECE_IDS[4], PIECE_IDS[5], WORD_IDS[4], SEP]
+
+
+def one_by_one_counts(tokens, config, n):
+    """How often `mask_tokens` masks each position in n draws."""
+    counts = np.zeros(len(tokens))
     rng = random.Random(0)
     for _ in range(n):
         for p in mask_tokens(tokens, continuation(tokens), rng, config).masked_positions:
-            static[p] += 1
+            counts[p] += 1
+    return counts
+
+
+def test_static_and_dynamic_masking_pick_positions_with_the_same_probabilities():
+    tokens = COMPETING
+    config = cfg(masked_lm_prob=0.25, whole_word_mask=True)  # quota round(14 * 0.25) = 4 (half to even)
+    n = 4000
+    static = one_by_one_counts(tokens, config, n)
     ids, special, cont = pad_batch([tokens] * n)
     _, labels = mask_batch(ids, special, cont, torch.Generator().manual_seed(0), config)
     dynamic = (labels != -100).sum(0).numpy()
@@ -308,16 +317,11 @@ def test_mask_sequences_kinds_are_80_10_10_and_seeded():
 
 
 def test_mask_sequences_and_mask_tokens_pick_positions_with_the_same_probabilities():
-    tokens = [CLS, WORD_IDS[0], PIECE_IDS[0], PIECE_IDS[1], WORD_IDS[1], WORD_IDS[2], PIECE_IDS[2], SEP,
-              WORD_IDS[3], PIECE_IDS[3], PIECE_IDS[4], PIECE_IDS[5], WORD_IDS[4], SEP]
+    tokens = COMPETING
     for wwm in (False, True):
         config = cfg(masked_lm_prob=0.25, whole_word_mask=wwm)
         n = 4000
-        one_by_one = np.zeros(len(tokens))
-        rng = random.Random(0)
-        for _ in range(n):
-            for p in mask_tokens(tokens, continuation(tokens), rng, config).masked_positions:
-                one_by_one[p] += 1
+        one_by_one = one_by_one_counts(tokens, config, n)
         masked, _ = mask_flat([tokens] * n, config, 0)
         at_once = np.bincount(masked.positions, minlength=len(tokens))
         assert np.abs(one_by_one / n - at_once / n).max() < 0.04
