@@ -42,19 +42,22 @@ class _MappedFile:
     """One shard's record batches with their list offsets as numpy views of the map."""
 
     def __init__(self, path: str):
-        reader = ipc.open_file(pa.memory_map(path))
         self.batches = []
         starts = [0]
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            columns = {}
-            for name in ("input_ids", "masked_positions", "masked_ids"):
-                array = batch.column(name)
-                columns[name] = (array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False))
-            for name in ("segment_b_start", "next_sentence_label", "length"):
-                columns[name] = batch.column(name).to_numpy()
-            self.batches.append(columns)
-            starts.append(starts[-1] + batch.num_rows)
+        # The numpy views keep the mapping alive after the file is closed (here, not at garbage
+        # collection), so an epoch over thousands of shards holds no descriptor per shard.
+        with pa.memory_map(path) as source:
+            reader = ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                columns = {}
+                for name in ("input_ids", "masked_positions", "masked_ids"):
+                    array = batch.column(name)
+                    columns[name] = (array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False))
+                for name in ("segment_b_start", "next_sentence_label", "length"):
+                    columns[name] = batch.column(name).to_numpy()
+                self.batches.append(columns)
+                starts.append(starts[-1] + batch.num_rows)
         self.starts = np.asarray(starts)
 
     def record(self, row: int) -> dict:

@@ -149,13 +149,16 @@ def _mapped_token_shard(path: str, size: int, mtime_ns: int) -> tuple[np.ndarray
     from every shard of their split) open each shard once; a cached shard costs address
     space, not memory. `size` and `mtime_ns` are part of the key: a shard written again
     (`--force`) is a new file at the same path, and must be mapped again."""
-    reader = ipc.open_file(pa.memory_map(path))
     starts, batches = [0], []
-    for i in range(reader.num_record_batches):
-        documents = reader.get_batch(i).column("segments")
-        segments = documents.values
-        batches.append((numpy_view(segments.values), numpy_view(segments.offsets), numpy_view(documents.offsets)))
-        starts.append(starts[-1] + len(documents))
+    # The views keep the mapping alive; the file itself is closed here (not left to garbage
+    # collection), so a worker can hold thousands of shards without holding their descriptors.
+    with pa.memory_map(path) as source:
+        reader = ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            documents = reader.get_batch(i).column("segments")
+            segments = documents.values
+            batches.append((numpy_view(segments.values), numpy_view(segments.offsets), numpy_view(documents.offsets)))
+            starts.append(starts[-1] + len(documents))
     return np.asarray(starts), batches
 
 

@@ -127,3 +127,30 @@ def test_vocabulary_replaced_after_the_vocab_stage_is_refused(demo_pipeline, tmp
     save_tokenizer(train_wordpiece(sentences, small), small, str(tmp_path / "vocab"))
     with pytest.raises(InputDataError, match="do not match the tokenizer the vocab stage recorded"):
         examples.run(other, Storage(other.storage))
+
+
+def test_token_store_reads_many_shards_without_holding_their_files(tmp_path):
+    # A worker draws random documents from every token shard of its split; with thousands
+    # of shards, an open file per shard would exhaust the process's descriptors.
+    import os
+
+    import numpy as np
+
+    from bertcore.config import StorageConfig
+
+    schema = pa.schema([("doc_id", pa.string()), ("segments", pa.list_(pa.list_(pa.uint16())))])
+    uris, sizes = [], []
+    for k in range(300):
+        docs = [[[k, d, s] for s in range(d + 1)] for d in range(3)]  # doc d: d+1 segments
+        path = tmp_path / f"part-{k:05d}.arrow"
+        with ipc.new_file(str(path), schema) as writer:
+            writer.write_table(pa.table({"doc_id": [f"{k}-{d}" for d in range(3)], "segments": docs}, schema=schema), max_chunksize=2)
+        uris.append(str(path))
+        sizes.append(3)
+    index = examples.DocumentIndex(uris, np.concatenate([[0], np.cumsum(sizes)]))
+    store = examples.TokenStore(index, Storage(StorageConfig()), "test")
+    before = len(os.listdir("/proc/self/fd"))
+    for number in range(index.num_documents):
+        k, d = divmod(number, 3)
+        assert list(store.get(number)) == [[k, d, s] for s in range(d + 1)]
+    assert len(os.listdir("/proc/self/fd")) - before < 10
