@@ -110,8 +110,11 @@ def test_pairs_fit_and_segments_are_whole_unless_truncated(shape, seed, max_seq_
     ends = {s[-1] for d in docs for s in d}
     for index, doc in enumerate(docs):
         for p in build_pairs(doc, random.Random(seed), cfg, InMemoryDocs(docs), index):
-            assert 1 <= len(p.tokens_a) and 1 <= len(p.tokens_b)
             assert len(p.tokens_a) + len(p.tokens_b) <= max_seq_length - 3
+            if p.truncated:
+                # Truncation removes the excess and no more, never a whole side.
+                assert len(p.tokens_a) + len(p.tokens_b) == max_seq_length - 3
+                assert p.tokens_a and p.tokens_b
             assert p.tokens_a == list(range(p.tokens_a[0], p.tokens_a[-1] + 1)), "A is contiguous text"
             if not p.truncated:
                 assert p.tokens_a[0] in starts and p.tokens_a[-1] in ends

@@ -275,10 +275,18 @@ def test_stats_on_a_hand_made_vocabulary():
 
 def test_stats_of_a_trained_vocabulary_on_held_out_news(news):
     cfg = VocabConfig(vocab_size=2000)
-    tok = train_wordpiece(news[: len(news) // 2], cfg)
-    stats = tokenization_stats(tok, news[len(news) // 2 :])
+    train, held_out = news[: len(news) // 2], news[len(news) // 2 :]
+    tok = train_wordpiece(train, cfg)
+    stats = tokenization_stats(tok, held_out)
     assert stats["vocab_size"] == 2000
-    assert 1.0 < stats["pieces_per_word"] < 2.0
+    # Words as BERT's basic tokenizer splits the normalized text; pieces as encoded.
+    words = sum(len(tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(s))) for s in held_out)
+    pieces = sum(len(e.ids) for e in tok.encode_batch(held_out, add_special_tokens=False))
+    assert stats["words"] == words and stats["pieces"] == pieces
+    assert stats["pieces_per_word"] == pytest.approx(pieces / words)
+    # A smaller vocabulary has to split more words.
+    smaller = tokenization_stats(train_wordpiece(train, VocabConfig(vocab_size=500)), held_out)
+    assert smaller["pieces_per_word"] > stats["pieces_per_word"] * 1.1
     assert stats["unk_rate"] < 0.01
     assert stats["top_pieces"][0][0] in {"the", ",", "."}
     assert 0.5 < stats["vocab_used_fraction"] <= 1.0

@@ -39,6 +39,9 @@ from bertcore.train import (  # noqa: E402
     PretrainConfig,
     Trainer,
     TrainingDiverged,
+    WorkerContext,
+    _batches,
+    _loader,
     checkpoint_tag,
     complete_checkpoints,
     deepspeed_config,
@@ -436,17 +439,28 @@ def _rare_target(root: Path, share: float) -> int:
 
 def test_skip_policy_drops_the_poisoned_batches_and_stop_names_the_first(world_of_one, sample_root, tmp_path):
     root, info = sample_root
-    cfg = tiny_pretrain(on_nonfinite="skip")
+    # No spike check: only the poisoned batches may be skipped, so they can be predicted.
+    cfg = tiny_pretrain(on_nonfinite="skip", loss_spike_factor=None)
     model = BertForPreTraining(cfg.build_model_config(len(info["tokens"])), torch.Generator().manual_seed(0))
     state = model.state_dict()
     # A -inf output bias makes the loss infinite exactly for batches where that token is a
     # target (about one batch in six here) and leaves every other batch finite.
-    state["cls.predictions.bias"][_rare_target(root, 0.002)] = float("-inf")
+    poisoned = _rare_target(root, 0.002)
+    state["cls.predictions.bias"][poisoned] = float("-inf")
     marker = make_trainer(cfg, root, info, tmp_path / "skip", init_state_dict=state).run()
     records = MetricsLog(str(tmp_path / "skip" / "metrics.jsonl")).records()
     assert marker["step"] == 20 and [r["step"] for r in records] == list(range(1, 21))
+    # Replay the trainer's batch stream: each step skips exactly the poisoned batches in
+    # front of its first clean one, and no clean batch is lost.
+    stream = _batches(_loader(cfg, phase_data(root, info)[0], cfg.phases[0], SEED, WorkerContext()), "seq64")
+    expected = []
+    for _ in range(20):
+        expected.append(0)
+        while bool((next(stream)["labels"] == poisoned).any()):
+            expected[-1] += 1
+    assert sum(expected) > 0, "the poisoned token must hit at least one batch, or nothing is tested"
+    assert [r["skipped_batches"] for r in records] == expected
     skipped = [r["step"] for r in records if r["skipped_batches"]]
-    assert 1 <= len(skipped) <= 15
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records)
     # The stop policy sees the same data and ends at the first step that met such a batch.
     with pytest.raises(TrainingDiverged, match=rf"not finite at step {skipped[0]} \(phase seq64\)"):
