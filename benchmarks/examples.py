@@ -62,10 +62,8 @@ from benchmarks.vocab import (  # noqa: E402
     describe_tasks,
     measure,
     prepare_demo_corpus,
-    ray_task_times,
     repeat_corpus,
-    settle,
-    warm_workers,
+    run_stage_measured,
 )
 
 SEQ = 128
@@ -99,29 +97,14 @@ def run_tokenizer(root: Path, cpus: int, method: str = "encode_batch") -> dict:
 
 def run_bertpipe(root: Path, cpus: int) -> dict:
     from pipelines import examples
-    from pipelines.ray_runtime import ensure_ray
-    from pipelines.storage import Storage
 
-    cfg = demo_config(root, EXAMPLES)
-    ensure_ray(cfg.ray)
-    warm_workers(cpus)
-    idle_cpu = settle()
-    idle = TreeUsage.snapshot()
-    with TreeUsage() as memory:
-        start, since = time.perf_counter(), time.time()
-        manifest, _ = examples.run(cfg, Storage(cfg.storage), force=True)
-        seconds = time.perf_counter() - start
-    tasks = ray_task_times(since)
+    manifest, measured = run_stage_measured(examples, demo_config(root, EXAMPLES))
     phase = manifest.stats["phases"][f"seq{SEQ}"]
     return {
-        "seconds": seconds,
+        **measured,
         "tokens": sum(split["tokens"] for split in phase.values()),
         "sequences": sum(split["examples"] for split in phase.values()),
-        "idle_pss_mb": idle,
-        "idle_cpu_per_s": idle_cpu,
         "timings": manifest.timings,
-        "tasks": tasks,
-        **memory.report(),
     }
 
 
@@ -158,7 +141,7 @@ def run_hf(root: Path, cpus: int) -> dict:
                 yield {"text": s}
 
         dataset = Dataset.from_generator(rows, cache_dir=cache)
-        del sentences
+        sentences = None  # the Dataset holds the text now (on disk); free the list
         collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, seed=0)
         tokens = 0
         with TreeUsage() as memory:

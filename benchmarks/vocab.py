@@ -189,6 +189,26 @@ def settle(quiet_cpu_per_s: float = 0.1, max_s: float = 30.0) -> float:
             return usage.cpu_s
 
 
+def run_stage_measured(stage, cfg) -> tuple:
+    """(manifest, measurements) of one forced run of a stage module (`pipelines.vocab`,
+    `pipelines.examples`) on an embedded Ray whose workers are warm and whose processes have
+    settled: wall seconds, Ray's idle PSS and CPU rate, the tree's peak memory and CPU
+    time (`TreeUsage.report`), and the Ray task timeline."""
+    from pipelines.ray_runtime import ensure_ray
+    from pipelines.storage import Storage
+
+    ensure_ray(cfg.ray)
+    warm_workers(cfg.ray.num_cpus)
+    idle_cpu = settle()
+    idle_pss = TreeUsage.snapshot()
+    with TreeUsage() as memory:
+        start, since = time.perf_counter(), time.time()
+        manifest, _ = stage.run(cfg, Storage(cfg.storage), force=True)
+        seconds = time.perf_counter() - start
+    measured = {"seconds": seconds, "idle_pss_mb": idle_pss, "idle_cpu_per_s": idle_cpu, **memory.report()}
+    return manifest, {**measured, "tasks": ray_task_times(since)}
+
+
 def ray_task_times(since: float) -> dict[str, list]:
     """Per Ray task function that started after `since` (time.time()), from Ray's timeline:
     [runs, summed run seconds, first start, last end (seconds after `since`)]."""
@@ -317,33 +337,19 @@ def distinct_words(docs: list[list[str]]) -> int:
 def child(root: str) -> None:
     """One measured vocab stage run on the corpus under `root` (a fresh process)."""
     from pipelines import vocab
-    from pipelines.ray_runtime import ensure_ray
-    from pipelines.storage import Storage
 
     cfg = demo_config(Path(root), [f"vocab.vocab_size={VOCAB_SIZE}"])
-    ensure_ray(cfg.ray)
-    warm_workers(cfg.ray.num_cpus)
-    idle_cpu = settle()
-    idle_pss = TreeUsage.snapshot()
-    with TreeUsage() as memory:
-        start, since = time.perf_counter(), time.time()
-        manifest, _ = vocab.run(cfg, Storage(cfg.storage), force=True)
-        seconds = time.perf_counter() - start
-    tasks = ray_task_times(since)
+    manifest, measured = run_stage_measured(vocab, cfg)
     stats = manifest.stats
     print(
         json.dumps(
             {
-                "seconds": seconds,
-                "idle_pss_mb": idle_pss,
-                "idle_cpu_per_s": idle_cpu,
-                **memory.report(),
+                **measured,
                 "cpus": cfg.ray.num_cpus,
                 "sentences": stats["corpus_train_sentences"],
                 "probability": stats["sampled_sentences_probability"],
                 "vocab_entries": stats["vocab_size"],
                 "unk_rate": stats["unk_rate"],
-                "tasks": tasks,
             }
         )
     )

@@ -240,6 +240,10 @@ def records_to_table(records: Sequence[dict], vocab_size: int) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _value_counts(values: np.ndarray) -> dict[int, int]:
+    return dict(zip(*(a.tolist() for a in np.unique(values, return_counts=True))))
+
+
 @dataclass
 class ExampleStats:
     """Counts over produced records; mergeable across workers (`merge`, `from_dict`)."""
@@ -271,10 +275,10 @@ class ExampleStats:
         """Sequences of a block: their lengths, NSP labels and the kinds of their masks."""
         self.examples += len(lengths)
         self.tokens += int(lengths.sum())
-        self.length_histogram.update(dict(zip(*(a.tolist() for a in np.unique(lengths, return_counts=True)))))
-        self.nsp_labels.update(dict(zip(*(a.tolist() for a in np.unique(labels, return_counts=True)))))
+        self.length_histogram.update(_value_counts(lengths))
+        self.nsp_labels.update(_value_counts(labels))
         self.masked += len(kinds)
-        self.masked_kinds.update(dict(zip(*(a.tolist() for a in np.unique(kinds, return_counts=True)))))
+        self.masked_kinds.update(_value_counts(kinds))
 
     def merge(self, other: ExampleStats) -> ExampleStats:
         out = ExampleStats()
@@ -395,8 +399,7 @@ class _Block:
     def take(self) -> pa.RecordBatch:
         """The sequences added so far as a record batch (then forgotten)."""
         lengths = np.fromiter(map(len, self.sequences), dtype=np.int64, count=len(self.sequences))
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_of(lengths)
         ids = np.fromiter(chain.from_iterable(self.sequences), dtype=np.int64, count=int(offsets[-1]))
         if self.mask is None:
             masked = MaskedSequences(ids, np.zeros(len(lengths), dtype=np.int64), *(np.zeros(0, dtype=np.int64),) * 3)
@@ -412,10 +415,9 @@ class _Block:
         labels = np.asarray(self.labels, dtype=np.int8)
         if self.stats is not None:
             self.stats.add_sequences(lengths, labels, masked.kinds)
-        mask_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(masked.counts, out=mask_offsets[1:])
+        mask_offsets = offsets_of(masked.counts)
         id_type_ = self.schema.field("input_ids").type.value_type
-        if len(ids) and int(ids.max()) > _max_id(id_type_):
+        if len(ids) and int(ids.max()) > np.iinfo(numpy_dtype(id_type_)).max:
             raise ValueError(f"token id {int(ids.max())} does not fit the shard's {id_type_} ids")
         columns = [
             list_array(offsets, masked.input_ids, id_type_),
@@ -429,8 +431,11 @@ class _Block:
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
-def _max_id(type_: pa.DataType) -> int:
-    return UINT16_MAX if type_ == pa.uint16() else 2**31 - 1
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """(n+1,) int64 start offsets of n runs of `lengths` stored back to back, then the end."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 # numpy <-> Arrow for the primitive columns of the shards, both ways without copies where
@@ -445,15 +450,20 @@ _NUMPY_TYPES = {
 }
 
 
+def numpy_dtype(type_: pa.DataType) -> np.dtype:
+    """The numpy dtype of a primitive Arrow type used in the shards."""
+    return np.dtype(_NUMPY_TYPES[type_])
+
+
 def arrow_array(values: np.ndarray, type_: pa.DataType) -> pa.Array:
     """A primitive Arrow array (no nulls) of `values` converted to `type_`."""
-    data = np.ascontiguousarray(values, dtype=_NUMPY_TYPES[type_])
+    data = np.ascontiguousarray(values, dtype=numpy_dtype(type_))
     return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(data)])
 
 
 def numpy_view(array: pa.Array) -> np.ndarray:
     """A zero-copy numpy view of a primitive Arrow array without nulls."""
-    dtype = np.dtype(_NUMPY_TYPES[array.type])
+    dtype = numpy_dtype(array.type)
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
