@@ -36,11 +36,18 @@ def _default(field) -> str:
     return json.dumps(value, default=str)
 
 
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
 def _item_model(annotation: Any) -> type[BaseModel] | None:
-    """The model of a `list[Model]` field, else None."""
+    """The model of a `list[Model]` or an optional `Model | None` field, else None."""
     args = getattr(annotation, "__args__", ())
-    if getattr(annotation, "__origin__", None) is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+    if getattr(annotation, "__origin__", None) is list and args and _is_model(args[0]):
         return args[0]
+    models = [a for a in args if _is_model(a)]
+    if len(models) == 1 and type(None) in args:
+        return models[0]
     return None
 
 
@@ -48,11 +55,12 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], nested: list[tupl
     for name, field in model.model_fields.items():
         text = " ".join((field.description or "").split()).replace("|", "/")
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if _is_model(annotation):
             nested.append((f"{prefix}{name}", annotation))
             continue
         if (item := _item_model(annotation)) is not None:
-            nested.append((f"{prefix}{name}[]", item))
+            list_of = getattr(annotation, "__origin__", None) is list
+            nested.append((f"{prefix}{name}[]" if list_of else f"{prefix}{name}", item))
         kind = _type_name(annotation).replace(" | ", " or ").replace("|", " or ")
         out.append(f"| `{prefix}{name}` | `{kind}` | `{_default(field)}` | {text} |")
 
