@@ -1,7 +1,7 @@
 """Examples stage library: the `examples:` config section, the shard record layout, and
 documents -> training records (pairs or packed sentences, then static masking).
 
-Record (one per training sequence, nothing padded; DESIGN.md "examples shard"):
+Record (one per training sequence, nothing padded; the layout of every examples shard):
     input_ids           list<uint16>  [CLS] A [SEP] B [SEP] (int32 when vocab > 65,535)
     segment_b_start     uint16        index of B's first token (== length without B)
     masked_positions    list<uint16>  sorted; empty with dynamic masking

@@ -5,7 +5,7 @@ create_masked_lm_predictions does (static masking, written into the examples sha
 `mask_batch` applies the same rules to a padded batch with a `torch.Generator` (dynamic
 masking, drawn by the data loader each epoch).
 
-The rules (DESIGN.md, "Reference algorithm"):
+The rules (Google's create_masked_lm_predictions):
 - candidates are all positions except [CLS]/[SEP] (and [PAD]/[MASK]); with whole-word
   masking a `##` piece joins the word before it;
 - num_to_predict = min(max_predictions_per_seq, max(1, round(len(tokens) * masked_lm_prob))),

@@ -6,8 +6,8 @@ A document is a sequence of segments (sentences), each already tokenized to ids:
 stage reads them from its token shards). Everything here is pure; randomness enters as a
 `random.Random`.
 
-`objective: bert` follows Google's create_pretraining_data.py step for step (see DESIGN.md,
-"Reference algorithm"). Deliberate differences, all rare:
+`objective: bert` follows Google's create_pretraining_data.py step for step. Deliberate
+differences, all rare:
 - Empty segments are ignored (Google never produces them: it drops lines that tokenize to
   nothing).
 - A random B needs "another document": like Google we try up to 10 uniform draws of a

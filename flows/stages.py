@@ -18,7 +18,7 @@ class StageSpec:
     run: Callable[..., tuple[Manifest, bool]]
     expected_fingerprint: Callable[[PipelineConfig, Storage], str]
     directory: str
-    """The stage's directory under run.root (DESIGN.md names evaluate's `eval/`)."""
+    """The stage's directory under run.root (evaluate writes `eval/`)."""
 
 
 REGISTRY: dict[str, StageSpec] = {

@@ -1,4 +1,4 @@
-"""The stage contract (DESIGN.md): a stage's directory is complete when, and only when,
+"""The stage contract: a stage's directory is complete when, and only when,
 `_manifest.json` exists there; it is written last.
 
 fingerprint = hash(stage code version + resolved config section + input fingerprints).
