@@ -1,4 +1,4 @@
-"""Checkpoint -> the Hugging Face folder that `transformers` loads (DESIGN.md "model/").
+"""Checkpoint -> the Hugging Face folder that `transformers` loads.
 
     config.json              BertConfig of the model (architectures: BertForPreTraining)
     model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does)
@@ -23,20 +23,14 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
-from bertcore.model import TIED_KEYS, BertForPreTraining, ModelConfig
+from bertcore.model import TIED, BertForPreTraining, ModelConfig
+from bertcore.tokenizer import load_tokenizer, vocab_list
 from bertcore.train import parameter_group_names
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
-
-# Where a tied entry takes its tensor from (bertcore.model ties them the same way).
-_TIED_SOURCE = {
-    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
-assert set(_TIED_SOURCE) == set(TIED_KEYS)
 
 
 def _expected_keys(model_config: ModelConfig) -> tuple[list[str], list[list[str]]]:
@@ -78,7 +72,7 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     else:
         raise InputDataError(f"{checkpoint_dir}: not a DeepSpeed checkpoint (no model or optimizer states file)")
     state = {k: v.detach().to(torch.float32).cpu() for k, v in state.items()}
-    for tied, source in _TIED_SOURCE.items():
+    for tied, source in TIED.items():
         if source in state:
             state[tied] = state[source]
     missing, unexpected = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
@@ -99,20 +93,18 @@ def export_checkpoint(
     for name in TOKENIZER_FILES:
         if not os.path.isfile(os.path.join(tokenizer_dir, name)):
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
-    with open(os.path.join(tokenizer_dir, "vocab.txt"), encoding="utf-8") as handle:
-        entries = handle.read().split("\n")
-    entries = entries[:-1] if entries and entries[-1] == "" else entries
-    if len(entries) != model_config.vocab_size:
+    size = len(vocab_list(load_tokenizer(tokenizer_dir)))  # load_tokenizer also refuses a vocab.txt that disagrees with tokenizer.json
+    if size != model_config.vocab_size:
         raise InputDataError(
-            f"{tokenizer_dir}/vocab.txt has {len(entries)} entries but the model's vocab_size is {model_config.vocab_size}; "
+            f"{tokenizer_dir}/vocab.txt has {size} entries but the model's vocab_size is {model_config.vocab_size}; "
             "export with the vocabulary the model was trained with"
         )
     tensors = {}
     for name, tensor in state_dict.items():
-        if name in _TIED_SOURCE:
-            source = state_dict.get(_TIED_SOURCE[name])
+        if name in TIED:
+            source = state_dict.get(TIED[name])
             if source is not None and not torch.equal(tensor, source):
-                raise ValueError(f"{name} must equal {_TIED_SOURCE[name]} (they are one tied parameter)")
+                raise ValueError(f"{name} must equal {TIED[name]} (they are one tied parameter)")
             continue
         tensors[name] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)

@@ -34,13 +34,21 @@ from bertcore.section import Section
 IGNORE_INDEX = -100
 """Label of a position the MLM loss skips (same as PyTorch's and HF's default)."""
 
-NO_NSP_LABEL = -1
-"""next_sentence_label of an example without an NSP target (objectives without NSP)."""
+NO_NSP_LABEL = IGNORE_INDEX
+"""next_sentence_label of an example without an NSP target (objectives without NSP). The
+same value as IGNORE_INDEX, so the data loader's labels go in unchanged and HF's NSP loss
+skips them too."""
 
-TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-"""state_dict entries that alias others (word embeddings, cls.predictions.bias). Files that
-store each tensor once (safetensors, transformers' `save_pretrained`) leave these out; load
-such files with strict=False and expect exactly these keys missing."""
+TIED = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+"""state_dict entry that aliases another -> the entry it aliases (BertLMPredictionHead ties
+them). Whatever rebuilds a full state dict from stored tensors fills these in from here."""
+
+TIED_KEYS = tuple(TIED)
+"""Files that store each tensor once (safetensors, transformers' `save_pretrained`) leave
+these out; load such files with strict=False and expect exactly these keys missing."""
 
 SizeName = Literal["tiny", "mini", "small", "medium", "base", "large"]
 
@@ -422,7 +430,7 @@ class BertForPreTraining(nn.Module):
         prediction is made, or as `masked_positions` (B, P) with `masked_labels` (B, P),
         -100 on padding entries (whose position may be any valid index). Only those
         positions go through the MLM head. `next_sentence_label` (B,): 0 = B follows A,
-        1 = random B, -1 = no NSP target; None skips the NSP head entirely."""
+        1 = random B, -100 (NO_NSP_LABEL) = no NSP target; None skips the NSP head entirely."""
         if (labels is None) == (masked_positions is None):
             raise ValueError("pass exactly one of labels (B, T) or masked_positions (B, P) with masked_labels")
         sequence = self.bert(input_ids, token_type_ids, attention_mask)  # (B, T, H)

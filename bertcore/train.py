@@ -53,7 +53,7 @@ from pydantic import Field, field_validator, model_validator
 from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.masking import MaskConfig
-from bertcore.model import NO_NSP_LABEL, BertForPreTraining, ModelConfig, SizeName, encoder_flops_per_token
+from bertcore.model import BertForPreTraining, ModelConfig, SizeName, encoder_flops_per_token
 from bertcore.rng import keyed_seed
 from bertcore.section import Section
 
@@ -267,9 +267,6 @@ class PretrainConfig(Section):
                 return i
         raise ValueError(f"step {step} is past the last phase ({self.total_steps} steps)")
 
-    def phase_start(self, index: int) -> int:
-        return sum(p.steps for p in self.phases[:index])
-
     def resume_key(self, inputs: dict[str, Any]) -> str:
         """Hash of what decides the trajectory: this section minus the fields that do not
         (budget, checkpoint cadence, logging, ...) plus the input fingerprints and seed.
@@ -347,15 +344,14 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Two optimizer groups: matrices (weights of Linear and Embedding) with weight decay,
     and vectors (biases, LayerNorm gain and shift) without, as BERT does. Tied parameters
     appear once. The order is the model's, so it is the same in every process."""
-    decay, plain = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else plain).append(p)
+    params = dict(model.named_parameters())
+    decay, plain = ([params[name] for name in names] for names in parameter_group_names(model))
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
 def parameter_group_names(model: torch.nn.Module) -> list[list[str]]:
-    """Names of the parameters of `parameter_groups`, group by group."""
+    """Names of the parameters of `parameter_groups`, group by group: export maps a
+    checkpoint's per-group optimizer tensors back to names with them."""
     decay, plain = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -670,15 +666,12 @@ def _batches(loader: ExamplesLoader, phase: str) -> Iterator[dict[str, torch.Ten
 
 
 def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    # The loader marks "no NSP target" with -100, the model's NSP loss with -1.
-    nsp = batch["next_sentence_label"]
-    nsp = torch.where(nsp < 0, torch.full_like(nsp, NO_NSP_LABEL), nsp)
     return {
         "input_ids": batch["input_ids"].to(device),
         "token_type_ids": batch["token_type_ids"].to(device),
         "attention_mask": batch["attention_mask"].to(device),
         "labels": batch["labels"].to(device),
-        "next_sentence_label": nsp.to(device),
+        "next_sentence_label": batch["next_sentence_label"].to(device),
     }
 
 
@@ -772,13 +765,12 @@ class Trainer:
         def schedule(opt):
             return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup, total))
 
-        self.ds_config = deepspeed_config(self.cfg, self.cfg.micro_batch_size(self.cfg.phases[0]))
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=groups,
             optimizer=optimizer,
             lr_scheduler=schedule,
-            config=self.ds_config,
+            config=deepspeed_config(self.cfg, self.cfg.micro_batch_size(self.cfg.phases[0])),
             dist_init_required=not torch.distributed.is_initialized(),
         )
 
@@ -1018,9 +1010,11 @@ class Trainer:
                 self.train_time_s += elapsed
                 self.tokens_seen += record["tokens"]
                 self.watch.observe(record["loss"])
-                over_budget = self.cfg.time_budget_s is not None and time.perf_counter() - started >= self.cfg.time_budget_s
-                if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
-                    stopped_by = "time_budget"
+                if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
+                    # any rank over budget stops all of them, so they save the same step
+                    over_budget = time.perf_counter() - started >= self.cfg.time_budget_s
+                    if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
+                        stopped_by = "time_budget"
                 if self.rank0:
                     self._log(record, data_hash, elapsed, bar)
                 if stopped_by or self.step == total or self.step % self.cfg.checkpoint_every == 0:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import posixpath
 import shutil
 import tempfile
 import time
@@ -46,6 +45,7 @@ from bertcore.train import (
     complete_checkpoints,
     latest_checkpoint,
 )
+from pipelines.examples import local_copy, local_vocab_dir
 from pipelines.ray_runtime import unwrap
 from pipelines.stage import Manifest, ShardInfo, StageDir, fingerprint
 from pipelines.storage import Storage, join
@@ -138,22 +138,6 @@ def stage_files(storage: Storage, stage_uri: str, who: str):
     return StorageStageFiles(storage, stage_uri, _scratch(stage_uri, who))
 
 
-def _fetch(storage: Storage, uri: str, directory: str) -> str:
-    """A local path for a file URI: the file itself when local, else a copy in `directory`
-    (kept when its size still matches, so a restarted worker does not copy again)."""
-    local = storage.local_path(uri)
-    if local is not None:
-        return local
-    fs, path = storage.fs(uri)
-    target = os.path.join(directory, *posixpath.normpath(path).lstrip("/").split("/")[-3:])
-    if not (os.path.exists(target) and os.path.getsize(target) == storage.size(uri)):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.tmp-{uuid.uuid4().hex}"
-        fs.get_file(path, tmp)
-        os.replace(tmp, target)
-    return target
-
-
 # -- inputs ---------------------------------------------------------------------------------
 
 
@@ -169,8 +153,6 @@ class Inputs:
     train_shards: dict[str, list[str]]
     """Phase name -> URIs of examples/<phase>/train/ shards."""
     validation_shards: dict[str, list[str]]
-    masking: dict[str, str]
-    """Phase name -> static | dynamic."""
 
     @property
     def vocab_size(self) -> int:
@@ -196,7 +178,7 @@ def read_inputs(cfg: PretrainConfig, root: str, storage: Storage) -> Inputs:
     vocab = _manifest(storage, root, "vocab")
     examples_cfg = ExamplesConfig.model_validate(examples.config)
     produced = {p.name: p for p in examples_cfg.phases}
-    train, validation, masking = {}, {}, {}
+    train, validation = {}, {}
     for i, phase in enumerate(cfg.phases):
         source = produced.get(phase.name)
         if source is None:
@@ -220,11 +202,9 @@ def read_inputs(cfg: PretrainConfig, root: str, storage: Storage) -> Inputs:
                 f"pretrain.phases[{i}].batch_size ({phase.batch_size}) needs {cfg.micro_batch_size(phase)} sequences per worker "
                 f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
             )
-        phase_stats = examples.stats.get(phase.name) or examples.stats.get("phases", {}).get(phase.name) or {}
-        masking[phase.name] = phase_stats.get("masking", examples_cfg.masking) if isinstance(phase_stats, dict) else examples_cfg.masking
     tokens = storage.read_text(join(root, "vocab", "vocab.txt")).split("\n")
     tokens = tokens[:-1] if tokens and tokens[-1] == "" else tokens
-    return Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, tokens, train, validation, masking)
+    return Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, tokens, train, validation)
 
 
 # -- workers --------------------------------------------------------------------------------
@@ -243,18 +223,18 @@ class WorkerJob:
     inputs: Inputs
     env: dict[str, str] = field(default_factory=dict)
 
-    def phase_data(self, who: str) -> list[PhaseData]:
+    def phase_data(self) -> list[PhaseData]:
         vocab = VocabTables.from_tokens(self.inputs.tokens)
-        scratch = _scratch(self.stage_uri, f"{who}-shards")
+        masking = self.inputs.examples.masking
+        cache_key = f"pretrain-{self.inputs.examples_fingerprint}"  # new examples, new copies
         out = []
         for phase in self.cfg.phases:
             examples_phase = self.inputs.examples.phase(phase.name)
-            masking = self.inputs.masking[phase.name]
             out.append(
                 PhaseData(
                     name=phase.name,
-                    paths=[_fetch(self.storage, uri, scratch) for uri in self.inputs.train_shards[phase.name]],
-                    validation_paths=[_fetch(self.storage, uri, scratch) for uri in self.inputs.validation_shards[phase.name]]
+                    paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
+                    validation_paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]]
                     if phase is self.cfg.phases[-1] and self.cfg.validation_batches
                     else [],
                     masking=masking,
@@ -269,7 +249,6 @@ class WorkerJob:
 def _train_worker(config: dict) -> None:
     """Body of one Ray Train worker: torch.distributed is set up by TorchTrainer."""
     job: WorkerJob = config["job"]
-    os.environ.update(job.env)
     import ray.train.torch
     import torch
     from ray.experimental.tqdm_ray import tqdm
@@ -289,7 +268,7 @@ def _train_worker(config: dict) -> None:
     trainer = Trainer(
         job.cfg,
         ModelConfig.model_validate(job.model_config),
-        job.phase_data(who),
+        job.phase_data(),
         stage_files(job.storage, job.stage_uri, who),
         seed=job.seed,
         resume_key=job.resume_key,
@@ -332,7 +311,7 @@ def _fit(job: WorkerJob) -> None:
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def _export_task(storage: Storage, stage_uri: str, vocab_uri: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
+def _export_task(storage: Storage, stage_uri: str, vocab: StageDir, vocab_key: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
     """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri`;
     returns [{name, bytes, sha256}] of the files written."""
     with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
@@ -341,27 +320,14 @@ def _export_task(storage: Storage, stage_uri: str, vocab_uri: str, tag: str, mod
         model_cfg = ModelConfig.model_validate(model_config)
         state = consolidate_checkpoint(files.local_path(f"{CHECKPOINTS}/{tag}"), model_cfg)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
-        vocab_dir = storage.local_path(vocab_uri)
-        if vocab_dir is None:
-            vocab_dir = os.path.join(tmp, "vocab")
-            os.makedirs(vocab_dir)
-            for name in storage.listdir(vocab_uri):
-                if not name.startswith(("_", ".")):
-                    _copy_down(storage, join(vocab_uri, name), os.path.join(vocab_dir, name))
         out_local = os.path.join(tmp, "model")
-        names = export_checkpoint(state, model_cfg, vocab_dir, out_local)
+        names = export_checkpoint(state, model_cfg, local_vocab_dir(storage, vocab, vocab_key), out_local)
         written = []
         for name in names:
             local = os.path.join(out_local, name)
             info = storage.write_file(join(out_uri, name), lambda path, local=local: shutil.copyfile(local, path))
             written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256})
         return written
-
-
-def _copy_down(storage: Storage, uri: str, local: str) -> None:
-    fs, path = storage.fs(uri)
-    if fs.isfile(path):
-        fs.get_file(path, local)
 
 
 def export_model(cfg: PretrainConfig, root: str, storage: Storage, *, step: int | None = None, out: str | None = None) -> list[dict]:
@@ -377,8 +343,15 @@ def export_model(cfg: PretrainConfig, root: str, storage: Storage, *, step: int 
         what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
         raise ConfigError(f"{join(stage_uri, CHECKPOINTS)}: no complete {what}; run the pretrain stage first")
     marker = markers[-1]
+    vocab_key = f"pretrain-{_manifest(storage, root, 'vocab').fingerprint}"
     ref = _export_task.remote(
-        storage, stage_uri, join(root, "vocab"), checkpoint_tag(marker["step"]), marker["model_config"], out or join(stage_uri, MODEL_DIR)
+        storage,
+        stage_uri,
+        StageDir(storage, root, "vocab"),
+        vocab_key,
+        checkpoint_tag(marker["step"]),
+        marker["model_config"],
+        out or join(stage_uri, MODEL_DIR),
     )
     try:
         return ray.get(ref)
@@ -433,8 +406,10 @@ def train(cfg: PretrainConfig, root: str, storage: Storage, seed: int) -> dict:
     exported = export_model(cfg, root, storage, step=marker["step"])
     shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
     metrics_uri = join(stage_uri, METRICS)
-    lines = storage.read_text(metrics_uri).splitlines() if storage.exists(metrics_uri) else []
-    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=storage.size(metrics_uri) or 0, sha256=storage.sha256(metrics_uri)))
+    with storage.open(metrics_uri, "rb") as handle:
+        metrics = handle.read()
+    lines = metrics.decode("utf-8").splitlines()
+    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=len(metrics), sha256=hashlib.sha256(metrics).hexdigest()))
     return {"shards": shards, "stats": _stats(marker, lines), "timings": {"total_s": round(time.perf_counter() - started, 3)}}
 
 

@@ -17,6 +17,8 @@ import transformers  # noqa: E402
 
 from bertcore.model import (  # noqa: E402
     NAMED_SIZES,
+    NO_NSP_LABEL,
+    TIED,
     TIED_KEYS,
     BertForPreTraining,
     ModelConfig,
@@ -104,6 +106,8 @@ def test_safetensors_files_round_trip_with_transformers(tmp_path):
     safetensors.torch.save_model(ours, str(tmp_path / "model.safetensors"))
     stored = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
     assert set(ours.state_dict()) - set(stored) == set(TIED_KEYS)
+    state = ours.state_dict()
+    assert all(state[alias].data_ptr() == state[source].data_ptr() for alias, source in TIED.items())
     theirs = transformers.BertForPreTraining.from_pretrained(str(tmp_path)).eval()
     ids = torch.randint(5, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -229,7 +233,7 @@ def test_masked_positions_input_gives_the_same_loss_as_labels():
     assert (a.mlm_count.item(), a.mlm_correct.item()) == (b.mlm_count.item(), b.mlm_correct.item())
 
 
-def test_nsp_label_minus_one_excludes_examples_and_none_skips_the_head():
+def test_no_nsp_label_excludes_examples_and_none_skips_the_head():
     cfg = tiny_config()
     model = BertForPreTraining(cfg, torch.Generator().manual_seed(2)).eval()
     perturb(model, seed=9)
@@ -237,11 +241,11 @@ def test_nsp_label_minus_one_excludes_examples_and_none_skips_the_head():
     with torch.no_grad():
         full = model.full_logits(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         nsp = batch["next_sentence_label"].clone()
-        nsp[[0, 2]] = -1
+        nsp[[0, 2]] = NO_NSP_LABEL
         mixed = model(**{**batch, "next_sentence_label": nsp})
-        none_labelled = model(**{**batch, "next_sentence_label": torch.full_like(nsp, -1)})
+        none_labelled = model(**{**batch, "next_sentence_label": torch.full_like(nsp, NO_NSP_LABEL)})
         no_head = model(**{**batch, "next_sentence_label": None})
-    keep = nsp != -1
+    keep = nsp != NO_NSP_LABEL
     expected = F.cross_entropy(full.seq_relationship_logits[keep], nsp[keep])
     assert abs(mixed.nsp_loss.item() - expected.item()) < 1e-5
     assert mixed.nsp_count.item() == 2
@@ -250,11 +254,11 @@ def test_nsp_label_minus_one_excludes_examples_and_none_skips_the_head():
     assert no_head.nsp_loss is None and no_head.loss.item() == pytest.approx(no_head.mlm_loss.item())
 
 
-def test_all_minus_one_nsp_still_gives_every_parameter_a_gradient():
+def test_no_nsp_labels_at_all_still_give_every_parameter_a_gradient():
     # Data-parallel wrappers expect the same parameters to receive gradients on every rank.
     model = BertForPreTraining(tiny_config())
     batch = padded_batch(seed=11)
-    batch["next_sentence_label"] = torch.full((4,), -1)
+    batch["next_sentence_label"] = torch.full((4,), NO_NSP_LABEL)
     model(**batch).loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert missing == []
