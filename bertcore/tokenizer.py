@@ -371,16 +371,23 @@ def save_tokenizer(
     return [VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE]
 
 
+def read_vocab(path: str) -> list[str]:
+    """The entries of a vocab.txt, in id order: the file's final newline ends the last
+    entry, it does not start an empty one."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def load_tokenizer(directory: str) -> Tokenizer:
     """Load tokenizer.json from `directory`; if vocab.txt is there too, check that its
     lines are the tokenizer's vocabulary in id order."""
     tok = Tokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
     path = os.path.join(directory, VOCAB_FILE)
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
+        lines = read_vocab(path)
         vocab = vocab_list(tok)
         for i, (a, b) in enumerate(itertools.zip_longest(lines, vocab)):
             if a != b:

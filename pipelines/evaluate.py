@@ -25,6 +25,7 @@ import logging
 import os
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,27 +35,29 @@ from bertcore.config import PipelineConfig
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.eval import finetune, report
 from bertcore.eval.config import EmbeddingsConfig, EvaluateConfig, IntrinsicConfig
-from bertcore.eval.tasks import TaskConfig
+from bertcore.eval.tasks import TASK_FILES, TaskConfig
 from bertcore.examples import ExamplesConfig, PhaseConfig
 from bertcore.export import HF_FILES
 from bertcore.rng import keyed_numpy, keyed_seed
+from bertcore.train import METRICS
+from pipelines import pretrain
 from pipelines.examples import local_copy
+from pipelines.pretrain import UpstreamMissing
 from pipelines.ray_runtime import run_tasks
 from pipelines.stage import MANIFEST, PROGRESS, RESOLVED_CONFIG, Manifest, ShardInfo, StageDir, fingerprint
 from pipelines.storage import Storage, is_local, join
-from pipelines.vocab import UpstreamMissing, read_batches
+from pipelines.vocab import read_batches
 
 log = logging.getLogger(__name__)
 
 STAGE = "evaluate"
 DIRECTORY = "eval"
-"""The stage's directory under run.root (DESIGN.md names it eval/, the stage is `evaluate`)."""
+"""The stage's directory under run.root: eval/, while the stage is named `evaluate`."""
 CODE_VERSION = "1"
-MODEL_DIR = "pretrain/model"
-TRAINING_LOG = "pretrain/metrics.jsonl"
+MODEL_DIR = f"{pretrain.STAGE}/{pretrain.MODEL_DIR}"
+TRAINING_LOG = f"{pretrain.STAGE}/{METRICS}"
 SENTENCE_POOL = 50
 """Embedding sentences are sampled from at most this many times `embeddings.sentences` corpus sentences."""
-TASK_FILES = ("train", "validation", "test")
 
 
 # -- local copies -------------------------------------------------------------------------------
@@ -66,15 +69,18 @@ def _model_dir(storage: Storage, model_uri: str, cache_key: str) -> str:
     return os.path.dirname(paths[0])
 
 
+def _local_file(storage: Storage, uri: str, file_keys: dict[str, str]) -> str:
+    """A local path for a task or STS file. A local one is read where it is, under the
+    name the recipe gave (local_copy would turn a file:// URI into a bare path); a remote
+    one is cached per content, so an edited file is fetched again."""
+    return uri if is_local(uri) else local_copy(storage, uri, f"eval-{file_keys[uri]}")
+
+
 def _local_task(task: TaskConfig, storage: Storage, file_keys: dict[str, str]) -> tuple[TaskConfig, dict[str, str]]:
     """The task with its files as local paths, and {local path: original URI} for messages."""
-    update, back = {}, {}
-    for split in TASK_FILES:
-        uri = getattr(task, split)
-        if uri is not None and not is_local(uri):
-            local = local_copy(storage, uri, f"eval-{file_keys[uri]}")
-            update[split], back[local] = local, uri
-    return task.model_copy(update=update), back
+    uris = {split: getattr(task, split) for split in TASK_FILES if getattr(task, split) is not None}
+    update = {split: _local_file(storage, uri, file_keys) for split, uri in uris.items()}
+    return task.model_copy(update=update), {update[split]: uri for split, uri in uris.items()}
 
 
 def _original_paths(text: str, back: dict[str, str]) -> str:
@@ -109,15 +115,14 @@ def _intrinsic_job(
     from bertcore.data import ExamplesLoader
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
     from bertcore.masking import VocabTables
+    from bertcore.tokenizer import VOCAB_FILE, read_vocab
 
     _threads(num_threads)
     model_dir = _model_dir(storage, model_uri, cache_key)
     model = load_pretraining_model(model_dir, random_init=random_init, seed=seed)
     mask_config = None
     if examples_cfg.masking == "dynamic":
-        with open(os.path.join(model_dir, "vocab.txt"), encoding="utf-8") as handle:
-            tokens = handle.read().split("\n")
-        tokens = tokens[:-1] if tokens and tokens[-1] == "" else tokens
+        tokens = read_vocab(os.path.join(model_dir, VOCAB_FILE))
         mask_config = examples_cfg.mask_config(phase, VocabTables.from_tokens(tokens))
     paths = [local_copy(storage, uri, cache_key) for uri in shard_uris]
     loader = ExamplesLoader(
@@ -160,7 +165,7 @@ def _embeddings_job(
     pairs, skipped, problems = None, 0, []
     if cfg.sts is not None:
         sts = cfg.sts
-        path = sts.file if is_local(sts.file) else local_copy(storage, sts.file, f"eval-{file_keys[sts.file]}")
+        path = _local_file(storage, sts.file, file_keys)
         try:
             read = read_rows(
                 path,
@@ -257,10 +262,6 @@ def _fingerprint(eval_cfg: EvaluateConfig, seed: int, pretrain_fp: str, examples
     return fingerprint(STAGE, CODE_VERSION, eval_cfg.model_dump(mode="json"), inputs)
 
 
-def _manifest_of(storage: Storage, root: str, stage: str) -> Manifest | None:
-    return StageDir(storage, root, stage).manifest()
-
-
 def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pretrain_manifest: Manifest, max_positions: int, notes: list[str]) -> tuple[ExamplesConfig, list[PhaseConfig]]:
     examples_cfg = ExamplesConfig.model_validate(examples_manifest.config)
     available = [p.name for p in examples_cfg.phases]
@@ -285,13 +286,13 @@ def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pre
 def _sentences(storage: Storage, root: str, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
     """Up to cfg.sentences held-out corpus sentences, sampled with a keyed RNG from the first
     SENTENCE_POOL x that many of the validation split (in shard order)."""
-    corpus = _manifest_of(storage, root, "corpus")
+    corpus_dir = StageDir(storage, root, "corpus")
+    corpus = corpus_dir.manifest()
     if corpus is None:
         notes.append("embeddings: no corpus stage output to draw held-out sentences from; skipped")
         return []
     pool: list[str] = []
     limit = SENTENCE_POOL * cfg.sentences
-    corpus_dir = StageDir(storage, root, "corpus")
     for shard in (s for s in corpus.shards if s.path.startswith("validation/")):
         for batch in read_batches(storage, corpus_dir.path(shard.path)):
             pool.extend(s for doc in batch.column("sentences").to_pylist() for s in doc if s.strip())
@@ -337,10 +338,9 @@ def evaluate(
     `pipeline_config` is written next to the output as the resolved config when given
     (else the evaluate section alone). Needs a running Ray (pipelines.ray_runtime.ensure_ray)."""
     started = time.perf_counter()
-    pretrain_manifest = _manifest_of(storage, root, "pretrain")
-    if pretrain_manifest is None:
-        raise UpstreamMissing(f"the pretrain stage has no output under {root}/pretrain: run `bertpipe run --only pretrain` (or the whole flow) first")
-    examples_manifest = _manifest_of(storage, root, "examples")
+    pretrain_manifest = pretrain._manifest(storage, root, pretrain.STAGE)
+    examples_dir = StageDir(storage, root, "examples")
+    examples_manifest = examples_dir.manifest()
     if examples_manifest is None and eval_cfg.intrinsic.enabled:
         raise UpstreamMissing(
             f"the examples stage has no output under {root}/examples (the held-out MLM scores read it): run it first, "
@@ -370,7 +370,6 @@ def evaluate(
     examples_cfg = None
     if resolved.intrinsic.enabled:
         examples_cfg, phases = _intrinsic_phases(resolved, examples_manifest, pretrain_manifest, model_cfg.max_position_embeddings, notes)
-        examples_dir = StageDir(storage, root, "examples")
         for phase in phases:
             shards = [examples_dir.path(s.path) for s in examples_manifest.shards if s.path.startswith(f"{phase.name}/validation/") and s.rows]
             if not shards:
@@ -483,7 +482,7 @@ def _metrics(eval_cfg, jobs, results, models, model_uri, model_cfg, log_summary,
         if job.kind == "intrinsic":
             metrics["intrinsic"].setdefault(job.phase, {})[_model_name(job.random_init)] = results[job.key]
 
-    files: dict[str, int] = {}
+    files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
         by_model = {m: [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in task.seeds] for m in models}
         summaries = {m: finetune.summarize_seeds(runs) for m, runs in by_model.items()}
@@ -505,7 +504,7 @@ def _metrics(eval_cfg, jobs, results, models, model_uri, model_cfg, log_summary,
         entry["skipped_problems"] = first["skipped_problems"]
         for split, n in first["skipped"].items():
             if n:
-                files[getattr(task, split)] = files.get(getattr(task, split), 0) + n
+                files[getattr(task, split)] += n
         metrics["tasks"][task.name] = entry
 
     embedding_jobs = [job for job in jobs if job.kind == "embeddings"]
@@ -515,9 +514,9 @@ def _metrics(eval_cfg, jobs, results, models, model_uri, model_cfg, log_summary,
         for job in embedding_jobs:
             metrics["embeddings"][_model_name(job.random_init)] = results[job.key]["scores"]
         if first["skipped"]:
-            files[eval_cfg.embeddings.sts.file] = files.get(eval_cfg.embeddings.sts.file, 0) + first["skipped"]
+            files[eval_cfg.embeddings.sts.file] += first["skipped"]
             metrics["embeddings"]["skipped_problems"] = first["skipped_problems"]
-    metrics["skipped_rows"] = {"total": sum(files.values()), "files": files}
+    metrics["skipped_rows"] = {"total": files.total(), "files": dict(files)}
     metrics["notes"] = notes
     return metrics
 
@@ -564,11 +563,13 @@ def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, paralleli
 
 
 def expected_fingerprint(cfg: PipelineConfig, storage: Storage) -> str:
-    from pipelines import examples, pretrain
+    from pipelines import examples, vocab
 
-    resolved, signatures = _resolve_files(cfg.evaluate, storage)
+    _, signatures = _resolve_files(cfg.evaluate, storage)
+    # pretrain's fingerprint is built on this same examples fingerprint, and each one lists the corpus inputs again.
     examples_fp = examples.expected_fingerprint(cfg, storage)
-    return _fingerprint(cfg.evaluate, cfg.run.seed, pretrain.expected_fingerprint(cfg, storage), examples_fp, signatures)
+    pretrain_fp = pretrain._fingerprint(cfg, examples_fp, vocab.expected_fingerprint(cfg, storage))
+    return _fingerprint(cfg.evaluate, cfg.run.seed, pretrain_fp, examples_fp, signatures)
 
 
 # -- report and Prefect artifacts -----------------------------------------------------------------

@@ -69,8 +69,7 @@ def _train_tiny_model(root: str, steps: int) -> list[dict]:
     try:
         model.train()
         for step, batch in zip(range(1, steps + 1), iter(loader)):
-            nsp = torch.where(batch["next_sentence_label"] < 0, -1, batch["next_sentence_label"])
-            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], labels=batch["labels"], next_sentence_label=nsp)
+            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], labels=batch["labels"], next_sentence_label=batch["next_sentence_label"])
             optimizer.zero_grad()
             out.loss.backward()
             optimizer.step()
@@ -422,6 +421,17 @@ def test_section_rejects_repeated_task_names_and_unknown_keys():
         EvaluateConfig(intrinsic={"max_batch": 3})
     sts = EvaluateConfig(embeddings={"sts": {"file": "{demo_data}/x.tsv"}}).embeddings.sts
     assert "{demo_data}" not in sts.file
+
+
+def test_task_file_placeholders_are_expanded_however_the_task_is_built():
+    from bertcore.eval.tasks import TaskConfig
+    from bertcore.sample_data import gensim_data_dir
+
+    splits = ("train", "validation", "test")
+    fields = {"name": "a", "type": "classification", "format": "tsv"} | {s: f"{{demo_data}}/{s}.tsv" for s in splits}
+    expected = {s: str(gensim_data_dir() / f"{s}.tsv") for s in splits}
+    for task in (TaskConfig(**fields), EvaluateConfig(tasks=[fields]).tasks[0], EvaluateConfig(tasks=[TaskConfig(**fields)]).tasks[0]):
+        assert {s: getattr(task, s) for s in expected} == expected
 
 
 # -- Prefect --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from bertcore.tokenizer import (  # noqa: E402
     VocabFilesMismatchError,
     count_alphabet,
     load_tokenizer,
+    read_vocab,
     save_tokenizer,
     tokenization_stats,
     tokenizer_from_vocab,
@@ -194,6 +195,7 @@ def test_saved_directory_round_trips(news_tok, news, tmp_path):
     assert sorted(names) == sorted(os.listdir(tmp_path / "vocab"))
     assert set(names) == {"vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
     loaded = load_tokenizer(str(tmp_path / "vocab"))
+    assert read_vocab(str(tmp_path / "vocab" / "vocab.txt")) == vocab_list(tok)
     plain = Tokenizer.from_file(str(tmp_path / "vocab" / "tokenizer.json"))
     for other in (loaded, plain):
         assert [e.ids for e in other.encode_batch(news[:200])] == [e.ids for e in tok.encode_batch(news[:200])]
@@ -219,6 +221,14 @@ def test_load_refuses_vocab_txt_that_disagrees_with_tokenizer_json(news_tok, tmp
     (tmp_path / "vocab.txt").write_text("\n".join(lines), encoding="utf-8")
     with pytest.raises(VocabFilesMismatchError, match="line 501"):
         load_tokenizer(str(tmp_path))
+
+
+def test_read_vocab_keeps_every_entry_but_no_phantom_last_one(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes("[PAD]\n##a\n\u00e9\n".encode())
+    assert read_vocab(str(path)) == ["[PAD]", "##a", "\u00e9"]
+    path.write_bytes(b"[PAD]\n##a")  # no final newline: the last entry is still read
+    assert read_vocab(str(path)) == ["[PAD]", "##a"]
 
 
 @pytest.mark.parametrize("loader", [transformers.AutoTokenizer, transformers.BertTokenizerFast])

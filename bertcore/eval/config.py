@@ -12,19 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from bertcore.eval.tasks import TaskConfig, known_encoding
+from bertcore.eval.tasks import TaskConfig, expand_uri, known_encoding
 from bertcore.section import Section
-
-_TASK_FILES = ("train", "validation", "test")
-
-
-def _expand(uri: Any) -> Any:
-    if not isinstance(uri, str):
-        return uri
-    # Imported here: bertcore.config imports this module to build PipelineConfig.
-    from bertcore.config import expand_placeholders
-
-    return expand_placeholders(uri)
 
 
 class IntrinsicConfig(Section):
@@ -63,7 +52,7 @@ class StsConfig(Section):
     @field_validator("file", mode="before")
     @classmethod
     def _placeholders(cls, value: Any) -> Any:
-        return _expand(value)
+        return expand_uri(value)
 
     @field_validator("encoding")
     @classmethod
@@ -101,20 +90,6 @@ class EvaluateConfig(Section):
     """Sentence-embedding check."""
     num_threads: int = Field(1, ge=1)
     """torch threads of each evaluation job (each Ray task reserves as many CPUs)."""
-
-    @field_validator("tasks", mode="before")
-    @classmethod
-    def _placeholders(cls, tasks: Any) -> Any:
-        if not isinstance(tasks, list):
-            return tasks
-        out = []
-        for task in tasks:
-            if isinstance(task, dict):
-                task = {**task, **{k: _expand(task[k]) for k in _TASK_FILES if k in task}}
-            elif isinstance(task, TaskConfig):
-                task = task.model_copy(update={k: _expand(getattr(task, k)) for k in _TASK_FILES})
-            out.append(task)
-        return out
 
     @field_validator("tasks")
     @classmethod

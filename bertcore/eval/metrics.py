@@ -191,7 +191,7 @@ class PretrainingMeter:
         mlm_logits: torch.Tensor,  # (B, T, V), or (N, V) for gathered masked positions
         mlm_labels: torch.Tensor,  # (B, T) or (N,), -100 where nothing is predicted
         nsp_logits: torch.Tensor | None = None,  # (B, 2)
-        nsp_labels: torch.Tensor | None = None,  # (B,), -1 or -100 where the objective has no NSP
+        nsp_labels: torch.Tensor | None = None,  # (B,), negative (-100) where the objective has no NSP
     ) -> None:
         logits = mlm_logits.reshape(-1, mlm_logits.shape[-1]).float()
         labels = mlm_labels.reshape(-1)

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import fsspec
 from pydantic import Field, field_validator, model_validator
@@ -29,6 +29,8 @@ from bertcore.section import Section
 TaskType = Literal["classification", "regression", "token_classification", "qa"]
 FileFormat = Literal["tsv", "csv", "jsonl", "fasttext", "conll", "squad"]
 Split = Literal["train", "validation", "test"]
+TASK_FILES: tuple[Split, ...] = get_args(Split)
+"""TaskConfig's file fields, one per split."""
 
 _FORMATS_OF: dict[str, tuple[str, ...]] = {
     "classification": ("tsv", "csv", "jsonl", "fasttext"),
@@ -36,6 +38,18 @@ _FORMATS_OF: dict[str, tuple[str, ...]] = {
     "token_classification": ("conll",),
     "qa": ("squad",),
 }
+
+
+def expand_uri(uri: Any) -> Any:
+    """A file URI with the corpus inputs' `{demo_data}`/`{korean_data}` placeholders
+    expanded (for config fields), so a recipe, a `--set` override and a Prefect form all
+    get the same paths."""
+    if not isinstance(uri, str):
+        return uri
+    # Imported here: bertcore.config imports this module to build PipelineConfig.
+    from bertcore.config import expand_placeholders
+
+    return expand_placeholders(uri)
 
 
 def known_encoding(value: str) -> str:
@@ -110,6 +124,11 @@ class TaskConfig(Section):
     """qa, version_2: predict no answer when null score - best span score > this value."""
     on_error: Literal["raise", "skip"] = "raise"
     """raise: a malformed row stops with its file and line; skip: malformed rows are left out and counted."""
+
+    @field_validator(*TASK_FILES, mode="before")
+    @classmethod
+    def _placeholders(cls, value: Any) -> Any:
+        return expand_uri(value)
 
     @field_validator("encoding")
     @classmethod
