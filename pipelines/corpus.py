@@ -289,12 +289,8 @@ def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, paralleli
     stage = StageDir(storage, cfg.run.root, STAGE)
     files, skipped = list_inputs(corpus, storage)
     fp = _fingerprint(cfg, files, skipped)
-    if not force and stage.state(fp) == "complete":
-        return stage.manifest(), False
-    if force:
-        stage.invalidate()
-    else:
-        stage.storage.remove(stage.path("_manifest.json"))
+    if (done := stage.reuse_or_reset(fp, force=force)) is not None:
+        return done, False
 
     units = plan_units(corpus, files)
     log.info("corpus: %d files in %d work units", len(files), len(units))

@@ -349,12 +349,8 @@ def evaluate(
     resolved, signatures = _resolve_files(eval_cfg, storage)
     fp = _fingerprint(eval_cfg, seed, pretrain_manifest.fingerprint, examples_manifest.fingerprint if examples_manifest else None, signatures)
     stage = StageDir(storage, root, DIRECTORY)
-    if not force and stage.state(fp) == "complete":
-        return stage.manifest(), False
-    if force:
-        stage.invalidate()
-    else:
-        storage.remove(stage.path(MANIFEST))
+    if (done := stage.reuse_or_reset(fp, force=force)) is not None:
+        return done, False
 
     model_uri = join(root, MODEL_DIR)
     cache_key = f"eval-{pretrain_manifest.fingerprint}"

@@ -322,12 +322,8 @@ def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, paralleli
     vocab_manifest = upstream_manifest(cfg, storage, "vocab")
     fp = _fingerprint(cfg, corpus_manifest.fingerprint, vocab_manifest.fingerprint)
     stage = StageDir(storage, cfg.run.root, STAGE)
-    if not force and stage.state(fp) == "complete":
-        return stage.manifest(), False
-    if force:
-        stage.invalidate()
-    else:
-        storage.remove(stage.path("_manifest.json"))
+    if (done := stage.reuse_or_reset(fp, force=force)) is not None:
+        return done, False
 
     vocab_dir = StageDir(storage, cfg.run.root, "vocab")
     vocab_key = vocab_manifest.fingerprint

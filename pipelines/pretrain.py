@@ -466,9 +466,8 @@ def run(cfg, storage: Storage, *, force: bool = False, parallelism: int | None =
     vocab_m = _manifest(storage, cfg.run.root, "vocab")
     fp = _fingerprint(cfg, examples_m.fingerprint, vocab_m.fingerprint)
     stage = StageDir(storage, cfg.run.root, STAGE)
-    if not force and stage.state(fp) == "complete":
-        return stage.manifest(), False
-    stage.invalidate()
+    if (done := stage.reuse_or_reset(fp, force=force, keep_progress=False)) is not None:
+        return done, False
     result = train(cfg.pretrain, cfg.run.root, storage, cfg.run.seed)
     manifest = Manifest(
         stage=STAGE,

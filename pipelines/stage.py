@@ -118,6 +118,20 @@ class StageDir:
             return "stale"
         return "incomplete" if self.missing_shards(manifest) else "complete"
 
+    def reuse_or_reset(self, fingerprint: str, *, force: bool = False, keep_progress: bool = True) -> Manifest | None:
+        """A stage's first step: its manifest when the output is complete for `fingerprint`
+        (and not `force`d), else None once the directory is marked incomplete. The manifest
+        goes; the progress markers go too when forced or when the stage cannot resume shard
+        by shard (`keep_progress=False`), so a rerun redoes only the shards still missing."""
+        manifest = None if force else self.manifest()
+        if manifest is not None and manifest.fingerprint == fingerprint and not self.missing_shards(manifest):
+            return manifest
+        if force or not keep_progress:
+            self.invalidate()
+        else:
+            self.storage.remove(self.path(MANIFEST))
+        return None
+
     def invalidate(self) -> None:
         """Remove the manifest first (the directory stops being complete), then progress markers."""
         self.storage.remove(self.path(MANIFEST))

@@ -137,9 +137,8 @@ def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, paralleli
     source = upstream_manifest(cfg, storage, "corpus")
     fp = _fingerprint(cfg, source.fingerprint)
     stage = StageDir(storage, cfg.run.root, STAGE)
-    if not force and stage.state(fp) == "complete":
-        return stage.manifest(), False
-    stage.invalidate()
+    if (done := stage.reuse_or_reset(fp, force=force, keep_progress=False)) is not None:
+        return done, False
 
     corpus_dir = StageDir(storage, cfg.run.root, "corpus")
     train = [s for s in source.shards if s.path.startswith("train/")]
