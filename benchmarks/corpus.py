@@ -95,10 +95,9 @@ def measure(tool: str, path: Path) -> dict:
 
 
 def stage_run(dump: Path, workdir: Path) -> dict:
-    from bertcore.config import parse_config
-    from pipelines import corpus
     from pipelines.ray_runtime import ensure_ray
-    from pipelines.storage import Storage
+    from pipelines.registry import parse_config
+    from pipelines.runner import Pipeline
 
     cpus = os.cpu_count() or 1
     cfg = parse_config(
@@ -109,9 +108,9 @@ def stage_run(dump: Path, workdir: Path) -> dict:
         }
     )
     ensure_ray(cfg.ray)
-    corpus.run(cfg, Storage(cfg.storage), force=True)  # warm-up: Ray workers start and import
+    Pipeline(cfg).run("corpus", force=True)  # warm-up: Ray workers start and import
     start = time.perf_counter()
-    manifest, _ = corpus.run(cfg, Storage(cfg.storage), force=True)
+    manifest, _ = Pipeline(cfg).run("corpus", force=True)
     seconds = time.perf_counter() - start
     mb = len(bz2.decompress(dump.read_bytes())) / 2**20
     return {"cpus": cpus, "seconds": seconds, "mb": mb, "mb_per_s_per_core": mb / seconds / cpus, "documents": manifest.rows}

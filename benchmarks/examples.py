@@ -96,9 +96,8 @@ def run_tokenizer(root: Path, cpus: int, method: str = "encode_batch") -> dict:
 
 
 def run_bertpipe(root: Path, cpus: int) -> dict:
-    from pipelines import examples
 
-    manifest, measured = run_stage_measured(examples, demo_config(root, EXAMPLES))
+    manifest, measured = run_stage_measured("examples", demo_config(root, EXAMPLES))
     phase = manifest.stats["phases"][f"seq{SEQ}"]
     return {
         **measured,
@@ -181,15 +180,14 @@ def prepare(work: Path, repeats: list[int]) -> dict[int, Path]:
     (benchmarks/vocab.py's repeat_corpus) and a copy of the same vocabulary."""
     import ray
 
-    from pipelines import vocab
     from pipelines.ray_runtime import ensure_ray
-    from pipelines.storage import Storage
+    from pipelines.runner import Pipeline
 
     x1 = work / "x1"
     prepare_demo_corpus(x1)
     cfg = demo_config(x1)
     ensure_ray(cfg.ray)
-    vocab.run(cfg, Storage(cfg.storage))
+    Pipeline(cfg).run("vocab")
     ray.shutdown()
     roots = {1: x1}
     for n in repeats:
@@ -213,7 +211,7 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
 
     from bertcore.tokenizer import load_tokenizer
     from pipelines import examples
-    from pipelines.stage import Manifest
+    from pipelines.stage import Manifest, StageDir
     from pipelines.storage import Storage
 
     cfg = demo_config(root, EXAMPLES)
@@ -222,21 +220,21 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     train = [s for s in corpus_manifest.shards if s.path.startswith("train/")]
     uris = [str(root / "examples" / "_tokens" / s.path) for s in train]
     index = examples.DocumentIndex(uris, np.concatenate([[0], np.cumsum([s.rows for s in train], dtype=np.int64)]))
-    vocab_key = json.loads((root / "vocab" / "_manifest.json").read_text())["fingerprint"]
+    vocab = examples.VocabSource(str(root / "vocab"), json.loads((root / "vocab" / "_manifest.json").read_text())["fingerprint"])
     tokenizer = load_tokenizer(str(root / "vocab"))
     shard_sentences = [s for doc in corpus_sentences(root)[: train[0].rows] for s in doc]
     report = [f"train shard 0: {train[0].rows} documents, {len(shard_sentences)} sentences; least of {repeats} plain runs, then one cProfile run"]
     with tempfile.TemporaryDirectory(prefix="bertpipe-profile-") as scratch:
-        shutil.copytree(root / "vocab", Path(scratch) / "vocab")
+        stage = StageDir(storage, scratch, "examples")
         attempt = iter(range(10**6))  # a new fingerprint per call, so no call finds the last one's output
         calls = {  # the plain functions behind the Ray tasks
             "encode_batch alone": lambda: tokenizer.encode_batch(shard_sentences, add_special_tokens=False),
             "encode_batch_fast alone": lambda: tokenizer.encode_batch_fast(shard_sentences, add_special_tokens=False),
             "tokenize_shard": lambda: examples.tokenize_shard._function(
-                str(root / "corpus" / train[0].path), "_tokens/" + train[0].path, vocab_key, storage, scratch, f"profile{next(attempt)}"
+                str(root / "corpus" / train[0].path), "_tokens/" + train[0].path, vocab, stage, f"profile{next(attempt)}"
             ),
             "build_shard": lambda: examples.build_shard._function(
-                cfg.examples.phases[0], "train", 0, index, cfg.examples, cfg.run.seed, vocab_key, storage, scratch, f"profile{next(attempt)}"
+                cfg.examples.phases[0], "train", 0, index, cfg.examples, cfg.run.seed, vocab, stage, f"profile{next(attempt)}"
             ),
         }
         for name, call in calls.items():

@@ -189,13 +189,12 @@ def settle(quiet_cpu_per_s: float = 0.1, max_s: float = 30.0) -> float:
             return usage.cpu_s
 
 
-def run_stage_measured(stage, cfg) -> tuple:
-    """(manifest, measurements) of one forced run of a stage module (`pipelines.vocab`,
-    `pipelines.examples`) on an embedded Ray whose workers are warm and whose processes have
+def run_stage_measured(stage: str, cfg) -> tuple:
+    """(manifest, measurements) of one forced run of a stage ("vocab", "examples") on an embedded Ray whose workers are warm and whose processes have
     settled: wall seconds, Ray's idle PSS and CPU rate, the tree's peak memory and CPU
     time (`TreeUsage.report`), and the Ray task timeline."""
     from pipelines.ray_runtime import ensure_ray
-    from pipelines.storage import Storage
+    from pipelines.runner import Pipeline
 
     ensure_ray(cfg.ray)
     warm_workers(cfg.ray.num_cpus)
@@ -203,7 +202,7 @@ def run_stage_measured(stage, cfg) -> tuple:
     idle_pss = TreeUsage.snapshot()
     with TreeUsage() as memory:
         start, since = time.perf_counter(), time.time()
-        manifest, _ = stage.run(cfg, Storage(cfg.storage), force=True)
+        manifest, _ = Pipeline(cfg).run(stage, force=True)
         seconds = time.perf_counter() - start
     measured = {"seconds": seconds, "idle_pss_mb": idle_pss, "idle_cpu_per_s": idle_cpu, **memory.report()}
     return manifest, {**measured, "tasks": ray_task_times(since)}
@@ -236,7 +235,7 @@ def describe_tasks(tasks: dict[str, list]) -> str:
 
 def demo_config(root: Path, overrides: list[str] = ()):
     """The demo recipe with its run under `root`, on all of this machine's CPUs."""
-    from bertcore.config import load_config
+    from pipelines.registry import load_config
 
     return load_config(DEMO, [f"run.root={root}", f"ray.num_cpus={os.cpu_count() or 1}", *overrides])
 
@@ -291,13 +290,12 @@ def prepare_demo_corpus(root: Path) -> None:
     """Run (or reuse) the demo corpus stage under `root`, in this process, then stop Ray."""
     import ray
 
-    from pipelines import corpus
     from pipelines.ray_runtime import ensure_ray
-    from pipelines.storage import Storage
+    from pipelines.runner import Pipeline
 
     cfg = demo_config(root)
     ensure_ray(cfg.ray)
-    corpus.run(cfg, Storage(cfg.storage))
+    Pipeline(cfg).run("corpus")
     ray.shutdown()
 
 
@@ -336,10 +334,8 @@ def distinct_words(docs: list[list[str]]) -> int:
 
 def child(root: str) -> None:
     """One measured vocab stage run on the corpus under `root` (a fresh process)."""
-    from pipelines import vocab
-
     cfg = demo_config(Path(root), [f"vocab.vocab_size={VOCAB_SIZE}"])
-    manifest, measured = run_stage_measured(vocab, cfg)
+    manifest, measured = run_stage_measured("vocab", cfg)
     stats = manifest.stats
     print(
         json.dumps(

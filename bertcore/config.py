@@ -1,4 +1,6 @@
-"""The run recipe: one pydantic model per section, loaded from YAML with overrides.
+"""The run recipe: the sections every run has (run, ray, storage), and reading a recipe
+from YAML with `extends` and `--set` overrides. The stage sections come from the stages
+themselves; pipelines/registry.py assembles them into the whole recipe model.
 
 A recipe may start with `extends: other.yaml` (a path relative to the recipe); its keys are
 merged over the base recipe's, so recipes derive from each other by small overrides.
@@ -13,15 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from bertcore.errors import ConfigError
 from bertcore.section import Section
-from bertcore.eval.config import EvaluateConfig
-from bertcore.examples import ExamplesConfig
-from bertcore.text.config import CorpusConfig
-from bertcore.tokenizer import VocabConfig
-from bertcore.train import PretrainConfig
 
 
 class RunConfig(Section):
@@ -92,23 +89,6 @@ class StorageConfig(Section):
         return options
 
 
-class PipelineConfig(Section):
-    """A whole run: one section per stage plus run, ray and storage."""
-
-    run: RunConfig = Field(default_factory=RunConfig)
-    ray: RayConfig = Field(default_factory=RayConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    corpus: CorpusConfig
-    vocab: VocabConfig = Field(default_factory=VocabConfig)
-    examples: ExamplesConfig = Field(default_factory=ExamplesConfig)
-    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
-    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
-
-
-STAGES = ("corpus", "vocab", "examples", "pretrain", "evaluate")
-"""Stage names in flow order."""
-
-
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in over.items():
@@ -159,55 +139,29 @@ def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; `bertpipe run --help` lists the sections)"
         lines.append(f"{where}: {message}")
     return "; ".join(lines)
 
 
-def parse_config(data: dict) -> PipelineConfig:
-    """Validate a recipe mapping; errors name the dotted key."""
+def validate(model: type[BaseModel], data: dict) -> Any:
+    """Validate a recipe mapping against `model`; errors name the dotted key."""
     try:
-        return PipelineConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config: {_describe(exc)}") from None
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    """Read a recipe (with `extends`), apply `--set` overrides and validate."""
+def read_recipe(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """A recipe (with `extends`) as a mapping, with `--set` overrides applied."""
     data = _read_recipe(Path(path)) if path else {}
-    _expand_input_placeholders(data)
     for assignment in overrides:
         apply_override(data, assignment)
-    return parse_config(data)
+    return data
 
 
-def _expand_input_placeholders(data: dict) -> None:
-    """Input paths are relative to the working directory, like any command-line tool's;
-    `{demo_data}` and `{korean_data}` expand to the folders of the bundled sample data."""
-    corpus = data.get("corpus")
-    if not isinstance(corpus, dict):
-        return
-    inputs = corpus.get("inputs")
-    if not isinstance(inputs, list):
-        return
-    for index, item in enumerate(inputs):
-        if isinstance(item, str):
-            inputs[index] = expand_placeholders(item)
-        elif isinstance(item, dict) and isinstance(item.get("uri"), str):
-            item["uri"] = expand_placeholders(item["uri"])
-
-
-def expand_placeholders(uri: str) -> str:
-    if "{demo_data}" in uri or "{korean_data}" in uri:
-        from bertcore import sample_data
-
-        uri = uri.replace("{demo_data}", str(sample_data.gensim_data_dir()))
-        uri = uri.replace("{korean_data}", str(sample_data.konlpy_corpus_dir()))
-    return uri
-
-
-def resolved_yaml(cfg: PipelineConfig) -> str:
+def resolved_yaml(cfg: BaseModel) -> str:
     """The resolved config as YAML, without secrets."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

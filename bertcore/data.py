@@ -32,6 +32,7 @@ import pyarrow.ipc as ipc
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from bertcore.examples_config import length_bin
 from bertcore.masking import MaskConfig, mask_batch
 from bertcore.rng import keyed_numpy, keyed_seed
 
@@ -236,10 +237,7 @@ class ExamplesLoader:
         if length_bins is None:
             self._group = self.dataset.file_of
         else:
-            bins = np.asarray(sorted(length_bins))
-            if len(self.dataset) and self.dataset.lengths.max() > bins[-1]:
-                raise ValueError(f"a record of length {self.dataset.lengths.max()} exceeds the last length bin {bins[-1]}")
-            self._group = np.searchsorted(bins, self.dataset.lengths, side="left")
+            self._group = length_bin(self.dataset.lengths, length_bins)
         self._groups = [np.flatnonzero(self._group == g) for g in np.unique(self._group)]
         self.epoch = 0
         self._consumed = 0  # batches of self.epoch already yielded

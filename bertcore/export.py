@@ -24,13 +24,14 @@ import torch
 
 from bertcore.errors import InputDataError
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
-from bertcore.tokenizer import load_tokenizer, vocab_list
-from bertcore.train import parameter_group_names
+from bertcore.optim import parameter_group_names
+from bertcore.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
+MODEL_DIR = "model"
+"""Where the pretrain stage puts the exported folder inside its directory."""
 
 
 def _expected_keys(model_config: ModelConfig) -> tuple[list[str], list[list[str]]]:
@@ -55,7 +56,9 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     names = os.listdir(checkpoint_dir)
     keys, groups = _expected_keys(model_config)
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils.zero_to_fp32 import (
+            get_fp32_state_dict_from_zero_checkpoint,
+        )
 
         state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
     elif "mp_rank_00_model_states.pt" in names:

@@ -211,13 +211,15 @@ class BertSelfAttention(nn.Module):
         return out.transpose(1, 2).reshape(b, t, h)  # (B, T, H)
 
 
-class BertSelfOutput(nn.Module):
-    """Attention output projection and its LayerNorm (after the residual in post-LN, before
-    the attention in pre-LN)."""
+class BertResidualOutput(nn.Module):
+    """A projection back to the hidden size and its LayerNorm: the attention output
+    (`attention.output`, from the hidden size) and the feed-forward output (`output`, from
+    the intermediate size). The LayerNorm comes after the residual in post-LN, before the
+    sublayer in pre-LN."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = nn.Linear(in_features, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -226,7 +228,7 @@ class BertAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self = BertSelfAttention(cfg)
-        self.output = BertSelfOutput(cfg)
+        self.output = BertResidualOutput(cfg, cfg.hidden_size)
 
 
 class BertIntermediate(nn.Module):
@@ -235,22 +237,12 @@ class BertIntermediate(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
 
 
-class BertOutput(nn.Module):
-    """Feed-forward down projection and its LayerNorm (placement as in BertSelfOutput)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-
-
 class BertLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attention = BertAttention(cfg)
         self.intermediate = BertIntermediate(cfg)
-        self.output = BertOutput(cfg)
+        self.output = BertResidualOutput(cfg, cfg.intermediate_size)
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.pre_layer_norm = cfg.pre_layer_norm
 

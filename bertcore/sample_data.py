@@ -34,3 +34,14 @@ def gensim_data_dir() -> Path:
 def konlpy_corpus_dir() -> Path:
     """Folder with Korean text (kolaw/, kobill/)."""
     return _package_dir("konlpy") / "data" / "corpus"
+
+
+
+def expand_placeholders(uri: str) -> str:
+    """`{demo_data}` and `{korean_data}` in a path or URI become the folders of the bundled
+    sample data (the package is looked up only when a placeholder is there)."""
+    if "{demo_data}" in uri:
+        uri = uri.replace("{demo_data}", str(gensim_data_dir()))
+    if "{korean_data}" in uri:
+        uri = uri.replace("{korean_data}", str(konlpy_corpus_dir()))
+    return uri

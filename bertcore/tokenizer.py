@@ -61,6 +61,8 @@ VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)
+"""The files of a vocabulary folder (what `save_tokenizer` writes)."""
 
 # Text handed to the trainer in strings of about this many characters: one Rust call per
 # chunk instead of one per sentence, and enough chunks to keep its threads busy.
@@ -368,7 +370,7 @@ def save_tokenizer(
         with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
             json.dump(content, f, indent=2, ensure_ascii=False)
             f.write("\n")
-    return [VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE]
+    return list(TOKENIZER_FILES)
 
 
 def read_vocab(path: str) -> list[str]:

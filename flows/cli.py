@@ -31,7 +31,7 @@ def _fail(message: str, hint: str | None = None) -> None:
 
 
 def _load(config: Path | None, overrides: list[str] | None):
-    from bertcore.config import load_config
+    from pipelines.registry import load_config
 
     return load_config(config, overrides or [])
 
@@ -53,7 +53,7 @@ def run(
     """Run the pipeline (or some of its stages) as the Prefect flow `bert_pretraining`."""
     try:
         cfg = _load(config, set_)
-        from flows.stages import select
+        from pipelines.registry import select
 
         select(_split_names(only), from_stage)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
@@ -87,10 +87,13 @@ def export(
         cfg = _load(config, set_)
         from pipelines import pretrain
         from pipelines.ray_runtime import ensure_ray
-        from pipelines.storage import Storage
+        from pipelines.registry import REGISTRY
+        from pipelines.runner import Pipeline, upstream
 
+        pipeline = Pipeline(cfg)
+        vocab = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)["vocab"]
         ensure_ray(cfg.ray)
-        written = pretrain.export_model(cfg.pretrain, cfg.run.root, Storage(cfg.storage), step=step, out=out)
+        written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -103,9 +106,9 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, as_json: Annotated[boo
     """Per stage: complete / stale (inputs or config changed) / incomplete / missing, with fingerprint, rows, size, duration and location."""
     try:
         cfg = _load(config, set_)
-        from flows.status import stage_status
+        from pipelines.runner import Pipeline
 
-        rows = stage_status(cfg)
+        rows = Pipeline(cfg).status()
     except BertpipeError as exc:
         _fail(str(exc))
         return

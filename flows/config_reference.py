@@ -5,18 +5,30 @@ from __future__ import annotations
 
 import json
 import sys
+import types
+import typing
 from typing import Any
 
 from pydantic import BaseModel
 
-from bertcore.config import PipelineConfig
+from pipelines.registry import PipelineConfig
 
 
 def _type_name(annotation: Any) -> str:
-    text = str(annotation).replace("typing.", "")
-    for prefix in ("<class '", "'>"):
-        text = text.replace(prefix, "")
-    return text.split(".")[-1] if "[" not in text else text
+    """A readable type: `int or None`, `list[PhaseConfig]`, `Literal['a', 'b']`; Annotated
+    metadata (validators) left out."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    if annotation is type(None):
+        return "None"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
 
 
 def _default(field) -> str:
@@ -61,7 +73,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], nested: list[tupl
         if (item := _item_model(annotation)) is not None:
             list_of = getattr(annotation, "__origin__", None) is list
             nested.append((f"{prefix}{name}[]" if list_of else f"{prefix}{name}", item))
-        kind = _type_name(annotation).replace(" | ", " or ").replace("|", " or ")
+        kind = _type_name(annotation)
         out.append(f"| `{prefix}{name}` | `{kind}` | `{_default(field)}` | {text} |")
 
 

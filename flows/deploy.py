@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from bertcore.config import PipelineConfig, load_config
 from bertcore.errors import ConfigError
+from pipelines.registry import PipelineConfig, load_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/pipeline.py:bert_pretraining"

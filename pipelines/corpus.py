@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 import ray
 
-from bertcore.config import PipelineConfig
 from bertcore.errors import InputDataError
 from bertcore.rng import stable_fraction
 from bertcore.text.clean import Cleaned, clean_document
@@ -35,13 +33,12 @@ from bertcore.text.config import CorpusConfig, InputSpec
 from bertcore.text.dedup import content_hash, minhash_signature, near_duplicates
 from bertcore.text.records import InputError, detect_format, iter_raw_documents
 from pipelines.ray_runtime import run_tasks
-from pipelines.stage import Manifest, ShardInfo, StageDir, fingerprint
+from pipelines.shards import read_table, write_table
+from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
 
-STAGE = "corpus"
-CODE_VERSION = "2"
 SPLITS = ("train", "validation")
 
 DOCUMENT_SCHEMA = pa.schema(
@@ -164,14 +161,14 @@ def _format_of(storage: Storage, unit: Unit) -> str:
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def clean_unit(unit: Unit, cfg: CorpusConfig, storage: Storage, stage_uri: str, root: str, fp: str) -> UnitResult:
+def clean_unit(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str) -> UnitResult:
     """Read one work unit, clean and sentence-split its documents, write them to `_work/`."""
-    stage = StageDir(storage, root, STAGE)
+    storage = stage.storage
     result = UnitResult(unit=unit.index)
-    done = stage.finished(unit.work_path, fp)
+    done = stage.done(unit.work_path, fp)
     if done is not None:
-        result.read = done.extra["read"]
-        result.dropped = Counter(done.extra["dropped"])
+        result.read = done.result["read"]
+        result.dropped = Counter(done.result["dropped"])
         return result
 
     columns: dict[str, list] = {name: [] for name in WORK_SCHEMA.names}
@@ -212,13 +209,8 @@ def clean_unit(unit: Unit, cfg: CorpusConfig, storage: Storage, stage_uri: str, 
         return UnitResult(unit=unit.index, skipped=reason)
 
     table = pa.table(columns, schema=WORK_SCHEMA)
-    stage.write_shard(
-        unit.work_path,
-        fp,
-        lambda path: _write_arrow(path, table),
-        rows=table.num_rows,
-        extra={"read": result.read, "dropped": dict(result.dropped)},
-    )
+    work = stage.publish(unit.work_path, lambda path: write_table(path, table), rows=table.num_rows)
+    stage.complete(unit.work_path, fp, [work], {"read": result.read, "dropped": dict(result.dropped)})
     return result
 
 
@@ -227,33 +219,14 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _read_arrow(storage: Storage, uri: str, columns: list[str] | None = None) -> pa.Table:
-    local = storage.local_path(uri)
-    if local is not None:
-        with pa.memory_map(local) as source:
-            table = ipc.open_file(source).read_all()
-    else:
-        with storage.open(uri, "rb") as handle:
-            table = ipc.open_file(pa.py_buffer(handle.read())).read_all()
-    return table.select(columns) if columns else table
-
-
-def _write_arrow(path: str, table: pa.Table, max_chunksize: int = 1024) -> None:
-    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=max_chunksize)
-
-
 @ray.remote(num_cpus=1, max_retries=3)
-def write_output_shard(
-    relative: str, pieces: list[tuple[str, np.ndarray]], storage: Storage, root: str, fp: str
-) -> ShardInfo:
+def write_output_shard(relative: str, pieces: list[tuple[str, np.ndarray]], stage: StageDir, fp: str) -> ShardInfo:
     """Gather rows (work file, row indices), in order, into one output shard."""
-    stage = StageDir(storage, root, STAGE)
-    done = stage.finished(relative, fp)
+    done = stage.done(relative, fp)
     if done is not None:
-        return done
+        return done.shards[0]
     tables = [
-        _read_arrow(storage, stage.path(work), DOCUMENT_SCHEMA.names).take(pa.array(rows)) for work, rows in pieces
+        read_table(stage.storage, stage.path(work), DOCUMENT_SCHEMA.names).take(pa.array(rows)) for work, rows in pieces
     ]
     table = pa.concat_tables(tables).combine_chunks()
     chars = sum(len(s) for doc in table.column("sentences").to_pylist() for s in doc)
@@ -261,7 +234,7 @@ def write_output_shard(
     return stage.write_shard(
         relative,
         fp,
-        lambda path: _write_arrow(path, table),
+        lambda path: write_table(path, table),
         rows=table.num_rows,
         extra={"chars": chars, "sentences": sentences},
     )
@@ -270,107 +243,80 @@ def write_output_shard(
 # -- the stage -------------------------------------------------------------------------------
 
 
-def expected_fingerprint(cfg: PipelineConfig, storage: Storage) -> str:
-    files, skipped = list_inputs(cfg.corpus, storage)
-    return _fingerprint(cfg, files, skipped)
+def identify(cfg: CorpusConfig, storage: Storage) -> External:
+    """The input files and what identifies their content; the files are listed once."""
+    files, skipped = list_inputs(cfg, storage)
+    identity = {"files": {uri: meta for _, _, uri, meta in files}, "missing": [s["file"] for s in skipped]}
+    return External(identity=identity, value=(files, skipped))
 
 
-def _fingerprint(cfg: PipelineConfig, files, skipped) -> str:
-    lineage = {uri: meta for _, _, uri, meta in files}
-    lineage.update({s["file"]: "missing" for s in skipped})
-    section = cfg.corpus.model_dump(mode="json")
-    return fingerprint(STAGE, CODE_VERSION, section, {"files": lineage, "seed_free": True})
-
-
-def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
-    """Run the corpus stage; returns (manifest, whether it was computed now)."""
-    started = time.perf_counter()
-    corpus = cfg.corpus
-    stage = StageDir(storage, cfg.run.root, STAGE)
-    files, skipped = list_inputs(corpus, storage)
-    fp = _fingerprint(cfg, files, skipped)
-    if (done := stage.reuse_or_reset(fp, force=force)) is not None:
-        return done, False
-
+def run(r: StageRun) -> Output:
+    """Clean every work unit, decide duplicates and the split, write the output shards."""
+    corpus: CorpusConfig = r.section
+    files, listed_skipped = r.external
+    skipped = list(listed_skipped)
     units = plan_units(corpus, files)
     log.info("corpus: %d files in %d work units", len(files), len(units))
     t0 = time.perf_counter()
     results: list[UnitResult] = run_tasks(
-        lambda unit: clean_unit.remote(unit, corpus, storage, stage.uri, cfg.run.root, fp),
-        units,
-        parallelism=parallelism,
-        desc="corpus: clean",
+        lambda unit: clean_unit.remote(unit, corpus, r.dir, r.fingerprint), units, parallelism=r.parallelism, desc="corpus: clean"
     )
     t_clean = time.perf_counter() - t0
 
     # A file with any failed part is skipped whole: nothing of it reaches the shards.
-    failed_files = {units[r.unit].file_index: r.skipped for r in results if r.skipped}
+    failed_files = {units[u.unit].file_index: u.skipped for u in results if u.skipped}
     for file_index, reason in sorted(failed_files.items()):
         skipped.append({"file": files[file_index][2], "reason": reason})
     kept_units = [u for u in units if u.file_index not in failed_files]
 
     t0 = time.perf_counter()
-    meta = _gather_metadata(stage, kept_units)
-    decision, drop_counts = _decide(meta, corpus, cfg.run.seed, stage, kept_units)
+    meta = _gather_metadata(r.dir, kept_units)
+    decision, drop_counts = _decide(meta, corpus, r.seed, r.dir, kept_units)
     t_plan = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    jobs = _shard_jobs(meta, decision, kept_units, corpus.shard_chars)
+    shards: list[ShardInfo] = run_tasks(
+        lambda job: write_output_shard.remote(job[0], job[1], r.dir, r.fingerprint), jobs, parallelism=r.parallelism, desc="corpus: shards"
+    )
+    t_write = time.perf_counter() - t0
+    r.dir.remove_except([*SPLITS, "_work"], {s.path for s in shards} | {u.work_path for u in kept_units})
+
+    return Output(
+        shards=shards,
+        stats=_statistics(results, units, failed_files, meta, decision, drop_counts, shards),
+        timings={
+            "clean_s": round(t_clean, 3),
+            "plan_s": round(t_plan, 3),
+            "write_s": round(t_write, 3),
+        },
+        skipped=skipped,
+        inputs={"files": {uri: m for _, _, uri, m in files}},
+    )
+
+
+def _shard_jobs(meta, decision, units: list[Unit], shard_chars: int) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
+    """Per output shard: its path and its rows as (work file, row indices) pieces in order."""
     jobs = []
     for split in SPLITS:
         rows = decision[split]
-        for shard_index, (start, end) in enumerate(cut_shards(meta["chars"][rows], corpus.shard_chars)):
+        for shard_index, (start, end) in enumerate(cut_shards(meta["chars"][rows], shard_chars)):
             chosen = rows[start:end]
             pieces = []
             # consecutive rows of the same work file form one piece (keeps document order)
             boundaries = np.flatnonzero(np.diff(meta["unit"][chosen])) + 1
             for block in np.split(chosen, boundaries):
-                unit = kept_units[meta["unit_pos"][block[0]]]
+                unit = units[meta["unit_pos"][block[0]]]
                 pieces.append((unit.work_path, meta["row"][block]))
             jobs.append((f"{split}/part-{shard_index:05d}.arrow", pieces))
-    shards: list[ShardInfo] = run_tasks(
-        lambda job: write_output_shard.remote(job[0], job[1], storage, cfg.run.root, fp),
-        jobs,
-        parallelism=parallelism,
-        desc="corpus: shards",
-    )
-    t_write = time.perf_counter() - t0
-    _remove_leftovers(stage, [s.path for s in shards] + [u.work_path for u in kept_units])
-
-    stats = _statistics(results, units, failed_files, meta, decision, drop_counts, shards)
-    manifest = Manifest(
-        stage=STAGE,
-        code_version=CODE_VERSION,
-        fingerprint=fp,
-        inputs={"files": {uri: m for _, _, uri, m in files}},
-        config=corpus.model_dump(mode="json"),
-        shards=shards,
-        stats=stats,
-        timings={
-            "clean_s": round(t_clean, 3),
-            "plan_s": round(t_plan, 3),
-            "write_s": round(t_write, 3),
-            "total_s": round(time.perf_counter() - started, 3),
-        },
-        skipped=skipped,
-    )
-    stage.write_manifest(manifest, cfg)
-    return manifest, True
-
-
-def _remove_leftovers(stage: StageDir, keep: list[str]) -> None:
-    """Delete shards and work files an earlier run with other settings left behind."""
-    wanted = set(keep)
-    for folder in (*SPLITS, "_work"):
-        for name in stage.storage.listdir(stage.path(folder)):
-            if f"{folder}/{name}" not in wanted:
-                stage.storage.remove(stage.path(f"{folder}/{name}"))
+    return jobs
 
 
 def _gather_metadata(stage: StageDir, units: list[Unit]) -> dict[str, np.ndarray]:
     """Per kept document, in input order: work unit, row in its work file, chars, hash, id."""
     parts = defaultdict(list)
     for position, unit in enumerate(units):
-        table = _read_arrow(stage.storage, stage.path(unit.work_path), ["doc_id", "offset", "seq", "chars", "n_sentences", "content_hash"])
+        table = read_table(stage.storage, stage.path(unit.work_path), ["doc_id", "offset", "seq", "chars", "n_sentences", "content_hash"])
         n = table.num_rows
         parts["unit"].append(np.full(n, unit.index, dtype=np.int64))
         parts["unit_pos"].append(np.full(n, position, dtype=np.int64))
@@ -425,7 +371,7 @@ def _signatures(stage: StageDir, units, meta, candidates, corpus: CorpusConfig, 
         position = int(meta["unit_pos"][i])
         if position not in cache:
             cache.clear()
-            cache[position] = _read_arrow(stage.storage, stage.path(units[position].work_path), ["sentences"])
+            cache[position] = read_table(stage.storage, stage.path(units[position].work_path), ["sentences"])
         sentences = cache[position].column("sentences")[int(meta["row"][i])].as_py()
         signatures.append(minhash_signature(sentences, corpus.minhash_num_perm, corpus.shingle_words, seed))
     return signatures
@@ -474,3 +420,10 @@ def _statistics(results, units, failed_files, meta, decision, drop_counts, shard
         "files": len({u.file_index for u in units}),
         "work_units": len(units),
     }
+
+
+# The split hashes document ids; only MinHash near-deduplication draws from the seed.
+STAGE = Stage(
+    "corpus", CorpusConfig, run, code_version="2", identify=identify, seeded=lambda cfg: cfg.near_dedup,
+    writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
+)

@@ -31,31 +31,35 @@ from typing import Any
 
 import ray
 
-from bertcore.config import PipelineConfig
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.eval import finetune, report
-from bertcore.eval.config import EmbeddingsConfig, EvaluateConfig, IntrinsicConfig
-from bertcore.eval.tasks import TASK_FILES, TaskConfig
-from bertcore.examples import ExamplesConfig, PhaseConfig
-from bertcore.export import HF_FILES
+from bertcore.eval.config import (
+    TASK_FILES,
+    EmbeddingsConfig,
+    EvaluateConfig,
+    IntrinsicConfig,
+    TaskConfig,
+)
+from bertcore.examples_config import ExamplesConfig, PhaseConfig
+from bertcore.export import HF_FILES, MODEL_DIR
+from bertcore.metrics_log import METRICS
 from bertcore.rng import keyed_numpy, keyed_seed
-from bertcore.train import METRICS
-from pipelines import pretrain
-from pipelines.examples import local_copy
-from pipelines.pretrain import UpstreamMissing
 from pipelines.ray_runtime import run_tasks
-from pipelines.stage import MANIFEST, PROGRESS, RESOLVED_CONFIG, Manifest, ShardInfo, StageDir, fingerprint
-from pipelines.storage import Storage, is_local, join
-from pipelines.vocab import read_batches
+from pipelines.shards import local_copy, local_folder, read_batches
+from pipelines.stage import (
+    External,
+    Manifest,
+    Output,
+    ShardInfo,
+    Stage,
+    StageDir,
+    StageRun,
+    Upstream,
+)
+from pipelines.storage import Storage, is_local
 
 log = logging.getLogger(__name__)
 
-STAGE = "evaluate"
-DIRECTORY = "eval"
-"""The stage's directory under run.root: eval/, while the stage is named `evaluate`."""
-CODE_VERSION = "1"
-MODEL_DIR = f"{pretrain.STAGE}/{pretrain.MODEL_DIR}"
-TRAINING_LOG = f"{pretrain.STAGE}/{METRICS}"
 SENTENCE_POOL = 50
 """Embedding sentences are sampled from at most this many times `embeddings.sentences` corpus sentences."""
 
@@ -65,8 +69,7 @@ SENTENCE_POOL = 50
 
 def _model_dir(storage: Storage, model_uri: str, cache_key: str) -> str:
     """A local folder with the exported model (the folder itself when the root is local)."""
-    paths = [local_copy(storage, join(model_uri, name), cache_key) for name in HF_FILES]
-    return os.path.dirname(paths[0])
+    return local_folder(storage, model_uri, HF_FILES, cache_key)
 
 
 def _local_file(storage: Storage, uri: str, file_keys: dict[str, str]) -> str:
@@ -128,7 +131,7 @@ def _intrinsic_job(
     loader = ExamplesLoader(
         paths,
         cfg.batch_size,
-        seed=keyed_seed(seed, STAGE, "intrinsic", phase.name) >> 1,  # the dynamic masks: fixed, the same for both models
+        seed=keyed_seed(seed, "evaluate", "intrinsic", phase.name) >> 1,  # the dynamic masks: fixed, the same for both models
         masking=examples_cfg.masking,
         mask_config=mask_config,
         pad_id=model.cfg.pad_token_id,
@@ -229,9 +232,10 @@ def _file_signature(storage: Storage, uri: str) -> str:
     return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
 
 
-def _resolve_files(eval_cfg: EvaluateConfig, storage: Storage) -> tuple[EvaluateConfig, dict[str, str]]:
-    """The section with absolute local paths, and {file URI: content signature}. A file
-    that does not exist is a ConfigError naming its key."""
+def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
+    """The task and STS files: {file URI: content signature} is their identity; the value
+    is (the section with absolute local paths, the signatures). A file that does not exist
+    is a ConfigError naming its key."""
     signatures: dict[str, str] = {}
 
     def check(uri: str, key: str) -> str:
@@ -254,12 +258,7 @@ def _resolve_files(eval_cfg: EvaluateConfig, storage: Storage) -> tuple[Evaluate
     if eval_cfg.embeddings.enabled and sts is not None:
         sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
         resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return resolved, signatures
-
-
-def _fingerprint(eval_cfg: EvaluateConfig, seed: int, pretrain_fp: str, examples_fp: str | None, signatures: dict[str, str]) -> str:
-    inputs = {"pretrain": pretrain_fp, "examples": examples_fp, "seed": seed, "files": signatures}
-    return fingerprint(STAGE, CODE_VERSION, eval_cfg.model_dump(mode="json"), inputs)
+    return External(identity=signatures, value=(resolved, signatures))
 
 
 def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pretrain_manifest: Manifest, max_positions: int, notes: list[str]) -> tuple[ExamplesConfig, list[PhaseConfig]]:
@@ -283,18 +282,13 @@ def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pre
     return examples_cfg, phases
 
 
-def _sentences(storage: Storage, root: str, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
+def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
     """Up to cfg.sentences held-out corpus sentences, sampled with a keyed RNG from the first
     SENTENCE_POOL x that many of the validation split (in shard order)."""
-    corpus_dir = StageDir(storage, root, "corpus")
-    corpus = corpus_dir.manifest()
-    if corpus is None:
-        notes.append("embeddings: no corpus stage output to draw held-out sentences from; skipped")
-        return []
     pool: list[str] = []
     limit = SENTENCE_POOL * cfg.sentences
-    for shard in (s for s in corpus.shards if s.path.startswith("validation/")):
-        for batch in read_batches(storage, corpus_dir.path(shard.path)):
+    for shard in corpus.manifest.shards_under("validation/"):
+        for batch in read_batches(storage, corpus.path(shard.path)):
             pool.extend(s for doc in batch.column("sentences").to_pylist() for s in doc if s.strip())
             if len(pool) >= limit:
                 break
@@ -304,13 +298,13 @@ def _sentences(storage: Storage, root: str, cfg: EmbeddingsConfig, seed: int, no
     if len(pool) < 2:
         notes.append("embeddings: the corpus validation split has fewer than 2 sentences; skipped")
         return []
-    rng = keyed_numpy(seed, STAGE, "embedding-sentences")
+    rng = keyed_numpy(seed, "evaluate", "embedding-sentences")
     chosen = sorted(rng.choice(len(pool), size=min(cfg.sentences, len(pool)), replace=False))
     return [pool[i] for i in chosen]
 
 
-def _training_log(storage: Storage, root: str) -> tuple[list[dict], dict | None]:
-    uri = join(root, TRAINING_LOG)
+def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dict | None]:
+    uri = pretrain.path(METRICS)
     if not storage.exists(uri):
         return [], None
     records, bad = report.read_training_log(storage.read_text(uri).splitlines())
@@ -323,132 +317,112 @@ def _training_log(storage: Storage, root: str) -> tuple[list[dict], dict | None]
 # -- the stage ----------------------------------------------------------------------------------
 
 
-def evaluate(
-    eval_cfg: EvaluateConfig,
-    root: str,
-    storage: Storage,
-    seed: int,
-    *,
-    force: bool = False,
-    parallelism: int | None = None,
-    pipeline_config: PipelineConfig | None = None,
-) -> tuple[Manifest, bool]:
-    """Evaluate `<root>/pretrain/model/` and write `<root>/eval/`. Returns (manifest,
-    computed); a complete output with the same fingerprint is kept unless `force`.
-    `pipeline_config` is written next to the output as the resolved config when given
-    (else the evaluate section alone). Needs a running Ray (pipelines.ray_runtime.ensure_ray)."""
-    started = time.perf_counter()
-    pretrain_manifest = pretrain._manifest(storage, root, pretrain.STAGE)
-    examples_dir = StageDir(storage, root, "examples")
-    examples_manifest = examples_dir.manifest()
-    if examples_manifest is None and eval_cfg.intrinsic.enabled:
-        raise UpstreamMissing(
-            f"the examples stage has no output under {root}/examples (the held-out MLM scores read it): run it first, "
-            "or set evaluate.intrinsic.enabled: false"
-        )
-    resolved, signatures = _resolve_files(eval_cfg, storage)
-    fp = _fingerprint(eval_cfg, seed, pretrain_manifest.fingerprint, examples_manifest.fingerprint if examples_manifest else None, signatures)
-    stage = StageDir(storage, root, DIRECTORY)
-    if (done := stage.reuse_or_reset(fp, force=force)) is not None:
-        return done, False
+@dataclass
+class _Plan:
+    """The jobs of one evaluation and what they share."""
 
-    model_uri = join(root, MODEL_DIR)
-    cache_key = f"eval-{pretrain_manifest.fingerprint}"
-    if not storage.exists(join(model_uri, "config.json")):
-        raise UpstreamMissing(f"{model_uri}: no exported model (config.json missing); re-run the pretrain stage")
+    cfg: EvaluateConfig
+    """The section with local absolute file paths."""
+    signatures: dict[str, str]
+    model_uri: str
+    cache_key: str
+    models: list[bool]
+    jobs: list[_Job] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    examples_cfg: ExamplesConfig | None = None
+    sentences: list[str] = field(default_factory=list)
+
+
+def run(r: StageRun) -> Output:
+    """Evaluate pretrain/model/ and write eval/. Needs a running Ray (pipelines.ray_runtime.ensure_ray)."""
+    resolved, signatures = r.external
+    pretrain = r.inputs["pretrain"]
+    model_uri = pretrain.path(MODEL_DIR)
+    cache_key = f"eval-{pretrain.fingerprint}"
+    if not r.storage.exists(f"{model_uri}/config.json"):
+        raise ConfigError(f"{model_uri}: no exported model (config.json missing); re-run the pretrain stage (`bertpipe run --only pretrain --force`)")
     from bertcore.eval.intrinsic import model_config_of
 
-    model_cfg = model_config_of(os.path.dirname(local_copy(storage, join(model_uri, "config.json"), cache_key)))
-    notes: list[str] = []
-    models = [False, True] if resolved.baseline else [False]
+    model_cfg = model_config_of(os.path.dirname(local_copy(r.storage, f"{model_uri}/config.json", cache_key)))
+    plan = _Plan(resolved, signatures, model_uri, cache_key, [False, True] if resolved.baseline else [False])
+    _plan_jobs(plan, r, model_cfg.max_position_embeddings)
 
-    jobs: list[_Job] = []
-    examples_cfg = None
-    if resolved.intrinsic.enabled:
-        examples_cfg, phases = _intrinsic_phases(resolved, examples_manifest, pretrain_manifest, model_cfg.max_position_embeddings, notes)
+    t0 = time.perf_counter()
+    results, reused = _run_jobs(plan, r)
+    jobs_s = time.perf_counter() - t0
+
+    for note in plan.notes:
+        log.info("evaluate: %s", note)
+    records, log_summary = _training_log(r.storage, pretrain)
+    metrics = _metrics(plan, results, model_cfg, log_summary, r.seed, r.fingerprint)
+    metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
+    skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
+    return Output(
+        shards=_write_outputs(r.dir, metrics, records),
+        stats=_stats(metrics),
+        timings={"jobs_s": round(jobs_s, 3)},
+        skipped=skipped,
+        report="report.md",
+        tables={"evaluation-scores": report.score_rows(metrics)},
+    )
+
+
+def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
+    """One job per (intrinsic phase | task and seed | embeddings) and model."""
+    cfg = plan.cfg
+    if cfg.intrinsic.enabled:
+        examples = r.inputs["examples"]
+        plan.examples_cfg, phases = _intrinsic_phases(cfg, examples.manifest, r.inputs["pretrain"].manifest, max_positions, plan.notes)
         for phase in phases:
-            shards = [examples_dir.path(s.path) for s in examples_manifest.shards if s.path.startswith(f"{phase.name}/validation/") and s.rows]
+            shards = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
             if not shards:
-                notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
+                plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
                 continue
-            for random_init in models:
-                jobs.append(_Job(f"intrinsic__{phase.name}__{_model_name(random_init)}", "intrinsic", random_init, phase=phase.name, shards=shards))
-    for task in resolved.tasks:
+            for random_init in plan.models:
+                plan.jobs.append(_Job(f"intrinsic__{phase.name}__{_model_name(random_init)}", "intrinsic", random_init, phase=phase.name, shards=shards))
+    for task in cfg.tasks:
         for task_seed in task.seeds:
-            for random_init in models:
-                jobs.append(_Job(f"finetune__{task.name}__{_model_name(random_init)}__seed{task_seed}", "finetune", random_init, task=task, task_seed=task_seed))
-    sentences = _sentences(storage, root, resolved.embeddings, seed, notes) if resolved.embeddings.enabled else []
-    if sentences:
-        for random_init in models:
-            jobs.append(_Job(f"embeddings__{_model_name(random_init)}", "embeddings", random_init))
+            for random_init in plan.models:
+                key = f"finetune__{task.name}__{_model_name(random_init)}__seed{task_seed}"
+                plan.jobs.append(_Job(key, "finetune", random_init, task=task, task_seed=task_seed))
+    if cfg.embeddings.enabled:
+        plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
+    if plan.sentences:
+        for random_init in plan.models:
+            plan.jobs.append(_Job(f"embeddings__{_model_name(random_init)}", "embeddings", random_init))
+
+
+def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
+    """Every job's result, and how many were read back from an interrupted attempt."""
+    cfg, storage, seed = plan.cfg, r.storage, r.seed
 
     def submit(job: _Job) -> ray.ObjectRef:
-        options = {"num_cpus": resolved.num_threads}
+        options = {"num_cpus": cfg.num_threads}
         if job.kind == "intrinsic":
             return _intrinsic_job.options(**options).remote(
-                model_uri, job.shards, examples_cfg.phase(job.phase), examples_cfg, resolved.intrinsic, job.random_init,
-                seed, storage, cache_key, resolved.num_threads,
+                plan.model_uri, job.shards, plan.examples_cfg.phase(job.phase), plan.examples_cfg, cfg.intrinsic, job.random_init,
+                seed, storage, plan.cache_key, cfg.num_threads,
             )
         if job.kind == "finetune":
             return _finetune_job.options(**options).remote(
-                job.task, model_uri, job.random_init, job.task_seed, storage, cache_key, signatures, resolved.num_threads
+                job.task, plan.model_uri, job.random_init, job.task_seed, storage, plan.cache_key, plan.signatures, cfg.num_threads
             )
         return _embeddings_job.options(**options).remote(
-            model_uri, sentences, resolved.embeddings, job.random_init, seed, storage, cache_key, signatures, resolved.num_threads
+            plan.model_uri, plan.sentences, cfg.embeddings, job.random_init, seed, storage, plan.cache_key, plan.signatures, cfg.num_threads
         )
 
-    # Jobs an interrupted attempt with this fingerprint finished are read back, not rerun.
     results: dict[str, Any] = {}
-    for job in jobs:
-        marker = stage.path(f"{PROGRESS}/{job.key}.json")
-        if storage.exists(marker):
-            data = storage.read_json(marker)
-            if data.get("fingerprint") == fp:
-                results[job.key] = data["result"]
-    todo = [job for job in jobs if job.key not in results]
+    for job in plan.jobs:
+        if (done := r.dir.done(job.key, r.fingerprint)) is not None:
+            results[job.key] = done.result
+    todo = [job for job in plan.jobs if job.key not in results]
 
     def finished(index: int, result: Any) -> None:
-        storage.write_json(stage.path(f"{PROGRESS}/{todo[index].key}.json"), {"fingerprint": fp, "result": result})
+        r.dir.complete(todo[index].key, r.fingerprint, [], result)
 
-    t0 = time.perf_counter()
-    for job, result in zip(todo, run_tasks(submit, todo, parallelism=parallelism, desc="evaluate", on_result=finished)):
+    for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished)):
         results[job.key] = result
-    jobs_s = time.perf_counter() - t0
-
-    for note in notes:
-        log.info("evaluate: %s", note)
-    records, log_summary = _training_log(storage, root)
-    metrics = _metrics(resolved, jobs, results, models, model_uri, model_cfg, log_summary, seed, fp, notes, len(sentences))
-    metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(jobs), "jobs_reused": len(jobs) - len(todo)}
-    shards = _write_outputs(stage, metrics, records)
-    skipped = [
-        {"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"}
-        for uri, n in metrics["skipped_rows"]["files"].items()
-    ]
-    manifest = Manifest(
-        stage=STAGE,
-        code_version=CODE_VERSION,
-        fingerprint=fp,
-        inputs={"pretrain": pretrain_manifest.fingerprint, "examples": examples_manifest.fingerprint if examples_manifest else None},
-        config=eval_cfg.model_dump(mode="json"),
-        shards=shards,
-        stats=_stats(metrics),
-        timings={"jobs_s": round(jobs_s, 3), "total_s": round(time.perf_counter() - started, 3)},
-        skipped=skipped,
-    )
-    if pipeline_config is not None:
-        stage.write_manifest(manifest, pipeline_config)
-    else:
-        storage.write_bytes(stage.path(RESOLVED_CONFIG), resolved_yaml_of_section(eval_cfg).encode())
-        manifest.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        storage.write_json(stage.path(MANIFEST), manifest.to_json())
-    return manifest, True
-
-
-def resolved_yaml_of_section(eval_cfg: EvaluateConfig) -> str:
-    import yaml
-
-    return yaml.safe_dump({"evaluate": eval_cfg.model_dump(mode="json")}, sort_keys=False, allow_unicode=True)
+    return results, len(plan.jobs) - len(todo)
 
 
 def _slim_run(run: dict) -> dict:
@@ -456,19 +430,20 @@ def _slim_run(run: dict) -> dict:
     return {k: run[k] for k in keep if k in run}
 
 
-def _metrics(eval_cfg, jobs, results, models, model_uri, model_cfg, log_summary, seed, fp, notes, n_sentences) -> dict:
+def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed: int, fp: str) -> dict:
     import torch
 
     from bertcore.model import BertForPreTraining
 
+    eval_cfg, jobs, models = plan.cfg, plan.jobs, plan.models
     with torch.device("meta"):  # counts parameters without allocating or initialising them
         parameters = BertForPreTraining(model_cfg).num_parameters()
     metrics: dict[str, Any] = {
-        "stage": STAGE,
+        "stage": "evaluate",
         "fingerprint": fp,
         "seed": seed,
         "baseline": eval_cfg.baseline,
-        "model": {"uri": model_uri, "parameters": parameters, "config": model_cfg.model_dump(mode="json")},
+        "model": {"uri": plan.model_uri, "parameters": parameters, "config": model_cfg.model_dump(mode="json")},
         "pretraining_log": log_summary,
         "intrinsic": {},
         "tasks": {},
@@ -506,14 +481,14 @@ def _metrics(eval_cfg, jobs, results, models, model_uri, model_cfg, log_summary,
     embedding_jobs = [job for job in jobs if job.kind == "embeddings"]
     if embedding_jobs:
         first = results[embedding_jobs[0].key]
-        metrics["embeddings"] = {"sentences": n_sentences, "sts_pairs": first["sts_pairs"]}
+        metrics["embeddings"] = {"sentences": len(plan.sentences), "sts_pairs": first["sts_pairs"]}
         for job in embedding_jobs:
             metrics["embeddings"][_model_name(job.random_init)] = results[job.key]["scores"]
         if first["skipped"]:
             files[eval_cfg.embeddings.sts.file] += first["skipped"]
             metrics["embeddings"]["skipped_problems"] = first["skipped_problems"]
     metrics["skipped_rows"] = {"total": files.total(), "files": dict(files)}
-    metrics["notes"] = notes
+    metrics["notes"] = plan.notes
     return metrics
 
 
@@ -553,44 +528,7 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256) for relative, w in written]
 
 
-def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
-    """The stage interface: `evaluate` on the run config's `evaluate` section."""
-    return evaluate(cfg.evaluate, cfg.run.root, storage, cfg.run.seed, force=force, parallelism=parallelism, pipeline_config=cfg)
-
-
-def expected_fingerprint(cfg: PipelineConfig, storage: Storage) -> str:
-    from pipelines import examples, vocab
-
-    _, signatures = _resolve_files(cfg.evaluate, storage)
-    # pretrain's fingerprint is built on this same examples fingerprint, and each one lists the corpus inputs again.
-    examples_fp = examples.expected_fingerprint(cfg, storage)
-    pretrain_fp = pretrain._fingerprint(cfg, examples_fp, vocab.expected_fingerprint(cfg, storage))
-    return _fingerprint(cfg.evaluate, cfg.run.seed, pretrain_fp, examples_fp, signatures)
-
-
-# -- report and Prefect artifacts -----------------------------------------------------------------
-
-
-def load_report(root: str, storage: Storage) -> tuple[str, list[dict]]:
-    """(report.md text, score rows) of a finished evaluation, for `publish_artifacts`."""
-    stage = StageDir(storage, root, DIRECTORY)
-    metrics = storage.read_json(stage.path("metrics.json"))
-    return storage.read_text(stage.path("report.md")), report.score_rows(metrics)
-
-
-def publish_artifacts(report_md: str, rows: list[dict]) -> bool:
-    """Publish the report (markdown) and the scores (table) as Prefect artifacts of the
-    current flow or task run. Outside a run there is nowhere to attach them: returns False
-    and does nothing."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-    from prefect.context import get_run_context
-    from prefect.exceptions import MissingContextError
-
-    try:
-        get_run_context()
-    except MissingContextError:
-        return False
-    create_markdown_artifact(markdown=report_md, key="evaluation-report", description="Evaluation report (eval/report.md)")
-    if rows:
-        create_table_artifact(table=rows, key="evaluation-scores", description="Evaluation scores: pretrained vs random init")
-    return True
+STAGE = Stage(
+    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify,
+    writes="metrics.json, report.md, plots/*.png",
+)

@@ -21,7 +21,6 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -35,62 +34,48 @@ import pyarrow.ipc as ipc
 import ray
 from tokenizers import Tokenizer
 
-from bertcore.config import PipelineConfig
+from bertcore.arrow import arrow_array, list_array, numpy_dtype, numpy_view, offsets_of
 from bertcore.errors import InputDataError
-from bertcore.examples import (
-    ExamplesConfig,
-    ExampleStats,
-    PhaseConfig,
-    arrow_array,
-    arrow_schema,
-    example_batches,
-    id_type,
-    list_array,
-    numpy_dtype,
-    numpy_view,
-    offsets_of,
-)
+from bertcore.examples import ExampleStats, arrow_schema, example_batches, id_type
+from bertcore.examples_config import ExamplesConfig, PhaseConfig, length_bin
 from bertcore.masking import VocabTables
 from bertcore.pairs import FlatDocument
-from bertcore.tokenizer import load_tokenizer, vocab_fingerprint, vocab_list
-from pipelines import corpus, vocab
+from bertcore.tokenizer import (
+    TOKENIZER_FILES,
+    load_tokenizer,
+    vocab_fingerprint,
+    vocab_list,
+)
 from pipelines.ray_runtime import run_tasks
-from pipelines.stage import Manifest, ShardInfo, StageDir, fingerprint
+from pipelines.shards import local_copy, local_folder, read_batches, write_table
+from pipelines.stage import (
+    Output,
+    ShardInfo,
+    Stage,
+    StageDir,
+    StageRun,
+    Upstream,
+    fingerprint,
+)
 from pipelines.storage import Storage
-from pipelines.vocab import read_batches, upstream_manifest
 
 log = logging.getLogger(__name__)
 
-STAGE = "examples"
 CODE_VERSION = "1"
 SPLITS = ("train", "validation")
 FLUSH_ROWS = 4096
 """Records buffered per length bin before they are written as one record batch (at least)."""
 
 
-# -- local copies of what workers read -----------------------------------------------------------
+@dataclass(frozen=True)
+class VocabSource:
+    """Where workers find the vocabulary: the vocab stage's folder, cached locally per fingerprint."""
 
+    uri: str
+    key: str
 
-def local_copy(storage: Storage, uri: str, cache_key: str) -> str:
-    """A local path for `uri`: itself when local, else a per-run cached download."""
-    local = storage.local_path(uri)
-    if local is not None:
-        return local
-    cache = os.path.join(tempfile.gettempdir(), "bertpipe-cache", cache_key)
-    target = os.path.join(cache, uri.split("://", 1)[-1])
-    if not os.path.exists(target):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{os.getpid()}.part"
-        fs, path = storage.fs(uri)
-        fs.get_file(path, tmp)
-        os.replace(tmp, target)
-    return target
-
-
-def local_vocab_dir(storage: Storage, vocab_dir: StageDir, cache_key: str) -> str:
-    names = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-    paths = [local_copy(storage, vocab_dir.path(name), cache_key) for name in names]
-    return os.path.dirname(paths[0])
+    def local(self, storage: Storage) -> str:
+        return local_folder(storage, self.uri, TOKENIZER_FILES, self.key)
 
 
 # -- corpus-wide document access ----------------------------------------------------------------
@@ -209,27 +194,21 @@ def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def tokenize_shard(corpus_uri: str, relative: str, vocab_key: str, storage: Storage, root: str, fp: str) -> int:
+def tokenize_shard(corpus_uri: str, relative: str, vocab: VocabSource, stage: StageDir, fp: str) -> int:
     """Tokenize one corpus shard's documents; returns the number of documents."""
-    stage = StageDir(storage, root, STAGE)
-    done = stage.finished(relative, fp)
+    done = stage.done(relative, fp)
     if done is not None:
-        return done.rows
-    tokenizer, _ = _vocabulary(local_vocab_dir(storage, StageDir(storage, root, "vocab"), vocab_key))
-    ids_type = id_type(tokenizer.get_vocab_size())
+        return done.shards[0].rows
+    tokenizer, tables = _vocabulary(vocab.local(stage.storage))
+    ids_type = id_type(tables.vocab_size)
     schema = pa.schema([("doc_id", pa.string()), ("segments", pa.list_(pa.list_(ids_type)))])
     with _one_thread():
-        tables = [
+        parts = [
             pa.table({"doc_id": batch.column("doc_id"), "segments": _tokenize(tokenizer, batch, ids_type)}, schema=schema)
-            for batch in read_batches(storage, corpus_uri)
+            for batch in read_batches(stage.storage, corpus_uri)
         ]
-    table = pa.concat_tables(tables) if tables else schema.empty_table()
-
-    def write(path: str) -> None:
-        with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, schema) as writer:
-            writer.write_table(table, max_chunksize=1024)
-
-    return stage.write_shard(relative, fp, write, rows=table.num_rows).rows
+    table = pa.concat_tables(parts) if parts else schema.empty_table()
+    return stage.write_shard(relative, fp, lambda path: write_table(path, table), rows=table.num_rows).rows
 
 
 @ray.remote(num_cpus=1, max_retries=3)
@@ -240,26 +219,21 @@ def build_shard(
     index: DocumentIndex,
     cfg: ExamplesConfig,
     seed: int,
-    vocab_key: str,
-    storage: Storage,
-    root: str,
+    vocab: VocabSource,
+    stage: StageDir,
     fp: str,
 ) -> tuple[list[ShardInfo], dict]:
     """Examples of one corpus shard for one phase, one file per length bin."""
-    stage = StageDir(storage, root, STAGE)
-    task_marker = stage.path(f"_progress/task__{phase.name}__{split}__{shard_number:05d}.json")
-    if storage.exists(task_marker):
-        data = storage.read_json(task_marker)
-        if data["fingerprint"] == fp:
-            shards = [stage.finished(path, fp) for path in data["shards"]]
-            if all(s is not None for s in shards):
-                return shards, data["stats"]
+    unit = f"build/{phase.name}/{split}/{shard_number:05d}"
+    done = stage.done(unit, fp)
+    if done is not None:
+        return done.shards, done.result
 
-    _, tables = _vocabulary(local_vocab_dir(storage, StageDir(storage, root, "vocab"), vocab_key))
+    storage = stage.storage
+    _, tables = _vocabulary(vocab.local(storage))
     schema = arrow_schema(tables.vocab_size)
-    docs = TokenStore(index, storage, vocab_key)
+    docs = TokenStore(index, storage, vocab.key)
     own = range(int(index.starts[shard_number]), int(index.starts[shard_number + 1]))
-    bounds = np.asarray(cfg.length_bins)
     stats = ExampleStats()
 
     with tempfile.TemporaryDirectory(prefix="bertpipe-examples-") as tmp:
@@ -275,7 +249,7 @@ def build_shard(
             buffers[bin_].clear()
 
         for batch in example_batches(list(own), docs, cfg, phase, seed, tables, stats):
-            bins = bounds[np.searchsorted(bounds, numpy_view(batch.column("length")))]
+            bins = length_bin(numpy_view(batch.column("length")), cfg.length_bins)
             for bin_ in np.unique(bins).tolist():
                 part = batch.take(arrow_array(np.flatnonzero(bins == bin_), pa.int64()))
                 buffers[bin_].append(part)
@@ -289,83 +263,39 @@ def build_shard(
             writer.close()
             sink.close()
 
-        shards = []
-        for bin_ in sorted(writers):
-            relative = f"{phase.name}/{split}/part-{shard_number:05d}-len{bin_:03d}.arrow"
-            local = os.path.join(tmp, f"{bin_}.arrow")
-            shards.append(
-                stage.write_shard(
-                    relative, fp, lambda path, local=local: shutil.copyfile(local, path), rows=counts[bin_],
-                    extra={"phase": phase.name, "split": split, "bin": bin_},
-                )
+        shards = [
+            stage.publish_copy(
+                f"{phase.name}/{split}/part-{shard_number:05d}-len{bin_:03d}.arrow",
+                os.path.join(tmp, f"{bin_}.arrow"),
+                rows=counts[bin_],
+                extra={"phase": phase.name, "split": split, "bin": bin_},
             )
-    stats_dict = stats.to_dict()
-    storage.write_json(task_marker, {"fingerprint": fp, "shards": [s.path for s in shards], "stats": stats_dict})
-    return shards, stats_dict
+            for bin_ in sorted(writers)
+        ]
+    return shards, stage.complete(unit, fp, shards, stats.to_dict()).result
 
 
 # -- the stage ----------------------------------------------------------------------------------
 
 
-def expected_fingerprint(cfg: PipelineConfig, storage: Storage) -> str:
-    return _fingerprint(cfg, corpus.expected_fingerprint(cfg, storage), vocab.expected_fingerprint(cfg, storage))
-
-
-def _fingerprint(cfg: PipelineConfig, corpus_fp: str, vocab_fp: str) -> str:
-    section = cfg.examples.model_dump(mode="json")
-    return fingerprint(STAGE, CODE_VERSION, section, {"corpus": corpus_fp, "vocab": vocab_fp, "seed": cfg.run.seed})
-
-
-def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
-    started = time.perf_counter()
-    corpus_manifest = upstream_manifest(cfg, storage, "corpus")
-    vocab_manifest = upstream_manifest(cfg, storage, "vocab")
-    fp = _fingerprint(cfg, corpus_manifest.fingerprint, vocab_manifest.fingerprint)
-    stage = StageDir(storage, cfg.run.root, STAGE)
-    if (done := stage.reuse_or_reset(fp, force=force)) is not None:
-        return done, False
-
-    vocab_dir = StageDir(storage, cfg.run.root, "vocab")
-    vocab_key = vocab_manifest.fingerprint
-    local_vocab = local_vocab_dir(storage, vocab_dir, vocab_key)
-    recorded = vocab_manifest.stats.get("vocab_fingerprint")
-    actual = vocab_fingerprint(local_vocab)
-    if recorded != actual:
-        raise InputDataError(
-            f"{vocab_dir.uri}: the vocabulary files (fingerprint {actual}) do not match the tokenizer the vocab stage "
-            f"recorded ({recorded}); re-run the vocab stage (`bertpipe run --from vocab --force`)"
-        )
+def run(r: StageRun) -> Output:
+    cfg: ExamplesConfig = r.section
+    corpus, vocab_stage = r.inputs["corpus"], r.inputs["vocab"]
+    vocab = VocabSource(vocab_stage.dir.uri, vocab_stage.fingerprint)
+    actual = _checked_vocab_fingerprint(r.storage, vocab_stage, vocab)
 
     # step 1: tokens, keyed by corpus and vocab only (changing masking settings reuses them)
-    tokens_fp = fingerprint("examples-tokens", CODE_VERSION, {}, {"corpus": corpus_manifest.fingerprint, "vocab": vocab_manifest.fingerprint})
-    corpus_dir = StageDir(storage, cfg.run.root, "corpus")
-    jobs = [(s.path, f"_tokens/{s.path}") for s in corpus_manifest.shards]
     t0 = time.perf_counter()
-    counts = run_tasks(
-        lambda job: tokenize_shard.remote(corpus_dir.path(job[0]), job[1], vocab_key, storage, cfg.run.root, tokens_fp),
-        jobs,
-        parallelism=parallelism,
-        desc="examples: tokenize",
-    )
+    indexes = _tokenize_corpus(r, corpus, vocab)
     t_tokens = time.perf_counter() - t0
-    indexes = {}
-    for split in SPLITS:
-        uris = [stage.path(tok) for (path, tok), _ in zip(jobs, counts) if path.startswith(split + "/")]
-        sizes = [n for (path, _), n in zip(jobs, counts) if path.startswith(split + "/")]
-        indexes[split] = DocumentIndex(uris, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
 
     # step 2: examples per (phase, split, corpus shard)
     t0 = time.perf_counter()
-    tasks = [
-        (phase, split, number)
-        for phase in cfg.examples.phases
-        for split in SPLITS
-        for number in range(len(indexes[split].shard_uris))
-    ]
+    tasks = [(phase, split, n) for phase in cfg.phases for split in SPLITS for n in range(len(indexes[split].shard_uris))]
     results = run_tasks(
-        lambda t: build_shard.remote(t[0], t[1], t[2], indexes[t[1]], cfg.examples, cfg.run.seed, vocab_key, storage, cfg.run.root, fp),
+        lambda t: build_shard.remote(t[0], t[1], t[2], indexes[t[1]], cfg, r.seed, vocab, r.dir, r.fingerprint),
         tasks,
-        parallelism=parallelism,
+        parallelism=r.parallelism,
         desc="examples: build",
     )
     t_build = time.perf_counter() - t0
@@ -375,35 +305,56 @@ def run(cfg: PipelineConfig, storage: Storage, *, force: bool = False, paralleli
     for (phase, split, _), (task_shards, task_stats) in zip(tasks, results):
         shards.extend(task_shards)
         merged[phase.name][split] = merged[phase.name][split].merge(ExampleStats.from_dict(task_stats))
-    _remove_leftovers(stage, cfg.examples, {s.path for s in shards})
+    _remove_leftovers(r.dir, {s.path for s in shards})
     stats = {
-        "masking": cfg.examples.masking,
-        "objective": cfg.examples.objective,
-        "vocab_size": len(vocab_list(load_tokenizer(local_vocab))),
+        "masking": cfg.masking,
+        "objective": cfg.objective,
+        "vocab_size": _vocabulary(vocab.local(r.storage))[1].vocab_size,
         "vocab_fingerprint": actual,
         "documents": {split: indexes[split].num_documents for split in SPLITS},
         "phases": {name: {split: s.to_dict() for split, s in by_split.items()} for name, by_split in merged.items()},
     }
-    manifest = Manifest(
-        stage=STAGE,
-        code_version=CODE_VERSION,
-        fingerprint=fp,
-        inputs={"corpus": corpus_manifest.fingerprint, "vocab": vocab_manifest.fingerprint},
-        config=cfg.examples.model_dump(mode="json"),
-        shards=shards,
-        stats=stats,
-        timings={"tokenize_s": round(t_tokens, 3), "build_s": round(t_build, 3), "total_s": round(time.perf_counter() - started, 3)},
+    timings = {"tokenize_s": round(t_tokens, 3), "build_s": round(t_build, 3)}
+    return Output(shards=shards, stats=stats, timings=timings)
+
+
+def _checked_vocab_fingerprint(storage: Storage, stage: Upstream, vocab: VocabSource) -> str:
+    """The vocabulary files' fingerprint, which must be what the vocab stage recorded."""
+    recorded = stage.manifest.stats.get("vocab_fingerprint")
+    actual = vocab_fingerprint(vocab.local(storage))
+    if recorded != actual:
+        raise InputDataError(
+            f"{stage.dir.uri}: the vocabulary files (fingerprint {actual}) do not match the tokenizer the vocab stage "
+            f"recorded ({recorded}); re-run the vocab stage (`bertpipe run --from vocab --force`)"
+        )
+    return actual
+
+
+def _tokenize_corpus(r: StageRun, corpus: Upstream, vocab: VocabSource) -> dict[str, DocumentIndex]:
+    """Token shards of every corpus shard (`_tokens/`), and the document index of each split."""
+    tokens_fp = fingerprint("examples-tokens", CODE_VERSION, {}, {"corpus": corpus.fingerprint, "vocab": vocab.key})
+    jobs = [(s.path, f"_tokens/{s.path}") for s in corpus.manifest.shards]
+    counts = run_tasks(
+        lambda job: tokenize_shard.remote(corpus.path(job[0]), job[1], vocab, r.dir, tokens_fp),
+        jobs,
+        parallelism=r.parallelism,
+        desc="examples: tokenize",
     )
-    stage.write_manifest(manifest, cfg)
-    return manifest, True
+    indexes = {}
+    for split in SPLITS:
+        uris = [r.dir.path(tok) for (path, tok), _ in zip(jobs, counts) if path.startswith(split + "/")]
+        sizes = [n for (path, _), n in zip(jobs, counts) if path.startswith(split + "/")]
+        indexes[split] = DocumentIndex(uris, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
+    return indexes
 
 
-def _remove_leftovers(stage: StageDir, cfg: ExamplesConfig, keep: set[str]) -> None:
+def _remove_leftovers(stage: StageDir, keep: set[str]) -> None:
     """Delete example shards an earlier run with other settings left behind."""
-    for phase in stage.storage.listdir(stage.uri):
-        if phase.startswith(("_", ".")):
-            continue
-        for split in SPLITS:
-            for name in stage.storage.listdir(stage.path(f"{phase}/{split}")):
-                if f"{phase}/{split}/{name}" not in keep:
-                    stage.storage.remove(stage.path(f"{phase}/{split}/{name}"))
+    phases = [p for p in stage.storage.listdir(stage.uri) if not p.startswith(("_", "."))]
+    stage.remove_except([f"{phase}/{split}" for phase in phases for split in SPLITS], keep)
+
+
+STAGE = Stage(
+    "examples", ExamplesConfig, run, reads=("corpus", "vocab"), code_version=CODE_VERSION,
+    writes="masked pretraining sequences: PHASE/{train,validation}/part-NNNNN-lenBBB.arrow",
+)

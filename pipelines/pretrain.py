@@ -2,7 +2,7 @@
 layout) and `metrics.jsonl` under `<run.root>/pretrain/`.
 
 Ray shape: a Ray Train TorchTrainer with `pretrain.num_workers` workers (gloo on CPU with
-DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.train.Trainer, which owns the
+DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.trainer.Trainer, which owns the
 DeepSpeed engine, the data and the checkpoints. Then one Ray task consolidates the final
 checkpoint into `model/`. The driver only checks inputs, decides about resuming, and
 writes the manifest.
@@ -16,56 +16,55 @@ completion marker.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
-from bertcore.errors import BertpipeError, ConfigError
-from bertcore.examples import ExamplesConfig
-from bertcore.export import consolidate_checkpoint, export_checkpoint
-from bertcore.masking import VocabTables
-from bertcore.model import ModelConfig
-from bertcore.train import (
+from bertcore.checkpoint import (
     CHECKPOINTS,
-    METRICS,
     LocalStageFiles,
-    PhaseData,
-    PretrainConfig,
-    Trainer,
-    WorkerContext,
     checkpoint_tag,
     clear_checkpoints,
     complete_checkpoints,
     latest_checkpoint,
 )
-from pipelines.examples import local_copy, local_vocab_dir
+from bertcore.errors import BertpipeError, ConfigError
+from bertcore.examples_config import ExamplesConfig
+from bertcore.export import MODEL_DIR, consolidate_checkpoint, export_checkpoint
+from bertcore.masking import VocabTables
+from bertcore.metrics_log import METRICS
+from bertcore.model import ModelConfig
+from bertcore.pretrain_config import PretrainConfig
+from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
+from bertcore.trainer import PhaseData, Trainer, WorkerContext
 from pipelines.ray_runtime import unwrap
-from pipelines.stage import Manifest, ShardInfo, StageDir, fingerprint
+from pipelines.shards import local_copy, local_folder
+from pipelines.stage import (
+    Output,
+    ShardInfo,
+    Stage,
+    StageDir,
+    StageRun,
+    Upstream,
+    UpstreamMissing,
+)
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
-
-STAGE = "pretrain"
-CODE_VERSION = "1"
-MODEL_DIR = "model"
-
-
-class UpstreamMissing(BertpipeError):
-    """A stage this one reads is not complete."""
 
 
 # -- stage files over Storage --------------------------------------------------------------
 
 
 class StorageStageFiles:
-    """bertcore.train.StageFiles for a remote stage directory: files are written to a
+    """bertcore.checkpoint.StageFiles for a remote stage directory: files are written to a
     local mirror and uploaded one object at a time (an object appears whole or not at all)."""
 
     def __init__(self, storage: Storage, uri: str, mirror: str):
@@ -141,6 +140,33 @@ def stage_files(storage: Storage, stage_uri: str, who: str):
 # -- inputs ---------------------------------------------------------------------------------
 
 
+def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
+    """pretrain.phases against the examples section: every phase names an examples phase,
+    is at least as long as its sequences, and fits the model's positions. Run when the
+    config loads, and again against what the examples stage recorded before training."""
+    examples: ExamplesConfig = reads["examples"]
+    produced = {p.name: p for p in examples.phases}
+    positions = cfg.build_model_config(30522).max_position_embeddings
+    for i, phase in enumerate(cfg.phases):
+        source = produced.get(phase.name)
+        if source is None:
+            raise ValueError(
+                f"pretrain.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
+                "use one of those names or add the phase to examples.phases"
+            )
+        if phase.max_seq_length is not None and phase.max_seq_length < source.max_seq_length:
+            raise ValueError(
+                f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
+                f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
+            )
+        length = phase.max_seq_length or source.max_seq_length
+        if length > positions:
+            raise ValueError(
+                f"pretrain.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has "
+                f"{positions} positions; raise pretrain.model_overrides.max_position_embeddings or shorten the phase"
+            )
+
+
 @dataclass
 class Inputs:
     """What the examples and vocab stages produced, as the pretrain stage needs it."""
@@ -148,63 +174,34 @@ class Inputs:
     examples_fingerprint: str
     vocab_fingerprint: str
     examples: ExamplesConfig
-    tokens: list[str]
-    """The vocabulary in id order (vocab.txt)."""
+    vocab: VocabTables
     train_shards: dict[str, list[str]]
     """Phase name -> URIs of examples/<phase>/train/ shards."""
     validation_shards: dict[str, list[str]]
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokens)
 
-    @property
-    def pad_id(self) -> int:
-        return self.tokens.index("[PAD]")
-
-
-def _manifest(storage: Storage, root: str, stage: str) -> Manifest:
-    manifest = StageDir(storage, root, stage).manifest()
-    if manifest is None:
-        raise UpstreamMissing(
-            f"the {stage} stage has no output under {join(root, stage)}: run `bertpipe run --only {stage}` (or the whole flow) first"
-        )
-    return manifest
-
-
-def read_inputs(cfg: PretrainConfig, root: str, storage: Storage) -> Inputs:
-    """Read the examples and vocab manifests and check pretrain.phases against them."""
-    examples = _manifest(storage, root, "examples")
-    vocab = _manifest(storage, root, "vocab")
-    examples_cfg = ExamplesConfig.model_validate(examples.config)
-    produced = {p.name: p for p in examples_cfg.phases}
+def read_inputs(cfg: PretrainConfig, examples: Upstream, vocab: Upstream, storage: Storage) -> tuple[PretrainConfig, Inputs]:
+    """The section with each phase's max_seq_length resolved from the examples phase, and
+    the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
+    examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
+    phases = []
     train, validation = {}, {}
     for i, phase in enumerate(cfg.phases):
-        source = produced.get(phase.name)
-        if source is None:
-            raise ConfigError(
-                f"pretrain.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
-                "use one of those names or add the phase to examples.phases"
-            )
-        if phase.max_seq_length < source.max_seq_length:
-            raise ConfigError(
-                f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
-                f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that"
-            )
-        prefix = f"{phase.name}/"
-        train[phase.name] = [join(root, "examples", s.path) for s in examples.shards if s.path.startswith(prefix + "train/")]
-        validation[phase.name] = [join(root, "examples", s.path) for s in examples.shards if s.path.startswith(prefix + "validation/")]
-        if not train[phase.name]:
-            raise UpstreamMissing(f"{join(root, 'examples', phase.name, 'train')}: the examples manifest lists no shards; rerun the examples stage")
-        rows = sum(s.rows for s in examples.shards if s.path.startswith(prefix + "train/"))
+        phases.append(phase.model_copy(update={"max_seq_length": phase.max_seq_length or examples_cfg.phase(phase.name).max_seq_length}))
+        train_shards = examples.manifest.shards_under(f"{phase.name}/train/")
+        train[phase.name] = [examples.path(s.path) for s in train_shards]
+        validation[phase.name] = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/")]
+        if not train_shards:
+            raise UpstreamMissing(f"{examples.path(phase.name + '/train')}: the examples manifest lists no shards; rerun the examples stage")
+        rows = sum(s.rows for s in train_shards)
         if rows < cfg.micro_batch_size(phase):
             raise ConfigError(
                 f"pretrain.phases[{i}].batch_size ({phase.batch_size}) needs {cfg.micro_batch_size(phase)} sequences per worker "
                 f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
             )
-    tokens = storage.read_text(join(root, "vocab", "vocab.txt")).split("\n")
-    tokens = tokens[:-1] if tokens and tokens[-1] == "" else tokens
-    return Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, tokens, train, validation)
+    tokens = read_vocab(local_copy(storage, vocab.path(VOCAB_FILE), f"pretrain-{vocab.fingerprint}"))
+    inputs = Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation)
+    return cfg.model_copy(update={"phases": phases}), inputs
 
 
 # -- workers --------------------------------------------------------------------------------
@@ -224,7 +221,7 @@ class WorkerJob:
     env: dict[str, str] = field(default_factory=dict)
 
     def phase_data(self) -> list[PhaseData]:
-        vocab = VocabTables.from_tokens(self.inputs.tokens)
+        vocab = self.inputs.vocab
         masking = self.inputs.examples.masking
         cache_key = f"pretrain-{self.inputs.examples_fingerprint}"  # new examples, new copies
         out = []
@@ -311,17 +308,18 @@ def _fit(job: WorkerJob) -> None:
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def _export_task(storage: Storage, stage_uri: str, vocab: StageDir, vocab_key: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
+def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
     """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri`;
     returns [{name, bytes, sha256}] of the files written."""
+    storage = stage.storage
     with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
-        files = stage_files(storage, stage_uri, f"export-{uuid.uuid4().hex[:8]}")
+        files = stage_files(storage, stage.uri, f"export-{uuid.uuid4().hex[:8]}")
         files.download(f"{CHECKPOINTS}/{tag}")
         model_cfg = ModelConfig.model_validate(model_config)
         state = consolidate_checkpoint(files.local_path(f"{CHECKPOINTS}/{tag}"), model_cfg)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
         out_local = os.path.join(tmp, "model")
-        names = export_checkpoint(state, model_cfg, local_vocab_dir(storage, vocab, vocab_key), out_local)
+        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local)
         written = []
         for name in names:
             local = os.path.join(out_local, name)
@@ -330,28 +328,20 @@ def _export_task(storage: Storage, stage_uri: str, vocab: StageDir, vocab_key: s
         return written
 
 
-def export_model(cfg: PretrainConfig, root: str, storage: Storage, *, step: int | None = None, out: str | None = None) -> list[dict]:
+def export_model(stage: StageDir, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
     one) to `out` (default: <root>/pretrain/model/); returns the files written. Needs Ray
     (ensure_ray) for the one task that does the work."""
-    stage_uri = join(root, STAGE)
-    files = stage_files(storage, stage_uri, "driver")
+    files = stage_files(stage.storage, stage.uri, "driver")
     markers = complete_checkpoints(files)
     if step is not None:
         markers = [m for m in markers if m["step"] == step]
     if not markers:
         what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
-        raise ConfigError(f"{join(stage_uri, CHECKPOINTS)}: no complete {what}; run the pretrain stage first")
+        raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the pretrain stage first")
     marker = markers[-1]
-    vocab_key = f"pretrain-{_manifest(storage, root, 'vocab').fingerprint}"
     ref = _export_task.remote(
-        storage,
-        stage_uri,
-        StageDir(storage, root, "vocab"),
-        vocab_key,
-        checkpoint_tag(marker["step"]),
-        marker["model_config"],
-        out or join(stage_uri, MODEL_DIR),
+        stage, vocab.dir.uri, f"pretrain-{vocab.fingerprint}", checkpoint_tag(marker["step"]), marker["model_config"], out or stage.path(MODEL_DIR)
     )
     try:
         return ray.get(ref)
@@ -362,60 +352,60 @@ def export_model(cfg: PretrainConfig, root: str, storage: Storage, *, step: int 
         raise
 
 
-# -- driver ---------------------------------------------------------------------------------
+# -- the stage ------------------------------------------------------------------------------
 
 
-def train(cfg: PretrainConfig, root: str, storage: Storage, seed: int) -> dict:
-    """Train (resuming per pretrain.resume), export the final checkpoint to
-    <root>/pretrain/model/, and return {"shards": [ShardInfo...], "stats": {...}}.
+def run(r: StageRun) -> Output:
+    """Train (resuming per pretrain.resume), export the final checkpoint to model/, and
+    list model/ and metrics.jsonl as the stage's shards. With pretrain.resume=auto a
+    finished checkpoint is re-exported rather than retrained (resume=never retrains).
     Ray must be running (pipelines.ray_runtime.ensure_ray)."""
-    started = time.perf_counter()
-    inputs = read_inputs(cfg, root, storage)
-    stage_uri = join(root, STAGE)
-    files = stage_files(storage, stage_uri, "driver")
-    resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": seed})
-    if cfg.resume == "never":
-        clear_checkpoints(files)
-    else:
-        marker = latest_checkpoint(files)
-        if marker is not None and marker.get("resume_key") != resume_key:
-            # The checkpoints belong to another trajectory (the pretrain settings that shape
-            # training, the examples, the vocabulary or the seed changed): like any stage
-            # whose fingerprint changed, this one is recomputed from the start.
-            log.warning(
-                "pretrain: %s holds checkpoints of another config or other inputs (latest %s); starting over",
-                join(stage_uri, CHECKPOINTS),
-                checkpoint_tag(marker["step"]),
-            )
-            clear_checkpoints(files)
-    model_cfg = cfg.build_model_config(inputs.vocab_size, inputs.pad_id)
+    cfg, inputs = read_inputs(r.section, r.inputs["examples"], r.inputs["vocab"], r.storage)
+    files = stage_files(r.storage, r.dir.uri, "driver")
+    resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed})
+    _prepare_checkpoints(cfg, files, resume_key, r.dir)
+    model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
     job = WorkerJob(
         cfg=cfg,
         model_config=model_cfg.model_dump(mode="json"),
-        seed=seed,
+        seed=r.seed,
         resume_key=resume_key,
-        storage=storage,
-        stage_uri=stage_uri,
+        storage=r.storage,
+        stage_uri=r.dir.uri,
         inputs=inputs,
         env={} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"},
     )
     _fit(job)
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
-        raise RuntimeError(f"pretrain: training ended without a final checkpoint under {join(stage_uri, CHECKPOINTS)}")
-    exported = export_model(cfg, root, storage, step=marker["step"])
+        raise RuntimeError(f"pretrain: training ended without a final checkpoint under {r.dir.path(CHECKPOINTS)}")
+    exported = export_model(r.dir, r.inputs["vocab"], step=marker["step"])
     shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
-    metrics_uri = join(stage_uri, METRICS)
-    with storage.open(metrics_uri, "rb") as handle:
+    with r.storage.open(r.dir.path(METRICS), "rb") as handle:
         metrics = handle.read()
     lines = metrics.decode("utf-8").splitlines()
     shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=len(metrics), sha256=hashlib.sha256(metrics).hexdigest()))
-    return {"shards": shards, "stats": _stats(marker, lines), "timings": {"total_s": round(time.perf_counter() - started, 3)}}
+    return Output(shards=shards, stats=_stats(marker, lines))
+
+
+def _prepare_checkpoints(cfg: PretrainConfig, files, resume_key: str, stage: StageDir) -> None:
+    """Delete checkpoints that must not be resumed: all of them with resume=never, or those
+    of another trajectory (other trajectory-shaping settings, examples, vocabulary or seed):
+    like any stage whose fingerprint changed, this one is then recomputed from the start."""
+    if cfg.resume == "never":
+        clear_checkpoints(files)
+        return
+    marker = latest_checkpoint(files)
+    if marker is not None and marker.get("resume_key") != resume_key:
+        log.warning(
+            "pretrain: %s holds checkpoints of another config or other inputs (latest %s); starting over",
+            stage.path(CHECKPOINTS),
+            checkpoint_tag(marker["step"]),
+        )
+        clear_checkpoints(files)
 
 
 def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
-    import json
-
     records = [json.loads(line) for line in lines if line.strip()]
     last = records[-1] if records else {}
     window = records[-min(len(records), 50):]  # the final loss is noisy: also report a mean over the last steps
@@ -446,38 +436,8 @@ def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
     }
 
 
-def expected_fingerprint(cfg, storage: Storage) -> str:
-    from pipelines import examples, vocab
-
-    return _fingerprint(cfg, examples.expected_fingerprint(cfg, storage), vocab.expected_fingerprint(cfg, storage))
-
-
-def _fingerprint(cfg, examples_fp: str, vocab_fp: str) -> str:
-    section = cfg.pretrain.model_dump(mode="json")
-    return fingerprint(STAGE, CODE_VERSION, section, {"examples": examples_fp, "vocab": vocab_fp, "seed": cfg.run.seed})
-
-
-def run(cfg, storage: Storage, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
-    """Run the pretrain stage; returns (manifest, whether it was computed now). `force`
-    re-runs the stage; with pretrain.resume=auto a finished checkpoint is re-exported
-    rather than retrained (resume=never retrains). `parallelism` is unused: the worker
-    count is pretrain.num_workers."""
-    examples_m = _manifest(storage, cfg.run.root, "examples")
-    vocab_m = _manifest(storage, cfg.run.root, "vocab")
-    fp = _fingerprint(cfg, examples_m.fingerprint, vocab_m.fingerprint)
-    stage = StageDir(storage, cfg.run.root, STAGE)
-    if (done := stage.reuse_or_reset(fp, force=force, keep_progress=False)) is not None:
-        return done, False
-    result = train(cfg.pretrain, cfg.run.root, storage, cfg.run.seed)
-    manifest = Manifest(
-        stage=STAGE,
-        code_version=CODE_VERSION,
-        fingerprint=fp,
-        inputs={"examples": examples_m.fingerprint, "vocab": vocab_m.fingerprint},
-        config=cfg.pretrain.model_dump(mode="json"),
-        shards=result["shards"],
-        stats=result["stats"],
-        timings=result["timings"],
-    )
-    stage.write_manifest(manifest, cfg)
-    return manifest, True
+# Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
+STAGE = Stage(
+    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, resumable=False,
+    writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
+)

@@ -49,7 +49,6 @@ def ray_cluster():
 def s3_server():
     """A real S3 HTTP endpoint (moto) on 127.0.0.1; yields its URL."""
     from moto.server import ThreadedMotoServer
-
     from processes import free_port
 
     port = free_port()
@@ -87,16 +86,13 @@ DEMO_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 def demo_pipeline(tmp_path_factory, ray_cluster):
     """corpus -> vocab -> examples on the demo recipe, run once per session (a smaller
     vocabulary and one pass keep it quick). Yields (config, {stage: manifest})."""
-    from bertcore.config import load_config
-    from pipelines import corpus, examples, vocab
-    from pipelines.storage import Storage
+    from pipelines.registry import load_config
+    from pipelines.runner import Pipeline
 
     root = tmp_path_factory.mktemp("pipeline")
     cfg = load_config(DEMO_RECIPE, [f"run.root={root}", "vocab.vocab_size=4000", "examples.dupe_factor=1"])
-    storage = Storage(cfg.storage)
-    manifests = {}
-    for stage in (corpus, vocab, examples):
-        manifests[stage.STAGE], _ = stage.run(cfg, storage)
+    pipeline = Pipeline(cfg)
+    manifests = {name: pipeline.run(name)[0] for name in ("corpus", "vocab", "examples")}
     return cfg, manifests
 
 
@@ -104,7 +100,6 @@ def demo_pipeline(tmp_path_factory, ray_cluster):
 def world_of_one():
     """torch.distributed with one gloo process in this process (what DeepSpeed needs)."""
     import torch
-
     from processes import free_port
 
     if not torch.distributed.is_initialized():

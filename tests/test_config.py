@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bertcore.config import PipelineConfig, load_config, parse_config, resolved_yaml
+from bertcore.config import resolved_yaml
 from bertcore.errors import ConfigError
+from pipelines.registry import PipelineConfig, load_config, parse_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

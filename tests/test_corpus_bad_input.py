@@ -4,13 +4,11 @@ is processed and the counts still add up."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from bertcore.config import parse_config
 from bertcore.errors import InputDataError
-from pipelines import corpus
-from pipelines.storage import Storage
+from pipelines.registry import parse_config
+from pipelines.runner import Pipeline
 
 GOOD_DOC = (
     "The harbour town grew around a small fishing fleet in the nineteenth century. "
@@ -82,7 +80,7 @@ def test_bad_file_raises_naming_the_file(make_bad, tmp_path, enwiki_dump, good_f
     bad, fmt = make_bad(tmp_path, enwiki_dump)
     cfg = make_config(tmp_path / "run", [good_file, {"uri": str(bad), "format": fmt}])
     with pytest.raises(InputDataError) as info:
-        corpus.run(cfg, Storage(cfg.storage))
+        Pipeline(cfg).run("corpus")
     message = str(info.value)
     assert str(bad) in message and "\n" not in message
     assert (tmp_path / "run" / "corpus" / "_manifest.json").exists() is False
@@ -92,7 +90,7 @@ def test_bad_file_raises_naming_the_file(make_bad, tmp_path, enwiki_dump, good_f
 def test_bad_file_skipped_and_listed(make_bad, tmp_path, enwiki_dump, good_file, ray_cluster):
     bad, fmt = make_bad(tmp_path, enwiki_dump)
     cfg = make_config(tmp_path / "run", [good_file, {"uri": str(bad), "format": fmt}], on_error="skip")
-    manifest, _ = corpus.run(cfg, Storage(cfg.storage))
+    manifest, _ = Pipeline(cfg).run("corpus")
     assert [s["file"] for s in manifest.skipped] == [str(bad)]
     assert manifest.skipped[0]["reason"]
     stats = manifest.stats
@@ -107,7 +105,7 @@ def test_byte_offset_reported_for_non_utf8(tmp_path, good_file, ray_cluster):
     cfg = make_config(tmp_path / "run", [{"uri": str(path), "format": "book"}])
     bad_at = data.index(b"\xff")
     with pytest.raises(InputDataError, match=f"byte {bad_at}\\b"):
-        corpus.run(cfg, Storage(cfg.storage))
+        Pipeline(cfg).run("corpus")
 
 
 def test_fifty_megabyte_line_is_counted_not_lost(tmp_path, good_file, ray_cluster):
@@ -117,7 +115,7 @@ def test_fifty_megabyte_line_is_counted_not_lost(tmp_path, good_file, ray_cluste
         handle.write("word " * 10_000_000)  # 50 MB, no newline
     cfg = make_config(tmp_path / "run", [good_file, {"uri": str(huge), "format": "lines", "name": "huge"}])
     cfg.corpus.max_doc_chars = 1_000_000
-    manifest, _ = corpus.run(cfg, Storage(cfg.storage))
+    manifest, _ = Pipeline(cfg).run("corpus")
     huge_stats = manifest.stats["per_source"]["huge"]
     assert huge_stats == {**huge_stats, "read": 2, "kept": 1, "dropped": {"too_long": 1}}
 
@@ -126,9 +124,9 @@ def test_missing_path(tmp_path, good_file, ray_cluster):
     missing = str(tmp_path / "nope" / "*.jsonl")
     cfg = make_config(tmp_path / "run", [good_file, missing])
     with pytest.raises(InputDataError, match=r"corpus.inputs\[1\].*nope"):
-        corpus.run(cfg, Storage(cfg.storage))
+        Pipeline(cfg).run("corpus")
     cfg = make_config(tmp_path / "run", [good_file, missing], on_error="skip")
-    manifest, _ = corpus.run(cfg, Storage(cfg.storage))
+    manifest, _ = Pipeline(cfg).run("corpus")
     assert manifest.skipped[0]["file"] == missing and manifest.rows == 5
 
 
@@ -136,11 +134,11 @@ def test_missing_bucket(tmp_path, good_file, s3_server, monkeypatch, ray_cluster
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     cfg = make_config(tmp_path / "run", [good_file, "s3://no-such-bucket-here/raw/*.txt"])
     with pytest.raises(InputDataError, match="no-such-bucket-here"):
-        corpus.run(cfg, Storage(cfg.storage))
+        Pipeline(cfg).run("corpus")
 
 
 def test_truncated_bz2_offset_named(tmp_path, enwiki_dump, ray_cluster):
     bad, fmt = truncated_bz2(tmp_path, enwiki_dump)
     cfg = make_config(tmp_path / "run", [{"uri": str(bad), "format": fmt}])
     with pytest.raises(InputDataError, match=r"byte \d+"):
-        corpus.run(cfg, Storage(cfg.storage))
+        Pipeline(cfg).run("corpus")

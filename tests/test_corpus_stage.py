@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from bertcore.config import load_config
-from pipelines import corpus
+from pipelines.registry import load_config
+from pipelines.runner import Pipeline
 from pipelines.stage import MANIFEST, RESOLVED_CONFIG, StageDir
 from pipelines.storage import Storage, sha256_file
 
@@ -30,7 +30,7 @@ def read_shard(path) -> pa.Table:
 def demo_run(tmp_path_factory, ray_cluster):
     root = tmp_path_factory.mktemp("demo")
     cfg = demo_config(root)
-    manifest, computed = corpus.run(cfg, Storage(cfg.storage))
+    manifest, computed = Pipeline(cfg).run("corpus")
     assert computed
     return cfg, manifest, Path(cfg.run.root) / "corpus"
 
@@ -86,14 +86,14 @@ def test_wikipedia_text_is_clean(demo_run):
 def test_rerun_is_skipped_and_deleted_shard_is_recomputed_alone(demo_run):
     cfg, manifest, stage_dir = demo_run
     storage = Storage(cfg.storage)
-    again, computed = corpus.run(cfg, storage)
+    again, computed = Pipeline(cfg, storage).run("corpus")
     assert not computed and again.fingerprint == manifest.fingerprint
 
     victim = stage_dir / manifest.shards[1].path
     others = {s.path: (stage_dir / s.path).stat().st_mtime_ns for s in manifest.shards if s.path != manifest.shards[1].path}
     victim.unlink()
     assert StageDir(storage, cfg.run.root, "corpus").state(manifest.fingerprint) == "incomplete"
-    rebuilt, computed = corpus.run(cfg, storage)
+    rebuilt, computed = Pipeline(cfg, storage).run("corpus")
     assert computed
     assert sha256_file(str(victim)) == manifest.shards[1].sha256
     assert {s.path: (stage_dir / s.path).stat().st_mtime_ns for s in rebuilt.shards if s.path in others} == others
@@ -103,14 +103,14 @@ def test_rerun_is_skipped_and_deleted_shard_is_recomputed_alone(demo_run):
 def test_one_and_two_workers_give_identical_bytes(demo_run, tmp_path):
     cfg, manifest, _ = demo_run
     single = demo_config(tmp_path / "one", "ray.parallelism=1")
-    other, _ = corpus.run(single, Storage(single.storage), parallelism=1)
+    other, _ = Pipeline(single).run("corpus", parallelism=1)
     assert [(s.path, s.sha256) for s in other.shards] == [(s.path, s.sha256) for s in manifest.shards]
 
 
 def test_changed_setting_changes_fingerprint(demo_run, tmp_path):
     cfg, manifest, _ = demo_run
     changed = demo_config(cfg.run.root, "corpus.min_chars=300")
-    assert corpus.expected_fingerprint(changed, Storage(changed.storage)) != manifest.fingerprint
+    assert Pipeline(changed).expected_fingerprint("corpus") != manifest.fingerprint
 
 
 def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
@@ -130,7 +130,7 @@ def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
         f"corpus.inputs=[{{uri: 's3://{bucket}/raw/*.bz2', format: wikipedia, name: enwiki}}, "
         f"{{uri: 's3://{bucket}/raw/lee_background.cor', format: lines, name: lee-news}}]",
     )
-    manifest, computed = corpus.run(cfg, Storage(cfg.storage))
+    manifest, computed = Pipeline(cfg).run("corpus")
     assert computed
     assert [(s.path, s.sha256) for s in manifest.shards] == [(s.path, s.sha256) for s in local_manifest.shards]
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="run/corpus/")["Contents"]}
@@ -138,7 +138,7 @@ def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
     written = client.get_object(Bucket=bucket, Key="run/corpus/_manifest.json")["Body"].read().decode()
     written += client.get_object(Bucket=bucket, Key="run/corpus/_config.yaml")["Body"].read().decode()
     assert "testing" not in written and "secret" not in written.lower()
-    again, computed = corpus.run(cfg, Storage(cfg.storage))
+    again, computed = Pipeline(cfg).run("corpus")
     assert not computed
 
 
@@ -147,7 +147,7 @@ def test_jsonl_and_parquet_inputs(tmp_path, ray_cluster):
 
     import pyarrow.parquet as pq
 
-    from bertcore.config import parse_config
+    from pipelines.registry import parse_config
 
     body = "The committee met on Tuesday. It approved the budget for the new library. Work starts next week."
     rows = [{"key": f"doc-{i}", "body": f"{body} Item {i} was noted."} for i in range(30)]
@@ -167,7 +167,7 @@ def test_jsonl_and_parquet_inputs(tmp_path, ray_cluster):
             },
         }
     )
-    manifest, _ = corpus.run(cfg, Storage(cfg.storage))
+    manifest, _ = Pipeline(cfg).run("corpus")
     assert manifest.stats["work_units"] > 2
     titles = [t for s in manifest.shards for t in read_shard(Path(cfg.run.root) / "corpus" / s.path).column("title").to_pylist()]
     assert titles == [r["key"] for r in rows]  # every record once, in input order
@@ -176,13 +176,13 @@ def test_jsonl_and_parquet_inputs(tmp_path, ray_cluster):
 
 
 def test_near_duplicates_removed_when_enabled(gensim_data, tmp_path, ray_cluster):
-    from bertcore.config import parse_config
+    from pipelines.registry import parse_config
 
     inputs = [{"uri": str(gensim_data / "lee_background.cor"), "format": "lines", "name": "news"}]
     plain = parse_config({"run": {"root": str(tmp_path / "a")}, "corpus": {"inputs": inputs}})
     near = parse_config({"run": {"root": str(tmp_path / "b")}, "corpus": {"inputs": inputs, "near_dedup": True}})
-    without, _ = corpus.run(plain, Storage(plain.storage))
-    with_near, _ = corpus.run(near, Storage(near.storage))
+    without, _ = Pipeline(plain).run("corpus")
+    with_near, _ = Pipeline(near).run("corpus")
     removed = with_near.stats["dropped"].get("near_duplicate", 0)
     assert removed >= 1 and "near_duplicate" not in without.stats["dropped"]
     assert with_near.stats["documents_kept"] == without.stats["documents_kept"] - removed

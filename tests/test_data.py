@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bertcore.data import ExamplesLoader
-from bertcore.examples import ExamplesConfig, examples_for_shard, records_to_table
+from bertcore.examples import examples_for_shard, records_to_table
+from bertcore.examples_config import ExamplesConfig
 from bertcore.masking import VocabTables, num_to_predict
 from bertcore.pairs import InMemoryDocs
 

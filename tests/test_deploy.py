@@ -16,9 +16,16 @@ from pathlib import Path
 import pytest
 from processes import free_port, stop
 
-from bertcore.config import load_config
 from bertcore.errors import ConfigError
-from flows.deploy import ENTRYPOINT, KINDS, PROJECT_ROOT, deploy, plan_deployments, recipe_parameter
+from flows.deploy import (
+    ENTRYPOINT,
+    KINDS,
+    PROJECT_ROOT,
+    deploy,
+    plan_deployments,
+    recipe_parameter,
+)
+from pipelines.registry import load_config
 
 DEMO = PROJECT_ROOT / "configs" / "demo.yaml"
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -132,7 +139,13 @@ def api(prefect_server):
 
 
 def _scheduled_times(client, deployment_id, minimum: int, wait_s: float = 60):
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     deadline = time.monotonic() + wait_s

@@ -15,13 +15,17 @@ import pytest
 import torch
 import yaml
 
+from bertcore.config import StorageConfig, resolved_yaml
 from bertcore.errors import BertpipeError, ConfigError, InputDataError
 from bertcore.eval.config import EvaluateConfig
-from pipelines import evaluate as stage
+from flows.artifacts import publish_stage
+from pipelines.registry import PipelineConfig
+from pipelines.runner import Pipeline, run_stage
 from pipelines.stage import Manifest, StageDir
 from pipelines.storage import Storage
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+EVAL_DIR = "eval"
 TRAIN_STEPS = 30
 """Optimizer steps of the tiny model: enough to learn the frequent tokens, which is all the sanity check needs."""
 
@@ -43,6 +47,11 @@ evaluate:
   embeddings:
     sentences: 500
 """
+
+
+def evaluate(cfg: EvaluateConfig, root: str, storage: Storage, seed: int, force: bool = False) -> tuple[Manifest, bool]:
+    """The evaluate stage on this section alone."""
+    return run_stage("evaluate", cfg, root=root, storage=storage, seed=seed, force=force)
 
 
 # -- upstream: the demo's corpus, vocab and examples plus a briefly trained tiny model -------------
@@ -108,7 +117,7 @@ def template(demo_pipeline, tmp_path_factory) -> str:
         stats={},
         timings={},
     )
-    StageDir(Storage(cfg.storage), root, "pretrain").write_manifest(manifest, cfg)
+    StageDir(Storage(cfg.storage), root, "pretrain").write_manifest(manifest, resolved_yaml(cfg))
     return root
 
 
@@ -122,8 +131,6 @@ def root(template, tmp_path) -> str:
 
 @pytest.fixture
 def storage() -> Storage:
-    from bertcore.config import StorageConfig
-
     return Storage(StorageConfig())
 
 
@@ -231,9 +238,9 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
             "sts": {"file": _tsv(files / "sts.tsv", ("sentence1", "sentence2", "score"), _pairs(9, 12))},
         },
     )
-    manifest, computed = stage.evaluate(cfg, root, storage, seed=11)
+    manifest, computed = evaluate(cfg, root, storage, seed=11)
     assert computed and manifest.stage == "evaluate"
-    eval_dir = os.path.join(root, stage.DIRECTORY)
+    eval_dir = os.path.join(root, EVAL_DIR)
     assert {s.path for s in manifest.shards} == {"metrics.json", "report.md", "plots/pretraining.png", "plots/tasks.png"}
 
     def strict(constant):
@@ -293,25 +300,26 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
 
     # Same inputs: cached. Manifest gone (a crash before it was written): the finished jobs are
     # read back from _progress/ and give the same numbers without fine-tuning again.
-    again, computed = stage.evaluate(cfg, root, storage, seed=11)
+    again, computed = evaluate(cfg, root, storage, seed=11)
     assert not computed and again.fingerprint == manifest.fingerprint
     os.remove(os.path.join(eval_dir, "_manifest.json"))
-    resumed, computed = stage.evaluate(cfg, root, storage, seed=11)
+    resumed, computed = evaluate(cfg, root, storage, seed=11)
     with open(os.path.join(eval_dir, "metrics.json"), encoding="utf-8") as handle:
         rerun = json.load(handle)
     assert computed and rerun["timings"]["jobs_reused"] == rerun["timings"]["jobs"] == 14
     assert rerun["tasks"] == metrics["tasks"] and rerun["intrinsic"] == metrics["intrinsic"]
 
-    rows = stage.load_report(root, storage)[1]
+    rows = manifest.tables["evaluation-scores"]
     assert {r["section"] for r in rows} == {"pretraining", "fine-tuning", "embeddings"}
+    assert manifest.report == "report.md"
 
 
 def test_dynamic_masking_draws_the_same_masks_for_both_models_and_every_run(root, storage):
     cfg = EvaluateConfig(intrinsic={"max_batches": 3, "batch_size": 16}, embeddings={"enabled": False})
-    path = os.path.join(root, stage.DIRECTORY, "metrics.json")
+    path = os.path.join(root, EVAL_DIR, "metrics.json")
 
     def scores(force: bool) -> dict:
-        stage.evaluate(cfg, root, storage, seed=5, force=force)
+        evaluate(cfg, root, storage, seed=5, force=force)
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)["intrinsic"]["seq128"]
 
@@ -336,10 +344,10 @@ def test_malformed_row_is_one_error_naming_file_and_line(root, storage, tmp_path
     train = _tsv(tmp_path / "train.tsv", ("sentence", "label"), _classification_rows(1, 6)[:1], ["no label here"])
     cfg = _only_tasks([_quick(name="s", type="classification", format="tsv", train=train, cross_validation_folds=2)])
     with pytest.raises(InputDataError) as err:
-        stage.evaluate(cfg, root, storage, seed=1)
+        evaluate(cfg, root, storage, seed=1)
     message = str(err.value)
     assert f"{train}, line 3" in message and "on_error: skip" in message and "\n" not in message
-    assert not os.path.exists(os.path.join(root, stage.DIRECTORY, "_manifest.json"))
+    assert not os.path.exists(os.path.join(root, EVAL_DIR, "_manifest.json"))
 
 
 def test_missing_task_file_names_the_key(root, storage, tmp_path):
@@ -347,18 +355,16 @@ def test_missing_task_file_names_the_key(root, storage, tmp_path):
         [_quick(name="s", type="classification", format="tsv", train=_tsv(tmp_path / "t.tsv", ("sentence", "label"), _classification_rows(1, 4)), validation=str(tmp_path / "nope.tsv"))]
     )
     with pytest.raises(ConfigError, match=r"evaluate\.tasks\[0\]\.validation: .*nope\.tsv does not exist"):
-        stage.evaluate(cfg, root, storage, seed=1)
+        evaluate(cfg, root, storage, seed=1)
 
 
 def test_without_a_pretrained_model_the_error_says_which_stage_to_run(storage, tmp_path):
     with pytest.raises(BertpipeError, match="pretrain stage has no output"):
-        stage.evaluate(EvaluateConfig(), str(tmp_path), storage, seed=1)
+        evaluate(EvaluateConfig(), str(tmp_path), storage, seed=1)
 
 
 def test_task_files_on_s3(root, s3_bucket, tmp_path):
     import boto3
-
-    from bertcore.config import StorageConfig
 
     endpoint, bucket = s3_bucket
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -371,9 +377,9 @@ def test_task_files_on_s3(root, s3_bucket, tmp_path):
 
     # A malformed row is reported with the S3 URI, not the worker's local copy.
     with pytest.raises(InputDataError, match=rf"{uri}, line 14"):
-        stage.evaluate(_only_tasks([task]), root, s3_storage, seed=1)
-    manifest, _ = stage.evaluate(_only_tasks([{**task, "on_error": "skip"}]), root, s3_storage, seed=1)
-    with open(os.path.join(root, stage.DIRECTORY, "metrics.json"), encoding="utf-8") as handle:
+        evaluate(_only_tasks([task]), root, s3_storage, seed=1)
+    manifest, _ = evaluate(_only_tasks([{**task, "on_error": "skip"}]), root, s3_storage, seed=1)
+    with open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8") as handle:
         metrics = json.load(handle)
     assert metrics["skipped_rows"] == {"total": 1, "files": {uri: 1}}
     assert metrics["tasks"]["s"]["train_examples"] == 12
@@ -381,21 +387,17 @@ def test_task_files_on_s3(root, s3_bucket, tmp_path):
 
 
 def test_editing_a_task_file_reruns_and_run_reads_the_pipeline_section(root, storage, tmp_path):
-    from bertcore.config import PipelineConfig
-
-    class WithEvaluate(PipelineConfig):  # PipelineConfig gains `evaluate` when the lead wires the stage
-        evaluate: EvaluateConfig
-
     train = _tsv(tmp_path / "t.tsv", ("sentence", "label"), _classification_rows(1, 8))
     evaluate_cfg = _only_tasks([_quick(name="s", type="classification", format="tsv", train=train, cross_validation_folds=2)])
-    cfg = WithEvaluate(run={"root": root, "seed": 3}, corpus={"inputs": ["unused.txt"]}, evaluate=evaluate_cfg)
-    first, computed = stage.run(cfg, storage)
+    examples_cfg = Manifest.from_json(json.load(open(os.path.join(root, "examples", "_manifest.json"), encoding="utf-8"))).config
+    cfg = PipelineConfig(run={"root": root, "seed": 3}, corpus={"inputs": ["unused.txt"]}, examples=examples_cfg, evaluate=evaluate_cfg)
+    first, computed = Pipeline(cfg, storage).run("evaluate")
     assert computed
-    with open(os.path.join(root, stage.DIRECTORY, "_config.yaml"), encoding="utf-8") as handle:
+    with open(os.path.join(root, EVAL_DIR, "_config.yaml"), encoding="utf-8") as handle:
         assert yaml.safe_load(handle)["evaluate"]["tasks"][0]["train"] == train
-    assert not stage.run(cfg, storage)[1]
+    assert not Pipeline(cfg, storage).run("evaluate")[1]
     _tsv(tmp_path / "t.tsv", ("sentence", "label"), _classification_rows(2, 8))  # same path, new content
-    second, computed = stage.run(cfg, storage)
+    second, computed = Pipeline(cfg, storage).run("evaluate")
     assert computed and second.fingerprint != first.fingerprint
 
 
@@ -437,21 +439,30 @@ def test_task_file_placeholders_are_expanded_however_the_task_is_built():
 # -- Prefect --------------------------------------------------------------------------------------
 
 
-def test_publish_artifacts_outside_a_run_does_nothing():
-    assert stage.publish_artifacts("# report", [{"metric": "a", "pretrained": 1.0}]) is False
+def _evaluated(tmp_path) -> tuple[Manifest, StageDir]:
+    """A finished evaluate directory with a report and a score table, written here."""
+    directory = StageDir(Storage(StorageConfig()), str(tmp_path), EVAL_DIR)
+    report = directory.publish("report.md", lambda path: open(path, "w").write("# Evaluation report\n\nhello"), rows=0)
+    rows = [{"section": "fine-tuning", "name": "sst", "metric": "accuracy", "pretrained": 0.9, "random_init": 0.6, "gain": 0.3}]
+    manifest = Manifest("evaluate", "1", "fp", {}, {}, [report], {"tasks": {"sst": {"pretrained": 0.9}}}, {}, report="report.md", tables={"evaluation-scores": rows})
+    return manifest, directory
+
+
+def test_publish_artifacts_outside_a_run_does_nothing(tmp_path):
+    assert publish_stage("evaluate", *_evaluated(tmp_path), computed=True) is False
 
 
 @pytest.mark.slow
-def test_publish_artifacts_in_a_flow(prefect_harness):
+def test_publish_artifacts_in_a_flow(prefect_harness, tmp_path):
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    rows = [{"section": "fine-tuning", "name": "sst", "metric": "accuracy", "pretrained": 0.9, "random_init": 0.6, "gain": 0.3}]
+    manifest, directory = _evaluated(tmp_path)
 
     @flow
     def publish() -> bool:
-        return stage.publish_artifacts("# Evaluation report\n\nhello", rows)
+        return publish_stage("evaluate", manifest, directory, computed=True)
 
     assert publish() is True
 
@@ -461,7 +472,9 @@ def test_publish_artifacts_in_a_flow(prefect_harness):
 
     import asyncio
 
-    markdown = asyncio.run(read("evaluation-report"))
+    markdown = asyncio.run(read("evaluate-report"))
     table = asyncio.run(read("evaluation-scores"))
+    stats = asyncio.run(read("evaluate-stats"))
     assert markdown and "hello" in markdown[0].data
     assert table and "sst" in str(table[0].data)
+    assert stats and "tasks.sst.pretrained" in str(stats[0].data)

@@ -16,7 +16,6 @@ import pytest
 from pydantic import ValidationError
 
 from bertcore.examples import (
-    ExamplesConfig,
     ExampleStats,
     arrow_schema,
     example_batches,
@@ -24,6 +23,7 @@ from bertcore.examples import (
     examples_for_shard,
     records_to_table,
 )
+from bertcore.examples_config import ExamplesConfig
 from bertcore.masking import VocabTables, num_to_predict
 from bertcore.pairs import FlatDocument, InMemoryDocs
 

@@ -15,6 +15,7 @@ from bertcore.data import ExamplesLoader
 from bertcore.errors import InputDataError
 from bertcore.examples import arrow_schema
 from pipelines import examples
+from pipelines.runner import Pipeline
 from pipelines.storage import Storage
 
 
@@ -84,14 +85,14 @@ def test_statistics_match_google_algorithm(seq128):
 def test_one_and_two_workers_give_identical_bytes(demo_pipeline, tmp_path):
     cfg, manifests = demo_pipeline
     single = copy_upstream(cfg, tmp_path)
-    manifest, computed = examples.run(single, Storage(single.storage), parallelism=1)
+    manifest, computed = Pipeline(single).run("examples", parallelism=1)
     assert computed
     assert [(s.path, s.sha256) for s in manifest.shards] == [(s.path, s.sha256) for s in manifests["examples"].shards]
 
 
 def test_rerun_is_skipped(demo_pipeline):
     cfg, manifests = demo_pipeline
-    manifest, computed = examples.run(cfg, Storage(cfg.storage))
+    manifest, computed = Pipeline(cfg).run("examples")
     assert not computed and manifest.fingerprint == manifests["examples"].fingerprint
 
 
@@ -113,7 +114,7 @@ def test_mismatched_vocabulary_is_refused(demo_pipeline, tmp_path):
     lines[2000], lines[2001] = lines[2001], lines[2000]
     vocab_txt.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(InputDataError, match="different vocabularies"):
-        examples.run(other, Storage(other.storage))
+        Pipeline(other).run("examples")
 
 
 def test_vocabulary_replaced_after_the_vocab_stage_is_refused(demo_pipeline, tmp_path):
@@ -126,7 +127,7 @@ def test_vocabulary_replaced_after_the_vocab_stage_is_refused(demo_pipeline, tmp
     sentences = ["A short text about rivers and towns.", "Another sentence about mountains."] * 20
     save_tokenizer(train_wordpiece(sentences, small), small, str(tmp_path / "vocab"))
     with pytest.raises(InputDataError, match="do not match the tokenizer the vocab stage recorded"):
-        examples.run(other, Storage(other.storage))
+        Pipeline(other).run("examples")
 
 
 def test_token_store_reads_many_shards_without_holding_their_files(tmp_path):

@@ -19,21 +19,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipelines import examples
+from pipelines.runner import Pipeline
 from pipelines.stage import MANIFEST, Manifest
-from pipelines.storage import Storage
 
 # Runs the examples stage on an embedded Ray; prints one RESULT line with the manifest.
 DRIVER = r"""
 import json, sys
-from bertcore.config import PipelineConfig
-from pipelines import examples
 from pipelines.ray_runtime import ensure_ray
-from pipelines.storage import Storage
+from pipelines.registry import PipelineConfig
+from pipelines.runner import Pipeline
 
 cfg = PipelineConfig.model_validate_json(open(sys.argv[1]).read())
 ensure_ray(cfg.ray)
-manifest, computed = examples.run(cfg, Storage(cfg.storage))
+manifest, computed = Pipeline(cfg).run("examples")
 print("RESULT " + json.dumps(manifest.to_json()))
 """
 
@@ -57,7 +55,7 @@ def undisturbed(demo_pipeline, tmp_path_factory):
     """The manifest of the examples stage (dupe_factor 3, both phases) run without faults."""
     cfg = _config(demo_pipeline, tmp_path_factory.mktemp("undisturbed"))
     assert {p.name for p in cfg.examples.phases} >= {"seq128", "seq512"}
-    manifest, computed = examples.run(cfg, Storage(cfg.storage))
+    manifest, computed = Pipeline(cfg).run("examples")
     assert computed
     return manifest
 
@@ -155,8 +153,8 @@ def test_a_killed_driver_resumes_keeping_finished_shards(undisturbed, demo_pipel
     progress = root / "examples" / "_progress"
     try:
         deadline = time.monotonic() + 300
-        # wait until a few build_shard tasks have finished (each leaves a task marker), then crash
-        while len(list(progress.glob("task__*.json"))) < 3:
+        # wait until a few build_shard tasks have finished (each leaves a unit marker), then crash
+        while len(list(progress.glob("build__*.json"))) < 3:
             assert driver.poll() is None, "the examples stage ended before it could be interrupted"
             assert time.monotonic() < deadline, "no build_shard task finished in time"
             time.sleep(0.05)
@@ -165,12 +163,12 @@ def test_a_killed_driver_resumes_keeping_finished_shards(undisturbed, demo_pipel
     assert not (root / "examples" / MANIFEST).exists()
 
     finished = {}
-    for marker in progress.glob("task__*.json"):
-        for path in json.loads(marker.read_text())["shards"]:
-            finished[path] = (root / "examples" / path).stat().st_mtime_ns
+    for marker in progress.glob("build__*.json"):
+        for shard in json.loads(marker.read_text())["shards"]:
+            finished[shard["path"]] = (root / "examples" / shard["path"]).stat().st_mtime_ns
     assert finished and len(finished) < len(reference.shards)
 
-    manifest, computed = examples.run(cfg, Storage(cfg.storage))
+    manifest, computed = Pipeline(cfg).run("examples")
     assert computed
     assert _shards(manifest) == _shards(reference)
     # the shards finished before the crash were kept, not written again

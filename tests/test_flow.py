@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.pipeline import bert_pretraining
-from flows.status import stage_status
+from pipelines.runner import Pipeline
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def states(summaries):
 def test_flow_caches_and_reruns_downstream_only(upstream_copy, prefect_harness):
     cfg = upstream_copy
     assert states(bert_pretraining(cfg, only=DATA_STAGES)) == {"corpus": "cached", "vocab": "cached", "examples": "cached"}
-    assert {r["stage"]: r["state"] for r in stage_status(cfg)} == {
+    assert {r["stage"]: r["state"] for r in Pipeline(cfg).status()} == {
         "corpus": "complete",
         "vocab": "complete",
         "examples": "complete",
@@ -41,14 +41,14 @@ def test_flow_caches_and_reruns_downstream_only(upstream_copy, prefect_harness):
     }
 
     changed = cfg.model_copy(update={"examples": cfg.examples.model_copy(update={"masked_lm_prob": 0.2})})
-    assert {r["stage"]: r["state"] for r in stage_status(changed)}["examples"] == "stale"
+    assert {r["stage"]: r["state"] for r in Pipeline(changed).status()}["examples"] == "stale"
     assert states(bert_pretraining(changed, only=DATA_STAGES)) == {"corpus": "cached", "vocab": "cached", "examples": "computed"}
     assert states(bert_pretraining(changed, only=["vocab"], force=True)) == {"vocab": "computed"}
     assert states(bert_pretraining(changed, only=["examples"])) == {"examples": "cached"}
 
 
 def test_flow_reports_a_user_error_as_one_line(tmp_path, prefect_harness, ray_cluster):
-    from bertcore.config import parse_config
+    from pipelines.registry import parse_config
 
     cfg = parse_config({"run": {"root": str(tmp_path)}, "corpus": {"inputs": [str(tmp_path / "none.txt")]}})
     state = bert_pretraining(cfg, only=["vocab"], return_state=True)
@@ -60,7 +60,7 @@ def test_flow_reports_a_user_error_as_one_line(tmp_path, prefect_harness, ray_cl
 
 def test_stage_selection():
     from bertcore.errors import ConfigError
-    from flows.stages import select
+    from pipelines.registry import select
 
     assert select(None, None) == ["corpus", "vocab", "examples", "pretrain", "evaluate"]
     assert select(None, "examples") == ["examples", "pretrain", "evaluate"]

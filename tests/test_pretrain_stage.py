@@ -23,14 +23,22 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
-from pydantic import create_model  # noqa: E402
-
-from bertcore.config import PipelineConfig, StorageConfig  # noqa: E402
+from bertcore.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag  # noqa: E402
+from bertcore.config import StorageConfig  # noqa: E402
 from bertcore.errors import ConfigError  # noqa: E402
+from bertcore.examples_config import ExamplesConfig  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint  # noqa: E402
+from bertcore.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
-from bertcore.train import CHECKPOINTS, COMPLETE, LocalStageFiles, MetricsLog, PretrainConfig, Trainer, checkpoint_tag  # noqa: E402
+from bertcore.pretrain_config import PretrainConfig  # noqa: E402
+from bertcore.trainer import Trainer  # noqa: E402
 from pipelines import pretrain  # noqa: E402
+from pipelines.registry import (
+    REGISTRY,  # noqa: E402
+    PipelineConfig,  # noqa: E402
+)
+from pipelines.runner import Pipeline, run_stage, upstream  # noqa: E402
+from pipelines.stage import StageDir, UpstreamMissing  # noqa: E402
 from pipelines.storage import Storage, join  # noqa: E402
 
 STORAGE = Storage(StorageConfig())
@@ -56,12 +64,18 @@ def news_root(tmp_path_factory, gensim_data):
 
 
 def pipeline_config(root: Path, cfg: PretrainConfig) -> PipelineConfig:
-    """A run config with this pretrain section (PipelineConfig gains `pretrain` when the
-    stage is registered; until then a subclass adds it)."""
-    cls = PipelineConfig
-    if "pretrain" not in PipelineConfig.model_fields:
-        cls = create_model("PipelineWithPretrain", __base__=PipelineConfig, pretrain=(PretrainConfig, ...))
-    return cls(run={"root": str(root), "seed": SEED}, corpus={"inputs": ["unused.txt"]}, pretrain=cfg)
+    """A run config with this pretrain section (and the examples phases of make_run_root)."""
+    return PipelineConfig(
+        run={"root": str(root), "seed": SEED},
+        corpus={"inputs": ["unused.txt"]},
+        examples=ExamplesConfig.model_validate(json.loads((root / "examples" / "_manifest.json").read_text())["config"]),
+        pretrain=cfg,
+    )
+
+
+def train(cfg: PretrainConfig, root, storage: Storage = STORAGE, seed: int = SEED):
+    """The pretrain stage on this section alone; returns its manifest."""
+    return run_stage("pretrain", cfg, root=str(root), storage=storage, seed=seed)[0]
 
 
 @pytest.mark.slow
@@ -76,7 +90,7 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         keep_checkpoints=1,
         peak_flops_per_device=1e11,
     )
-    manifest, computed = pretrain.run(pipeline_config(small_root, cfg), STORAGE)
+    manifest, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert computed and (small_root / "pretrain" / "_manifest.json").exists()
     records = metrics(small_root)
     assert [r["step"] for r in records] == list(range(1, 101))
@@ -111,13 +125,14 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert len(fill("the fire [MASK] the homes.", top_k=3)) == 3
 
     # the same config again: the stage is complete and skipped
-    again, computed = pretrain.run(pipeline_config(small_root, cfg), STORAGE)
+    again, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert not computed and again.fingerprint == manifest.fingerprint
     # `bertpipe export`: any complete checkpoint to any folder; a missing one is a clear error
-    exported = pretrain.export_model(cfg, str(small_root), STORAGE, step=100, out=str(tmp_path / "exported"))
+    stage, vocab = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)["vocab"]
+    exported = pretrain.export_model(stage, vocab, step=100, out=str(tmp_path / "exported"))
     assert {f["name"]: f["sha256"] for f in exported} == {s.path.split("/")[1]: s.sha256 for s in manifest.shards if s.path.startswith("model/")}
     with pytest.raises(ConfigError, match=r"no complete checkpoint step-0000040"):
-        pretrain.export_model(cfg, str(small_root), STORAGE, step=40)
+        pretrain.export_model(stage, vocab, step=40)
 
 
 @pytest.mark.slow
@@ -125,9 +140,9 @@ def test_zero2_on_two_workers_follows_stage0_on_one_with_the_same_global_batch(r
     news_root, _ = news_root
     base = dict(phases=[{"name": "seq64", "steps": 20, "batch_size": 16, "max_seq_length": 64}], resume="never", validation_batches=0)
     # Both see the same micro-batches of 8: two workers at once, or one worker accumulating two.
-    pretrain.train(tiny_pretrain(num_workers=2, zero_stage=2, **base), str(news_root), STORAGE, SEED)
+    train(tiny_pretrain(num_workers=2, zero_stage=2, **base), str(news_root), STORAGE, SEED)
     zero2 = [r["loss"] for r in metrics(news_root)]
-    pretrain.train(tiny_pretrain(num_workers=1, zero_stage=0, gradient_accumulation_steps=2, **base), str(news_root), STORAGE, SEED)
+    train(tiny_pretrain(num_workers=1, zero_stage=0, gradient_accumulation_steps=2, **base), str(news_root), STORAGE, SEED)
     plain = [r["loss"] for r in metrics(news_root)]
     assert len(zero2) == len(plain) == 20
     assert zero2[-1] < zero2[0] - 0.3  # it trains
@@ -144,20 +159,20 @@ def test_a_user_error_inside_the_workers_surfaces_as_one_clear_error(ray_cluster
     assert min(bins) > 0
     cfg = tiny_pretrain(resume="never", phases=[{"name": "seq64", "steps": 10, "batch_size": int(max(bins)) + 1, "max_seq_length": 64}])
     with pytest.raises(ConfigError, match=r"the examples of phase seq64 \(\d+ sequences\) fill no batch of \d+ per worker"):
-        pretrain.train(cfg, str(news_root), STORAGE, SEED)
+        train(cfg, str(news_root), STORAGE, SEED)
 
 
 KILLED_RUN = textwrap.dedent(
     """
     import sys, ray
     from bertcore.config import StorageConfig
-    from bertcore.train import PretrainConfig
-    from pipelines import pretrain
+    from bertcore.pretrain_config import PretrainConfig
+    from pipelines.runner import run_stage
     from pipelines.storage import Storage
 
     address, root, cfg = sys.argv[1], sys.argv[2], PretrainConfig.model_validate_json(sys.argv[3])
     ray.init(address=address)
-    pretrain.train(cfg, root, Storage(StorageConfig()), int(sys.argv[4]))
+    run_stage("pretrain", cfg, root=root, storage=Storage(StorageConfig()), seed=int(sys.argv[4]))
     """
 )
 
@@ -183,7 +198,7 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
     for target in (reference_root, killed_root):
         for part in ("examples", "vocab"):
             shutil.copytree(news_root / part, target / part)
-    pretrain.train(cfg, str(reference_root), STORAGE, SEED)
+    train(cfg, str(reference_root), STORAGE, SEED)
     reference = metrics(reference_root)
 
     process = subprocess.Popen(
@@ -211,9 +226,9 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
         if (killed_root / "pretrain" / CHECKPOINTS / name / COMPLETE).exists()
     )
 
-    result = pretrain.train(cfg, str(killed_root), STORAGE, SEED)
+    result = train(cfg, str(killed_root), STORAGE, SEED)
     after = metrics(killed_root)
-    assert result["stats"]["steps"] == 60
+    assert result.stats["steps"] == 60
 
     def trajectory(records):
         return [(r["step"], r["phase"], r["data_hash"], r["tokens"]) for r in records]
@@ -222,7 +237,7 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
     assert [r["loss"] for r in after] == pytest.approx([r["loss"] for r in reference], abs=1e-5)
     # steps up to the checkpoint were not trained again: their records (timings included) are the killed run's
     assert after[:resumed_from] == before[:resumed_from]
-    assert result["stats"]["tokens_seen"] == sum(r["tokens"] for r in reference)
+    assert result.stats["tokens_seen"] == sum(r["tokens"] for r in reference)
 
 
 # -- a remote run.root (moto S3) ----------------------------------------------------------------
@@ -273,26 +288,28 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
 
 def test_stage_on_a_remote_root_writes_checkpoints_and_model_to_the_bucket(ray_cluster, s3_root, tmp_path):
     storage, root = s3_root
-    cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 6, "batch_size": 8, "max_seq_length": 64}], checkpoint_every=5)
-    result = pretrain.train(cfg, root, storage, SEED)
+    # no max_seq_length: the phase takes the examples phase's (64)
+    cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 6, "batch_size": 8}], checkpoint_every=5)
+    result = train(cfg, root, storage, SEED)
     stage_uri = join(root, "pretrain")
-    assert result["stats"]["steps"] == 6 and result["stats"]["validation"]["sequences"] > 0
+    assert result.stats["steps"] == 6 and result.stats["validation"]["sequences"] > 0
     assert [n for n in storage.listdir(join(stage_uri, CHECKPOINTS)) if n.startswith("step-")] == [checkpoint_tag(5), checkpoint_tag(6)]
-    assert len(storage.read_text(join(stage_uri, "metrics.jsonl")).splitlines()) == 6
+    records = [json.loads(line) for line in storage.read_text(join(stage_uri, "metrics.jsonl")).splitlines()]
+    assert len(records) == 6 and all(r["padded_tokens"] <= 64 * r["sequences"] for r in records)
     local = tmp_path / "model"
     local.mkdir()
     for name in HF_FILES:
         (local / name).write_bytes(storage.open(join(stage_uri, "model", name)).read())
     model = transformers.BertForPreTraining.from_pretrained(str(local))
-    assert model.config.vocab_size == result["stats"]["model_config"]["vocab_size"]
+    assert model.config.vocab_size == result.stats["model_config"]["vocab_size"]
 
 
 def test_inputs_are_checked_before_any_worker_starts(small_root, tmp_path):
     with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.name: the examples stage has no phase 'seq128' \(it made \['seq64'\]\)"):
-        pretrain.train(tiny_pretrain(phases=[{"name": "seq128", "steps": 10, "batch_size": 8, "max_seq_length": 128}]), str(small_root), STORAGE, SEED)
+        train(tiny_pretrain(phases=[{"name": "seq128", "steps": 10, "batch_size": 8, "max_seq_length": 128}]), str(small_root), STORAGE, SEED)
     with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.max_seq_length \(32\) is shorter than the examples of phase seq64"):
-        pretrain.train(tiny_pretrain(phases=[{"name": "seq64", "steps": 10, "batch_size": 8, "max_seq_length": 32}]), str(small_root), STORAGE, SEED)
+        train(tiny_pretrain(phases=[{"name": "seq64", "steps": 10, "batch_size": 8, "max_seq_length": 32}]), str(small_root), STORAGE, SEED)
     with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.batch_size \(100000\) needs 100000 sequences per worker"):
-        pretrain.train(tiny_pretrain(phases=[{"name": "seq64", "steps": 10, "batch_size": 100_000, "max_seq_length": 64}]), str(small_root), STORAGE, SEED)
-    with pytest.raises(pretrain.UpstreamMissing, match=r"the examples stage has no output under .*: run `bertpipe run --only examples`"):
-        pretrain.train(tiny_pretrain(), str(tmp_path), STORAGE, SEED)
+        train(tiny_pretrain(phases=[{"name": "seq64", "steps": 10, "batch_size": 100_000, "max_seq_length": 64}]), str(small_root), STORAGE, SEED)
+    with pytest.raises(UpstreamMissing, match=r"the examples stage has no output under .*: run `bertpipe run --only examples`"):
+        train(tiny_pretrain(), str(tmp_path), STORAGE, SEED)

@@ -30,10 +30,9 @@ RAY = str(Path(sys.executable).with_name("ray"))
 DRIVER = r"""
 import json, sys, time
 import ray
-from bertcore.config import PipelineConfig
-from flows.stages import REGISTRY
 from pipelines.ray_runtime import ensure_ray
-from pipelines.storage import Storage
+from pipelines.registry import PipelineConfig
+from pipelines.runner import Pipeline
 
 cfg = PipelineConfig.model_validate_json(open(sys.argv[1]).read())
 ensure_ray(cfg.ray)
@@ -52,10 +51,10 @@ def where():
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
 probed = ray.get([where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes])
-storage = Storage(cfg.storage)
+pipeline = Pipeline(cfg)
 out = {"nodes": nodes, "probed": probed, "stages": {}}
 for name in sys.argv[2].split(","):
-    manifest, computed = REGISTRY[name].run(cfg, storage)
+    manifest, computed = pipeline.run(name)
     out["stages"][name] = {"fingerprint": manifest.fingerprint, "computed": computed, "shards": {s.path: s.sha256 for s in manifest.shards}}
 print("RESULT " + json.dumps(out))
 """

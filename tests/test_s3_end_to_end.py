@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bertcore.config import load_config
 from flows.pipeline import bert_pretraining
+from pipelines.registry import load_config
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 

@@ -12,9 +12,10 @@ import pyarrow.ipc as ipc
 import pytest
 from tokenizers import Tokenizer
 
-from bertcore.config import load_config
 from bertcore.errors import BertpipeError, ConfigError
-from pipelines import corpus, vocab
+from pipelines import vocab
+from pipelines.registry import load_config
+from pipelines.runner import Pipeline
 from pipelines.stage import StageDir
 from pipelines.storage import Storage, sha256_file
 
@@ -63,7 +64,7 @@ def test_same_shards_and_seed_give_same_vocab(demo_pipeline, tmp_path):
     cfg, manifests = demo_pipeline
     shutil.copytree(Path(cfg.run.root) / "corpus", tmp_path / "corpus")
     again = cfg.model_copy(update={"run": cfg.run.model_copy(update={"root": str(tmp_path)})})
-    manifest, computed = vocab.run(again, Storage(again.storage), parallelism=1)
+    manifest, computed = Pipeline(again).run("vocab", parallelism=1)
     assert computed
     assert sha256_file(str(tmp_path / "vocab" / "vocab.txt")) == sha256_file(str(Path(cfg.run.root) / "vocab" / "vocab.txt"))
     assert manifest.fingerprint == manifests["vocab"].fingerprint
@@ -76,7 +77,7 @@ def test_vocab_smaller_than_alphabet_is_refused(demo_pipeline, tmp_path):
         update={"run": cfg.run.model_copy(update={"root": str(tmp_path)}), "vocab": cfg.vocab.model_copy(update={"vocab_size": 150})}
     )
     with pytest.raises(ConfigError, match="vocab.vocab_size"):
-        vocab.run(small, Storage(small.storage))
+        Pipeline(small).run("vocab")
     assert StageDir(Storage(small.storage), str(tmp_path), "vocab").manifest() is None
 
 
@@ -85,15 +86,15 @@ def test_empty_corpus_is_refused(tmp_path, ray_cluster):
     text.write_text("Too short.\n", encoding="utf-8")
     cfg = load_config(None, [f"run.root={tmp_path / 'run'}", f"corpus.inputs=[{{uri: '{text}', format: lines}}]"])
     storage = Storage(cfg.storage)
-    corpus.run(cfg, storage)
+    Pipeline(cfg, storage).run("corpus")
     with pytest.raises(ConfigError, match="no training sentences"):
-        vocab.run(cfg, storage)
+        Pipeline(cfg, storage).run("vocab")
 
 
 def test_missing_corpus_names_the_stage(tmp_path, ray_cluster):
     cfg = load_config(None, [f"run.root={tmp_path}", "corpus.inputs=['x.txt']"])
     with pytest.raises(BertpipeError, match="corpus stage has no output"):
-        vocab.run(cfg, Storage(cfg.storage))
+        Pipeline(cfg).run("vocab")
 
 
 def test_unknown_vocab_option_is_named(tmp_path):
@@ -104,8 +105,8 @@ def test_unknown_vocab_option_is_named(tmp_path):
 def test_korean_recipe_keeps_syllables(tmp_path, ray_cluster):
     cfg = load_config(KOREAN, [f"run.root={tmp_path}"])
     storage = Storage(cfg.storage)
-    corpus.run(cfg, storage)
-    manifest, _ = vocab.run(cfg, storage)
+    Pipeline(cfg, storage).run("corpus")
+    manifest, _ = Pipeline(cfg, storage).run("vocab")
     pieces = (tmp_path / "vocab" / "vocab.txt").read_text(encoding="utf-8").splitlines()
     jamo = [p for p in pieces if any(0x1100 <= ord(c) <= 0x11FF for c in p)]
     assert jamo == []

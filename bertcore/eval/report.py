@@ -244,10 +244,25 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     return rows
 
 
+def _heading(title: str, intro: str) -> list[str]:
+    return [f"## {title}", "", intro, ""]
+
+
 def render_markdown(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> str:
     """The report as markdown. `plots` maps "pretraining" and "tasks" to image paths
     relative to the report (absent when that plot was not drawn)."""
     out: list[str] = ["# Evaluation report", ""]
+    for needs, section in _SECTIONS:
+        if needs is None or metrics.get(needs):
+            out += section(metrics, plots)
+    notes = metrics.get("notes") or []
+    if notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(out)
+
+
+def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    out: list[str] = []
     model = metrics.get("model") or {}
     shape = model.get("config") or {}
     if shape:
@@ -263,8 +278,11 @@ def render_markdown(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> str
             "so the difference is what pretraining bought."
         )
         out.append("")
+    return out
 
-    out += ["## Pretraining", ""]
+
+def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    out = ["## Pretraining", ""]
     log = metrics.get("pretraining_log")
     if "pretraining" in plots:
         out += [f"![pretraining curves]({plots['pretraining']})", ""]
@@ -279,83 +297,100 @@ def render_markdown(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> str
     else:
         out.append("No pretraining log (pretrain/metrics.jsonl) was found, so there are no training curves.")
     out.append("")
+    return out
 
-    intrinsic = metrics.get("intrinsic") or {}
-    if intrinsic:
-        out += ["## Held-out masked LM and next sentence prediction", ""]
-        out.append("On the examples stage's validation sequences (masks as stored, or drawn with a fixed seed for dynamic masking).")
-        out.append("")
-        rows = []
-        for phase, by_model in intrinsic.items():
-            for model_name in ("pretrained", "random_init"):
-                if model_name in by_model:
-                    scores = by_model[model_name]
-                    rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in _INTRINSIC_COLUMNS])
-        out += _table(["phase", "model", "sequences", "masked tokens", "MLM loss", "MLM perplexity", "MLM acc.", "NSP loss", "NSP acc."], rows)
-        out.append("")
 
-    tasks = metrics.get("tasks") or {}
-    if tasks:
-        out += ["## Fine-tuning", ""]
-        out.append("Validation scores x 100: median over seeds [min, max]; gain = pretrained median - random-init median.")
-        out.append("")
-        rows = []
-        for name, task in tasks.items():
-            metric = task["primary_metric"]
-            mine = (task.get("pretrained") or {}).get("validation", {}).get(metric)
-            theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
-            gain = (task.get("gain") or {}).get(metric)
-            how = f"{task['folds']}-fold CV" if task.get("folds") else "validation file"
-            if task.get("freeze_encoder"):
-                how += ", frozen encoder"
-            rows.append([name, task["type"], metric, _summary_cell(metric, mine), _summary_cell(metric, theirs), _fmt(metric, gain), task.get("seeds"), how])
-        out += _table(["task", "type", "metric", "pretrained", "random init", "gain", "seeds", "scored on"], rows)
-        out.append("")
-        if "tasks" in plots:
-            out += [f"![task scores]({plots['tasks']})", ""]
-        out += ["### All metrics", ""]
-        rows = []
-        for name, task in tasks.items():
-            for split in ("validation", "test"):
-                mine = (task.get("pretrained") or {}).get(split) or {}
-                theirs = (task.get("random_init") or {}).get(split) or {}
-                for metric, summary in mine.items():
-                    rows.append([name, split, metric, _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric))])
-        out += _table(["task", "split", "metric", "pretrained", "random init"], rows)
-        out.append("")
-
-    embeddings = metrics.get("embeddings")
-    if embeddings:
-        out += ["## Sentence embeddings", ""]
-        out.append(
-            f"Anisotropy: mean cosine similarity of random pairs of {embeddings.get('sentences', 0):,} held-out corpus "
-            "sentences (near 1: every sentence points the same way). "
-            + (
-                f"STS: Spearman correlation of cosine similarity with the gold scores of {embeddings.get('sts_pairs'):,} pairs."
-                if embeddings.get("sts_pairs")
-                else "No STS file was given."
-            )
-        )
-        out.append("")
-        rows = []
+def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    intrinsic = metrics["intrinsic"]
+    out = _heading(
+        "Held-out masked LM and next sentence prediction",
+        "On the examples stage's validation sequences (masks as stored, or drawn with a fixed seed for dynamic masking).",
+    )
+    rows = []
+    for phase, by_model in intrinsic.items():
         for model_name in ("pretrained", "random_init"):
-            for pooling, scores in (embeddings.get(model_name) or {}).items():
-                rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
-        out += _table(["model", "pooling", "anisotropy", "STS Spearman (x100)"], rows)
-        out.append("")
+            if model_name in by_model:
+                scores = by_model[model_name]
+                rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in _INTRINSIC_COLUMNS])
+    out += _table(["phase", "model", "sequences", "masked tokens", "MLM loss", "MLM perplexity", "MLM acc.", "NSP loss", "NSP acc."], rows)
+    out.append("")
+    return out
 
-    skipped = metrics.get("skipped_rows") or {}
+
+def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    tasks = metrics["tasks"]
+    out = _heading("Fine-tuning", "Validation scores x 100: median over seeds [min, max]; gain = pretrained median - random-init median.")
+    rows = []
+    for name, task in tasks.items():
+        metric = task["primary_metric"]
+        mine = (task.get("pretrained") or {}).get("validation", {}).get(metric)
+        theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
+        gain = (task.get("gain") or {}).get(metric)
+        how = f"{task['folds']}-fold CV" if task.get("folds") else "validation file"
+        if task.get("freeze_encoder"):
+            how += ", frozen encoder"
+        rows.append([name, task["type"], metric, _summary_cell(metric, mine), _summary_cell(metric, theirs), _fmt(metric, gain), task.get("seeds"), how])
+    out += _table(["task", "type", "metric", "pretrained", "random init", "gain", "seeds", "scored on"], rows)
+    out.append("")
+    if "tasks" in plots:
+        out += [f"![task scores]({plots['tasks']})", ""]
+    out += ["### All metrics", ""]
+    rows = []
+    for name, task in tasks.items():
+        for split in ("validation", "test"):
+            mine = (task.get("pretrained") or {}).get(split) or {}
+            theirs = (task.get("random_init") or {}).get(split) or {}
+            for metric, summary in mine.items():
+                rows.append([name, split, metric, _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric))])
+    out += _table(["task", "split", "metric", "pretrained", "random init"], rows)
+    out.append("")
+    return out
+
+
+def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    embeddings = metrics["embeddings"]
+    out = ["## Sentence embeddings", ""]
+    out.append(
+        f"Anisotropy: mean cosine similarity of random pairs of {embeddings.get('sentences', 0):,} held-out corpus "
+        "sentences (near 1: every sentence points the same way). "
+        + (
+            f"STS: Spearman correlation of cosine similarity with the gold scores of {embeddings.get('sts_pairs'):,} pairs."
+            if embeddings.get("sts_pairs")
+            else "No STS file was given."
+        )
+    )
+    out.append("")
+    rows = []
+    for model_name in ("pretrained", "random_init"):
+        for pooling, scores in (embeddings.get(model_name) or {}).items():
+            rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
+    out += _table(["model", "pooling", "anisotropy", "STS Spearman (x100)"], rows)
+    out.append("")
+    return out
+
+
+def _skipped_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    skipped = metrics["skipped_rows"]
+    if not skipped.get("total"):
+        return []
+    tasks = metrics.get("tasks") or {}
     problems = [(name, p) for name, t in tasks.items() for p in t.get("skipped_problems", [])]
-    if skipped.get("total"):
-        out += ["## Skipped input rows", ""]
-        out.append(f"{skipped['total']:,} malformed row(s) were skipped (on_error: skip).")
-        out.append("")
-        out += _table(["file", "rows skipped"], [[f"`{uri}`", n] for uri, n in skipped.get("files", {}).items()])
-        out.append("")
-        if problems:
-            out += ["First problems:", ""] + [f"- {name}: {p}" for name, p in problems[:20]] + [""]
+    out = ["## Skipped input rows", ""]
+    out.append(f"{skipped['total']:,} malformed row(s) were skipped (on_error: skip).")
+    out.append("")
+    out += _table(["file", "rows skipped"], [[f"`{uri}`", n] for uri, n in skipped.get("files", {}).items()])
+    out.append("")
+    if problems:
+        out += ["First problems:", ""] + [f"- {name}: {p}" for name, p in problems[:20]] + [""]
+    return out
 
-    notes = metrics.get("notes") or []
-    if notes:
-        out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    return "\n".join(out)
+
+_SECTIONS = (
+    (None, _model_section),
+    (None, _pretraining_section),
+    ("intrinsic", _intrinsic_section),
+    ("tasks", _tasks_section),
+    ("embeddings", _embeddings_section),
+    ("skipped_rows", _skipped_section),
+)
+"""(the metrics key a section needs, or None, and the section), in report order."""

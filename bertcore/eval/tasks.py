@@ -1,7 +1,7 @@
-"""Fine-tuning task configuration and the readers for its files.
+"""The readers of fine-tuning task files.
 
 A task is one labelled data set (SST-2, MRPC, CoNLL-2003, SQuAD, a company's own TSV)
-described by a `TaskConfig`; the readers turn its files into plain example records.
+described by a `TaskConfig` (bertcore/eval/config.py); the readers turn its files into plain example records.
 Readers check every row: a malformed one raises a TaskDataError (a ValueError and a
 bertpipe InputDataError) naming the file and the 1-based line, or, with on_error="skip",
 is left out and counted in `ReadResult.skipped`.
@@ -9,158 +9,19 @@ is left out and counted in `ReadResult.skipped`.
 
 from __future__ import annotations
 
-import codecs
 import csv
 import json
 import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import fsspec
-from pydantic import Field, field_validator, model_validator
 
 from bertcore.errors import InputDataError
-from bertcore.eval.metrics import TagScheme
+from bertcore.eval.config import Split, TaskConfig
 from bertcore.rng import keyed_seed
-from bertcore.section import Section
-
-TaskType = Literal["classification", "regression", "token_classification", "qa"]
-FileFormat = Literal["tsv", "csv", "jsonl", "fasttext", "conll", "squad"]
-Split = Literal["train", "validation", "test"]
-TASK_FILES: tuple[Split, ...] = get_args(Split)
-"""TaskConfig's file fields, one per split."""
-
-_FORMATS_OF: dict[str, tuple[str, ...]] = {
-    "classification": ("tsv", "csv", "jsonl", "fasttext"),
-    "regression": ("tsv", "csv", "jsonl"),
-    "token_classification": ("conll",),
-    "qa": ("squad",),
-}
-
-
-def expand_uri(uri: Any) -> Any:
-    """A file URI with the corpus inputs' `{demo_data}`/`{korean_data}` placeholders
-    expanded (for config fields), so a recipe, a `--set` override and a Prefect form all
-    get the same paths."""
-    if not isinstance(uri, str):
-        return uri
-    # Imported here: bertcore.config imports this module to build PipelineConfig.
-    from bertcore.config import expand_placeholders
-
-    return expand_placeholders(uri)
-
-
-def known_encoding(value: str) -> str:
-    """Validate a text encoding name (for config fields)."""
-    try:
-        codecs.lookup(value)
-    except LookupError:
-        raise ValueError(f"unknown text encoding {value!r}") from None
-    return value
-
-
-class TaskConfig(Section):
-    """One fine-tuning task: its files, how to read them, and how to fine-tune on them."""
-
-    name: str = Field(min_length=1)
-    """Task name used in metrics, reports and random keys (sst2, mrpc, conll2003, squad)."""
-    type: TaskType
-    """classification (one label per text or text pair), regression (one number per text or pair, e.g. STS-B), token_classification (one tag per word, e.g. NER), qa (extractive answer spans, SQuAD)."""
-    train: str
-    """Training file (local path or fsspec URI; .gz/.bz2/.xz are decompressed)."""
-    validation: str | None = None
-    """Validation file the metrics are computed on; if absent, set cross_validation_folds."""
-    test: str | None = None
-    """Optional labelled test file, scored with the model fine-tuned on train."""
-    format: FileFormat
-    """tsv/csv/jsonl rows (GLUE files work as they are), fasttext (`__label__pos text` lines), conll (token per line, tag in the last column), squad (SQuAD v1.1/v2.0 JSON)."""
-    text_a: str | int = "sentence"
-    """tsv/csv/jsonl: column of the (first) text, a header name or a 0-based index."""
-    text_b: str | int | None = None
-    """tsv/csv/jsonl: column of the second text of a pair (MRPC, MNLI, STS-B); None for single texts."""
-    label_column: str | int = "label"
-    """tsv/csv/jsonl: column of the label (classification) or score (regression)."""
-    labels: list[str] | None = None
-    """Allowed labels (classification) or tags (token_classification), in output-index order; a row with any other label is malformed. None: the sorted set of labels in the training file."""
-    positive_label: str | None = None
-    """Binary classification: the label whose F1 is reported (MRPC, QQP: "1"); default the second entry of `labels`."""
-    header: bool = True
-    """tsv/csv: the first line names the columns (GLUE's CoLA files have none)."""
-    encoding: str = "utf-8"
-    """Text encoding of the files (any ASCII-compatible codec Python knows: utf-8, cp1252, latin-1)."""
-    cross_validation_folds: int | None = Field(None, ge=2)
-    """Small data sets without a validation file: k-fold cross-validation on train (folds fixed per task, stratified for classification); metrics are the mean over folds."""
-    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
-    """Fine-tuning seeds; each gives one run and the report shows the median and spread."""
-    epochs: int = Field(3, ge=1)
-    """Passes over the training data."""
-    learning_rate: float = Field(2e-5, gt=0.0)
-    """Peak AdamW learning rate (linear warm-up, then linear decay to zero)."""
-    warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    """Share of the optimizer steps spent warming up."""
-    weight_decay: float = Field(0.01, ge=0.0)
-    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
-    batch_size: int = Field(32, ge=1)
-    """Training examples (or QA windows) per optimizer step."""
-    max_seq_length: int = Field(128, ge=8)
-    """Tokens per input including special tokens; longer inputs are truncated (QA: split into windows)."""
-    freeze_encoder: bool = False
-    """Feature-based evaluation: keep the encoder's weights fixed and train only the task head."""
-    tag_scheme: TagScheme = "IOB2"
-    """token_classification: how tags mark entities (IOB1 for the original CoNLL-2003 files, IOB2/BIO, IOBES); decides entity-level scoring."""
-    doc_stride: int = Field(128, ge=1)
-    """qa: tokens between the starts of consecutive context windows (Google's run_squad meaning; Hugging Face's `stride` is the overlap instead)."""
-    max_query_length: int = Field(64, ge=1)
-    """qa: questions longer than this many tokens are cut."""
-    max_answer_length: int = Field(30, ge=1)
-    """qa: longest answer span, in tokens, the decoder may predict."""
-    n_best: int = Field(20, ge=1)
-    """qa: start and end candidates per window considered when decoding spans."""
-    version_2: bool = False
-    """qa: SQuAD 2.0, questions may have no answer; the model predicts none when the null score beats the best span by more than `null_score_threshold`."""
-    null_score_threshold: float = 0.0
-    """qa, version_2: predict no answer when null score - best span score > this value."""
-    on_error: Literal["raise", "skip"] = "raise"
-    """raise: a malformed row stops with its file and line; skip: malformed rows are left out and counted."""
-
-    @field_validator(*TASK_FILES, mode="before")
-    @classmethod
-    def _placeholders(cls, value: Any) -> Any:
-        return expand_uri(value)
-
-    @field_validator("encoding")
-    @classmethod
-    def _known_encoding(cls, value: str) -> str:
-        return known_encoding(value)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TaskConfig:
-        if self.format not in _FORMATS_OF[self.type]:
-            allowed = ", ".join(_FORMATS_OF[self.type])
-            raise ValueError(f"format {self.format!r} cannot hold a {self.type} task; use one of {allowed}")
-        if self.validation is None and self.cross_validation_folds is None:
-            raise ValueError("validation is not set: give a validation file or cross_validation_folds")
-        if self.validation is not None and self.cross_validation_folds is not None:
-            raise ValueError("set either validation or cross_validation_folds, not both")
-        if self.type == "regression" and self.labels is not None:
-            raise ValueError("labels must be unset for a regression task")
-        if self.labels is not None and len(set(self.labels)) != len(self.labels):
-            raise ValueError("labels contains duplicates")
-        if self.format in ("tsv", "csv") and not self.header:
-            named = [c for c in (self.text_a, self.text_b, self.label_column) if isinstance(c, str)]
-            if named:
-                raise ValueError(f"header is false, so columns must be 0-based indexes, not names ({named[0]!r})")
-        if self.format == "jsonl":
-            indexed = [c for c in (self.text_a, self.text_b, self.label_column) if isinstance(c, int)]
-            if indexed:
-                raise ValueError("jsonl columns are field names, not indexes")
-        if self.positive_label is not None and self.labels is not None and self.positive_label not in self.labels:
-            raise ValueError(f"positive_label {self.positive_label!r} is not in labels")
-        if self.type == "qa" and self.max_query_length + 4 >= self.max_seq_length:
-            raise ValueError("max_query_length leaves no room for context within max_seq_length")
-        return self
 
 
 class TaskDataError(InputDataError, ValueError):
@@ -587,7 +448,10 @@ def fold_splits(task: TaskConfig, examples: list) -> list[tuple[list[int], list[
     """(train indexes, held-out indexes) per cross-validation fold. The folds depend only on
     the task name, never on the fine-tuning seed, so seeds differ by training alone.
     Classification folds keep the label proportions (when every label has k examples)."""
-    from sklearn.model_selection import KFold, StratifiedKFold  # here: the run config imports this module
+    from sklearn.model_selection import (  # here: the run config imports this module
+        KFold,
+        StratifiedKFold,
+    )
 
     k = task.cross_validation_folds
     if k is None:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bertcore.section import Section
+from bertcore.section import DataFile, Section
 
 InputFormat = Literal["auto", "wikipedia", "book", "lines", "jsonl", "parquet"]
 
@@ -14,8 +14,8 @@ InputFormat = Literal["auto", "wikipedia", "book", "lines", "jsonl", "parquet"]
 class InputSpec(Section):
     """One input of the corpus: a URI or glob plus how to read it."""
 
-    uri: str
-    """Local path, glob or fsspec URI (s3://bucket/prefix/*.jsonl). Compression (.bz2, .gz, .xz, .zst) is inferred from the name."""
+    uri: DataFile
+    """Local path, glob or fsspec URI (s3://bucket/prefix/*.jsonl); `{demo_data}` is the bundled sample data. Compression (.bz2, .gz, .xz, .zst) is inferred from the name."""
     name: str | None = None
     """Source label stored with every document and used for per-source statistics; default: the file name of `uri`."""
     format: InputFormat = "auto"

@@ -1,0 +1,120 @@
+"""Optimisation: the learning-rate schedule, LAMB, BERT's two parameter groups, and the
+DeepSpeed JSON built from the `pretrain:` section.
+
+Learning rate: one schedule over the steps of all phases, linear warmup to
+`learning_rate` then linear decay to zero at the last step (`lr_multiplier`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bertcore.pretrain_config import PretrainConfig
+
+
+def lr_multiplier(step: int, warmup: int, total: int) -> float:
+    """Learning-rate factor for the update with 0-based index `step`: (step+1)/warmup during
+    warmup, then linear decay that reaches 1/(total-warmup) on the last update (never 0, so
+    no update is wasted)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning", Algorithm 2).
+
+    Per parameter tensor w with gradient g (t counts updates):
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        u = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * w
+        r = ||w|| / ||u||   (1 when either norm is 0)
+        w = w - lr * r * u
+    The trust ratio r rescales each layer's Adam step to the size of its weights. Global
+    gradient clipping is DeepSpeed's (gradient_clipping), as NVIDIA's LAMB pretraining does.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
+        if lr <= 0.0 or eps <= 0.0 or not all(0.0 <= b < 1.0 for b in betas) or weight_decay < 0.0:
+            raise ValueError("Lamb needs lr > 0, eps > 0, 0 <= betas < 1, weight_decay >= 0")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for w in group["params"]:
+                if w.grad is None:
+                    continue
+                g = w.grad.float()
+                state = self.state[w]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(w, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(w, dtype=torch.float32)
+                state["step"] += 1
+                t = state["step"]
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                update = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(w.float(), alpha=group["weight_decay"])
+                w_norm, u_norm = w.float().norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                w.add_((update * trust).to(w.dtype), alpha=-group["lr"])
+        return loss
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two optimizer groups: matrices (weights of Linear and Embedding) with weight decay,
+    and vectors (biases, LayerNorm gain and shift) without, as BERT does. Tied parameters
+    appear once. The order is the model's, so it is the same in every process."""
+    params = dict(model.named_parameters())
+    decay, plain = ([params[name] for name in names] for names in parameter_group_names(model))
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def parameter_group_names(model: torch.nn.Module) -> list[list[str]]:
+    """Names of the parameters of `parameter_groups`, group by group: export maps a
+    checkpoint's per-group optimizer tensors back to names with them."""
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else plain).append(name)
+    return [decay, plain]
+
+
+def deepspeed_config(cfg: PretrainConfig, micro_batch_size: int) -> dict:
+    """The DeepSpeed JSON for this section. The optimizer is DeepSpeed's AdamW, or absent
+    when LAMB is passed in as a client optimizer; the schedule is always a client LambdaLR."""
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "train_batch_size": micro_batch_size * cfg.gradient_accumulation_steps * cfg.num_workers,
+        "gradient_clipping": cfg.max_grad_norm,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.precision == "bf16":
+        ds["bf16"] = {"enabled": True}
+    elif cfg.precision == "fp16":
+        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    if cfg.optimizer == "adamw":
+        params: dict[str, Any] = {
+            "lr": cfg.learning_rate,
+            "betas": list(cfg.betas),
+            "eps": cfg.eps,
+            "weight_decay": cfg.weight_decay,
+        }
+        if cfg.torch_adam:
+            params["torch_adam"] = True
+        ds["optimizer"] = {"type": "AdamW", "params": params}
+    return ds

@@ -1,0 +1,513 @@
+"""The DeepSpeed training loop of one pretraining worker.
+
+The model (bertcore.model) is single-device code; `Trainer` wraps it with DeepSpeed
+(ZeRO 0-3, fp32/bf16/fp16, AdamW or a client LAMB), feeds it ExamplesLoader batches phase
+by phase (BERT: seq128, then seq512), and checkpoints (bertcore.checkpoint) so that a
+killed run, started again, finishes with the same steps on the same data.
+
+Ray is not imported here: the caller (pipelines/pretrain.py) starts the workers, sets up
+torch.distributed, and hands over a `StageFiles` that knows where the stage directory
+lives (a local folder, or a local mirror of an object-store prefix).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+from bertcore.checkpoint import (
+    CHECKPOINTS,
+    COMPLETE,
+    StageFiles,
+    checkpoint_tag,
+    latest_checkpoint,
+    prune,
+)
+from bertcore.data import ExamplesLoader
+from bertcore.errors import BertpipeError, ConfigError
+from bertcore.loss_watch import LossWatch
+from bertcore.masking import MaskConfig
+from bertcore.metrics_log import METRICS, MetricsLog
+from bertcore.mfu import peak_flops
+from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
+from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
+from bertcore.pretrain_config import PretrainConfig, PretrainPhase
+from bertcore.rng import keyed_seed
+
+log = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_SKIPS = 20
+"""With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
+
+
+class TrainingDiverged(BertpipeError):
+    """The loss became NaN/inf or spiked, and pretrain.on_nonfinite says stop."""
+
+
+@dataclass
+class PhaseData:
+    """What a phase's loader reads: local examples shards and how to batch them."""
+
+    name: str
+    paths: list[str]
+    masking: Literal["static", "dynamic"] = "static"
+    mask_config: MaskConfig | None = None
+    """Needed for dynamic masking."""
+    pad_id: int = 0
+    length_bins: list[int] | None = None
+    validation_paths: list[str] = field(default_factory=list)
+
+
+class Progress(Protocol):
+    def update(self, n: int = 1) -> Any: ...
+
+    def set_description(self, desc: str) -> Any: ...
+
+    def close(self) -> Any: ...
+
+
+@dataclass
+class WorkerContext:
+    """Where this worker sits: its rank among `world_size`, and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+    """e.g. cuda:0 (the launcher knows which GPU is this worker's)."""
+
+
+def _device(ctx: WorkerContext) -> torch.device:
+    device = torch.device(ctx.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def _loader(cfg: PretrainConfig, data: PhaseData, phase: PretrainPhase, seed: int, ctx: WorkerContext, validation: bool = False) -> ExamplesLoader:
+    return ExamplesLoader(
+        data.validation_paths if validation else data.paths,
+        cfg.micro_batch_size(phase),
+        seed=keyed_seed(seed, "pretrain", phase.name, "validation" if validation else "train") >> 1,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        length_bins=data.length_bins,
+        masking=data.masking,
+        mask_config=data.mask_config,
+        pad_id=data.pad_id,
+        max_length=phase.max_seq_length,
+        shuffle=not validation,
+        # every step gets exactly the configured global batch; what a length bin leaves
+        # over differs from epoch to epoch, as the order is reshuffled
+        drop_last=not validation,
+        num_workers=cfg.loader_processes,
+    )
+
+
+def _batches(loader: ExamplesLoader, phase: str) -> Iterator[dict[str, torch.Tensor]]:
+    """Epoch after epoch, forever; the loader's state_dict stays exact between batches."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ConfigError(
+                f"pretrain: the examples of phase {phase} ({len(loader.dataset)} sequences) fill no batch of "
+                f"{loader.batch_size} per worker in any length bin; lower the phase's batch_size or make more examples"
+            )
+
+
+def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": batch["input_ids"].to(device),
+        "token_type_ids": batch["token_type_ids"].to(device),
+        "attention_mask": batch["attention_mask"].to(device),
+        "labels": batch["labels"].to(device),
+        "next_sentence_label": batch["next_sentence_label"].to(device),
+    }
+
+
+@dataclass
+class _StepSums:
+    """Per-rank sums over a step's micro-batches, all-reduced into the step's metrics."""
+
+    values: torch.Tensor = field(default_factory=lambda: torch.zeros(12, dtype=torch.float64))
+    LOSS, MLM, NSP, MICRO, MLM_OK, MLM_N, NSP_OK, NSP_N, TOKENS, SEQS, FLOPS, PADDED = range(12)
+
+    def add(self, out, batch: dict[str, torch.Tensor], model_cfg: ModelConfig) -> None:
+        v = self.values
+        tokens = int(batch["attention_mask"].sum())
+        mlm_n = int(out.mlm_count)
+        v[self.LOSS] += out.loss.item()
+        v[self.MLM] += out.mlm_loss.item()
+        v[self.NSP] += out.nsp_loss.item() if out.nsp_loss is not None else 0.0
+        v[self.MICRO] += 1
+        v[self.MLM_OK] += int(out.mlm_correct)
+        v[self.MLM_N] += mlm_n
+        v[self.NSP_OK] += int(out.nsp_correct) if out.nsp_correct is not None else 0
+        v[self.NSP_N] += int(out.nsp_count) if out.nsp_count is not None else 0
+        v[self.TOKENS] += tokens
+        v[self.SEQS] += batch["input_ids"].shape[0]
+        padded_len = batch["input_ids"].shape[1]
+        v[self.PADDED] += batch["input_ids"].numel()
+        v[self.FLOPS] += encoder_flops_per_token(model_cfg, padded_len, mlm_n / max(1, tokens)) * tokens
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+class Trainer:
+    """One worker's DeepSpeed engine, data and checkpoints. Every rank constructs it and
+    calls `run`; collective calls happen in the same order on every rank."""
+
+    def __init__(
+        self,
+        cfg: PretrainConfig,
+        model_cfg: ModelConfig,
+        phases: Sequence[PhaseData],
+        files: StageFiles,
+        *,
+        seed: int,
+        resume_key: str,
+        ctx: WorkerContext | None = None,
+        progress: Callable[[int, int], Progress] | None = None,
+        device_name: str | None = None,
+        init_state_dict: dict[str, torch.Tensor] | None = None,
+    ):
+        """`init_state_dict`: start from these weights (bertcore.model names) instead of a
+        fresh initialisation, e.g. to continue pretraining an exported model."""
+        if [p.name for p in phases] != [p.name for p in cfg.phases]:
+            raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
+        self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
+        self.seed, self.resume_key = seed, resume_key
+        self.ctx = ctx or WorkerContext()
+        self.progress_factory = progress
+        self.init_state_dict = init_state_dict
+        self.peak = peak_flops(cfg, device_name)
+        self.rank0 = self.ctx.rank == 0
+        self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
+        self.metrics = MetricsLog(files.local_path(METRICS))
+        self.step = 0  # optimizer steps completed
+        self.tokens_seen = 0
+        self.train_time_s = 0.0  # summed over invocations
+        self.phase_index: int | None = None
+        self.loader: ExamplesLoader | None = None
+        self.stream: Iterator[dict[str, torch.Tensor]] | None = None
+
+    # -- set-up ------------------------------------------------------------------------
+    def _engine(self):
+        if not self.cfg.use_gpu:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        self.device = _device(self.ctx)
+        torch.manual_seed(keyed_seed(self.seed, "pretrain", "torch", self.ctx.rank))  # dropout
+        init = torch.Generator().manual_seed(keyed_seed(self.seed, "pretrain", "init"))
+        model = BertForPreTraining(self.model_cfg, generator=init)
+        if self.init_state_dict is not None:
+            model.load_state_dict(self.init_state_dict)
+        groups = parameter_groups(model, self.cfg.weight_decay)
+        optimizer = None
+        if self.cfg.optimizer == "lamb":
+            optimizer = Lamb(groups, lr=self.cfg.learning_rate, betas=self.cfg.betas, eps=self.cfg.eps, weight_decay=self.cfg.weight_decay)
+        warmup, total = self.cfg.warmup, self.cfg.total_steps
+
+        def schedule(opt):
+            return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup, total))
+
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=groups,
+            optimizer=optimizer,
+            lr_scheduler=schedule,
+            config=deepspeed_config(self.cfg, self.cfg.micro_batch_size(self.cfg.phases[0])),
+            dist_init_required=not torch.distributed.is_initialized(),
+        )
+
+    def _collective(self, values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """All-reduce a small tensor over the workers (on the device NCCL needs)."""
+        if self.ctx.world_size == 1:
+            return values
+        reduce_op = torch.distributed.ReduceOp.SUM if op == "sum" else torch.distributed.ReduceOp.MAX
+        on_device = values.to(self.device)
+        torch.distributed.all_reduce(on_device, op=reduce_op)
+        return on_device.cpu()
+
+    def _barrier(self) -> None:
+        if self.ctx.world_size > 1:
+            torch.distributed.barrier()
+
+    def _enter_phase(self, index: int, loader_state: dict | None = None) -> None:
+        phase = self.cfg.phases[index]
+        self.phase_index = index
+        self.loader = _loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
+        if loader_state is not None:
+            self.loader.load_state_dict(loader_state)
+        else:
+            self.watch.reset()
+        self.stream = _batches(self.loader, phase.name)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _rank_state_name(self, rank: int) -> str:
+        return f"trainer-rank-{rank:05d}.pt"
+
+    def _resume(self) -> dict | None:
+        marker = latest_checkpoint(self.files)
+        if marker is None:
+            return None
+        if marker.get("resume_key") != self.resume_key:
+            raise ConfigError(
+                f"pretrain: the latest checkpoint ({checkpoint_tag(marker['step'])}) was written with another pretrain "
+                "config or other inputs; set pretrain.resume=never to start over (its checkpoints are deleted)"
+            )
+        tag = checkpoint_tag(marker["step"])
+        self.files.download(f"{CHECKPOINTS}/{tag}")
+        load_dir, _ = self.engine.load_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag)
+        if load_dir is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tag}")
+        state = torch.load(self.files.local_path(f"{CHECKPOINTS}/{tag}/{self._rank_state_name(self.ctx.rank)}"), weights_only=False)
+        self.step, self.tokens_seen, self.train_time_s = state["step"], state["tokens_seen"], state["train_time_s"]
+        self.watch.load_state_dict(state["watch"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.cfg.use_gpu and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"])
+        if self.step < self.cfg.total_steps:
+            index = self.cfg.phase_at(self.step)
+            same_phase = state["phase"] == self.cfg.phases[index].name
+            self._enter_phase(index, state["loader"] if same_phase else None)
+        self.files.drop_local(f"{CHECKPOINTS}/{tag}")
+        log.info("pretrain: resumed from %s", tag)
+        return marker
+
+    def _save(self, stopped_by: str | None, extra: dict | None = None) -> dict:
+        """Write checkpoint step-NNNNNNN: DeepSpeed's files and each rank's trainer state
+        locally, upload, and (rank 0, after everyone) the completion marker last."""
+        tag = checkpoint_tag(self.step)
+        relative = f"{CHECKPOINTS}/{tag}"
+        if self.rank0:  # a dead attempt may have left part of this tag
+            self.files.remove(f"{relative}/{COMPLETE}")
+            self.files.remove(relative)
+        self.files.drop_local(relative)  # a mirror copy left by a dead attempt
+        self._barrier()
+        self.engine.save_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag, save_latest=False)
+        state = {
+            "step": self.step,
+            "phase": None if self.phase_index is None else self.cfg.phases[self.phase_index].name,
+            "loader": None if self.loader is None else self.loader.state_dict(),
+            "tokens_seen": self.tokens_seen,
+            "train_time_s": self.train_time_s,
+            "watch": self.watch.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state() if self.cfg.use_gpu else None,
+        }
+        os.makedirs(self.files.local_path(relative), exist_ok=True)
+        torch.save(state, self.files.local_path(f"{relative}/{self._rank_state_name(self.ctx.rank)}"))
+        for name in sorted(os.listdir(self.files.local_path(relative))):
+            self.files.upload(f"{relative}/{name}")
+        self._barrier()
+        marker = {
+            "step": self.step,
+            "total_steps": self.cfg.total_steps,
+            "phase": state["phase"],
+            "tokens_seen": self.tokens_seen,
+            "train_time_s": round(self.train_time_s, 3),
+            "stopped_by": stopped_by,
+            "resume_key": self.resume_key,
+            "world_size": self.ctx.world_size,
+            "zero_stage": self.cfg.zero_stage,
+            "precision": self.cfg.precision,
+            "model_config": self.model_cfg.model_dump(mode="json"),
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **(extra or {}),
+        }
+        if self.rank0:
+            self.files.upload(METRICS)
+            self.files.write_text(f"{relative}/{COMPLETE}", json.dumps(marker, indent=2) + "\n")
+            prune(self.files, self.cfg.keep_checkpoints)
+        self.files.drop_local(relative)
+        self._barrier()
+        return marker
+
+    # -- steps -------------------------------------------------------------------------
+    def _grad_norm(self) -> float | None:
+        """Global gradient L2 norm before clipping, after the backward of a step's last
+        micro-batch. DeepSpeed keeps it except in plain fp32 data parallelism (stage 0)."""
+        params = [p for p in self.engine.module.parameters() if p.grad is not None]
+        if not params:
+            return None
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params])))
+
+    def _train_step(self) -> tuple[dict, str]:
+        """One optimizer step: gradient_accumulation_steps good micro-batches on every
+        rank. Returns the step's metrics and a hash of the data it consumed."""
+        sums = _StepSums()
+        digest = hashlib.blake2b(digest_size=8)
+        manual_norm = self.cfg.zero_stage == 0 and self.cfg.precision == "fp32"
+        grad_norm = None
+        skipped = consecutive = 0
+        done = 0
+        gas = self.cfg.gradient_accumulation_steps
+        while done < gas:
+            batch = next(self.stream)
+            inputs = _model_inputs(batch, self.device)
+            out = self.engine(**inputs)
+            loss = float(out.loss.detach())
+            flags = torch.tensor([0.0 if math.isfinite(loss) else 1.0, 1.0 if self.watch.is_spike(loss) else 0.0])
+            nonfinite, spike = (bool(x) for x in self._collective(flags, "max"))
+            if nonfinite or spike:
+                what = "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.watch.mean:.4g})"
+                where = f"step {self.step + 1} (phase {self.cfg.phases[self.phase_index].name})"
+                if self.cfg.on_nonfinite == "stop":
+                    raise TrainingDiverged(
+                        f"pretrain: the loss {what} at {where}; lower pretrain.learning_rate, raise pretrain.warmup_steps, "
+                        "or set pretrain.on_nonfinite=skip; the latest complete checkpoint is kept"
+                    )
+                skipped += 1
+                consecutive += 1
+                log.warning("pretrain: skipped a micro-batch at %s: the loss %s", where, what)
+                if consecutive >= MAX_CONSECUTIVE_SKIPS:
+                    raise TrainingDiverged(f"pretrain: {consecutive} micro-batches in a row skipped at {where}; the run has diverged")
+                continue
+            consecutive = 0
+            self.engine.backward(out.loss)
+            if manual_norm and done == gas - 1:
+                grad_norm = self._grad_norm()
+            self.engine.step()
+            sums.add(out, batch, self.model_cfg)
+            digest.update(batch["input_ids"].numpy().tobytes())
+            done += 1
+        if grad_norm is None:
+            norm = self.engine.get_global_grad_norm()
+            grad_norm = None if norm is None else float(norm)
+        hashes = torch.zeros(self.ctx.world_size, dtype=torch.int64)
+        hashes[self.ctx.rank] = int.from_bytes(digest.digest(), "little", signed=True)
+        data_hash = hashlib.blake2b(self._collective(hashes).numpy().tobytes(), digest_size=8).hexdigest()
+        totals = self._collective(torch.cat([sums.values, torch.tensor([float(skipped)], dtype=torch.float64)]))
+        return self._step_metrics(totals, grad_norm), data_hash
+
+    def _step_metrics(self, t: torch.Tensor, grad_norm: float | None) -> dict:
+        s = _StepSums
+        micro = float(t[s.MICRO])
+        return {
+            "loss": float(t[s.LOSS]) / micro,
+            "mlm_loss": float(t[s.MLM]) / micro,
+            "nsp_loss": float(t[s.NSP]) / micro if t[s.NSP_N] else None,
+            "mlm_accuracy": _ratio(float(t[s.MLM_OK]), float(t[s.MLM_N])),
+            "nsp_accuracy": _ratio(float(t[s.NSP_OK]), float(t[s.NSP_N])),
+            "grad_norm": grad_norm,
+            "tokens": int(t[s.TOKENS]),
+            "sequences": int(t[s.SEQS]),
+            "padded_tokens": int(t[s.PADDED]),
+            "flops": float(t[s.FLOPS]),
+            "skipped_batches": int(t[-1]),
+        }
+
+    @torch.no_grad()
+    def _validate(self) -> dict | None:
+        """MLM/NSP loss and accuracy over up to validation_batches batches per worker of
+        the last phase's validation examples (all ranks, summed)."""
+        index = len(self.cfg.phases) - 1
+        data = self.phases[index]
+        if self.cfg.validation_batches == 0 or not data.validation_paths:
+            return None
+        loader = _loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
+        sums = _StepSums()
+        self.engine.eval()
+        for k, batch in enumerate(loader):
+            if k >= self.cfg.validation_batches:
+                break
+            sums.add(self.engine(**_model_inputs(batch, self.device)), batch, self.model_cfg)
+        self.engine.train()
+        t = self._collective(sums.values)
+        s = _StepSums
+        if not t[s.MICRO]:
+            return None
+        return {
+            "phase": self.cfg.phases[index].name,
+            "sequences": int(t[s.SEQS]),
+            "loss": float(t[s.LOSS]) / float(t[s.MICRO]),
+            "mlm_loss": float(t[s.MLM]) / float(t[s.MICRO]),
+            "mlm_accuracy": _ratio(float(t[s.MLM_OK]), float(t[s.MLM_N])),
+            "nsp_accuracy": _ratio(float(t[s.NSP_OK]), float(t[s.NSP_N])),
+        }
+
+    def run(self) -> dict:
+        """Train to the end of the last phase (or the time budget); returns the marker of
+        the final checkpoint (step, tokens seen, stop reason, validation metrics)."""
+        started = time.perf_counter()
+        self._engine()
+        marker = self._resume()
+        if self.rank0:
+            if self.files.exists(METRICS):
+                self.files.download(METRICS)
+            self.metrics.truncate(self.step)
+        total = self.cfg.total_steps
+        if self.step >= total and marker is not None:
+            return marker
+        if self.loader is None:
+            self._enter_phase(self.cfg.phase_at(self.step))
+        bar = self.progress_factory(total, self.step) if (self.rank0 and self.progress_factory) else None
+        stopped_by = None
+        try:
+            while self.step < total:
+                index = self.cfg.phase_at(self.step)
+                if index != self.phase_index:
+                    self._enter_phase(index)
+                t0 = time.perf_counter()
+                record, data_hash = self._train_step()
+                self.step += 1
+                elapsed = time.perf_counter() - t0
+                self.train_time_s += elapsed
+                self.tokens_seen += record["tokens"]
+                self.watch.observe(record["loss"])
+                if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
+                    # any rank over budget stops all of them, so they save the same step
+                    over_budget = time.perf_counter() - started >= self.cfg.time_budget_s
+                    if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
+                        stopped_by = "time_budget"
+                if self.rank0:
+                    self._log(record, data_hash, elapsed, bar)
+                if stopped_by or self.step == total or self.step % self.cfg.checkpoint_every == 0:
+                    extra = {"validation": self._validate()} if (stopped_by or self.step == total) else None
+                    marker = self._save(stopped_by, extra)
+                if stopped_by:
+                    log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+        return marker
+
+    def _log(self, record: dict, data_hash: str, elapsed: float, bar: Progress | None) -> None:
+        world = self.ctx.world_size
+        flops = record.pop("flops")
+        out = {
+            "step": self.step,
+            "phase": self.cfg.phases[self.phase_index].name,
+            **record,
+            # the rate of this step's update (the scheduler has already moved on)
+            "lr": self.cfg.learning_rate * lr_multiplier(self.step - 1, self.cfg.warmup, self.cfg.total_steps),
+            "tokens_per_s": record["tokens"] / elapsed,
+            "sequences_per_s": record["sequences"] / elapsed,
+            "mfu": flops / (elapsed * self.peak * world) if self.peak else None,
+            "step_time_s": elapsed,
+            "tokens_seen": self.tokens_seen,
+            "epoch": self.loader.epoch if self.loader else None,
+            "data_hash": data_hash,
+        }
+        self.metrics.append(out)
+        if bar is not None:
+            bar.update(1)
+            if self.step % self.cfg.log_every == 0:
+                bar.set_description(f"pretrain {out['phase']} loss {out['loss']:.3f} mlm_acc {out['mlm_accuracy'] or 0:.3f}")

@@ -1,0 +1,89 @@
+"""The registry: the stages in flow order, and the run recipe they make up.
+
+This is the one place that knows the order. Adding a stage means writing one module
+that declares `STAGE = Stage(...)` (pipelines/stage.py) and adding it to `STAGES`; its
+config section joins the recipe model (`PipelineConfig`) from here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import Field, create_model, model_validator
+
+from bertcore.config import RayConfig, RunConfig, StorageConfig, read_recipe, validate
+from bertcore.errors import ConfigError
+from bertcore.section import Section
+from pipelines import corpus, evaluate, examples, pretrain, vocab
+from pipelines.stage import Stage
+
+STAGES: tuple[Stage, ...] = (
+    corpus.STAGE,
+    vocab.STAGE,
+    examples.STAGE,
+    pretrain.STAGE,
+    evaluate.STAGE,
+)
+REGISTRY: dict[str, Stage] = {stage.name: stage for stage in STAGES}
+STAGE_NAMES: tuple[str, ...] = tuple(REGISTRY)
+
+for _position, _stage in enumerate(STAGES):
+    _unknown = [name for name in _stage.reads if name not in STAGE_NAMES[:_position]]
+    assert not _unknown, f"stage {_stage.name} reads {_unknown}, which do not come before it"
+
+
+class _Recipe(Section):
+    """A whole run: where it lives, how Ray is reached, object-store settings, and one
+    section per stage."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+
+    @model_validator(mode="after")
+    def _stages_agree(self) -> Any:
+        # e.g. pretrain.phases must name examples phases, at least as long as theirs
+        for stage in STAGES:
+            if stage.check is not None:
+                stage.check(getattr(self, stage.name), {name: getattr(self, name) for name in stage.reads})
+        return self
+
+
+def _section_field(section: type) -> tuple[type, Any]:
+    if all(not field.is_required() for field in section.model_fields.values()):
+        return section, Field(default_factory=section, description=section.__doc__)
+    return section, Field(description=section.__doc__)
+
+
+PipelineConfig = create_model(
+    "PipelineConfig",
+    __base__=_Recipe,
+    __module__=__name__,
+    **{stage.name: _section_field(stage.section) for stage in STAGES},
+)
+PipelineConfig.__doc__ = _Recipe.__doc__
+
+
+def parse_config(data: dict) -> Any:
+    """Validate a recipe mapping; errors name the dotted key."""
+    return validate(PipelineConfig, data)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Read a recipe (with `extends`), apply `--set` overrides and validate."""
+    return parse_config(read_recipe(path, overrides))
+
+
+def select(only: list[str] | None, from_stage: str | None) -> list[str]:
+    """The stages to run, in flow order."""
+    for name in (only or []) + ([from_stage] if from_stage else []):
+        if name not in REGISTRY:
+            raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(STAGE_NAMES)}")
+    if only and from_stage:
+        raise ConfigError("use either --only or --from, not both")
+    if only:
+        return [s for s in STAGE_NAMES if s in only]
+    if from_stage:
+        return list(STAGE_NAMES[STAGE_NAMES.index(from_stage):])
+    return list(STAGE_NAMES)

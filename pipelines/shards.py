@@ -1,0 +1,73 @@
+"""Shard I/O every stage shares: Arrow IPC files read and written, local copies of remote
+files (tokenizers, transformers and the data loader read local paths), and the local
+folder of a stage's files (the vocabulary, the exported model)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from pipelines.storage import Storage
+
+BATCH_ROWS = 1024
+"""Rows per record batch in the shards a stage writes."""
+
+
+def read_table(storage: Storage, uri: str, columns: list[str] | None = None) -> pa.Table:
+    """A whole Arrow shard (memory-mapped when local)."""
+    local = storage.local_path(uri)
+    if local is not None:
+        with pa.memory_map(local) as source:
+            table = ipc.open_file(source).read_all()
+    else:
+        with storage.open(uri, "rb") as handle:
+            table = ipc.open_file(pa.py_buffer(handle.read())).read_all()
+    return table.select(columns) if columns else table
+
+
+def read_batches(storage: Storage, uri: str) -> Iterator[pa.RecordBatch]:
+    """Record batches of one Arrow shard, memory-mapped when local (never read whole)."""
+    local = storage.local_path(uri)
+    if local is not None:
+        with pa.memory_map(local) as source:
+            reader = ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+    else:
+        with storage.open(uri, "rb") as handle:
+            reader = ipc.open_file(handle)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+
+def write_table(path: str, table: pa.Table, max_chunksize: int = BATCH_ROWS) -> None:
+    """Write `table` to a local Arrow IPC file in record batches of `max_chunksize` rows."""
+    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max_chunksize)
+
+
+def local_copy(storage: Storage, uri: str, cache_key: str) -> str:
+    """A local path for `uri`: itself when local, else a download cached under `cache_key`
+    (a fingerprint, so new content gets a new copy)."""
+    local = storage.local_path(uri)
+    if local is not None:
+        return local
+    cache = os.path.join(tempfile.gettempdir(), "bertpipe-cache", cache_key)
+    target = os.path.join(cache, uri.split("://", 1)[-1])
+    if not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.{os.getpid()}.part"
+        fs, path = storage.fs(uri)
+        fs.get_file(path, tmp)
+        os.replace(tmp, target)
+    return target
+
+
+def local_folder(storage: Storage, folder_uri: str, names: Sequence[str], cache_key: str) -> str:
+    """A local folder holding `names` of the folder at `folder_uri` (the folder itself when local)."""
+    paths = [local_copy(storage, f"{folder_uri.rstrip('/')}/{name}", cache_key) for name in names]
+    return os.path.dirname(paths[0])

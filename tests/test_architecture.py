@@ -1,0 +1,189 @@
+"""The shape of the code: imports point one way with no cycle, stage modules do not import
+each other, Prefect stays in flows/, the docs' stage table is the registry's, and a new
+stage needs nothing but its declaration to run under the contract."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bertcore", "pipelines", "flows")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every module of the three packages -> the modules it imports anywhere in its body
+    (function-level imports included: a deferred import is still a dependency)."""
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = _module_name(path)
+            found: set[str] = set()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    found.update(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    found.add(node.module)
+                    found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            graph[name] = found
+    return graph
+
+
+GRAPH = _imports()
+
+
+def _internal(imported: set[str]) -> set[str]:
+    return {m for m in imported if m in GRAPH}
+
+
+def test_layers_point_one_way():
+    for module, imported in GRAPH.items():
+        top = {m.split(".")[0] for m in imported}
+        if module.startswith("bertcore"):
+            assert not top & {"ray", "prefect", "pipelines", "flows"}, (module, top & {"ray", "prefect", "pipelines", "flows"})
+        if module.startswith("pipelines"):
+            assert not top & {"prefect", "flows"}, (module, top & {"prefect", "flows"})
+
+
+def test_no_stage_module_imports_another():
+    from pipelines.registry import STAGES
+
+    stage_modules = {stage.run.__module__ for stage in STAGES}
+    assert len(stage_modules) == len(STAGES)
+    for module in stage_modules:
+        assert not (_internal(GRAPH[module]) & stage_modules) - {module}, module
+
+
+def test_no_import_cycle():
+    # Tarjan's strongly connected components over the project's own modules
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for child in _internal(GRAPH[node]) - {node}:
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in GRAPH:
+        if node not in index:
+            visit(node)
+    assert cycles == []
+
+
+def test_docs_stage_table_is_the_registry():
+    from flows.architecture import DOCS, END, START, render_table
+
+    table = render_table()
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        assert f"{START}\n{table}{END}" in text, f"{path}: run `python -m flows.architecture`"
+    for name in ("corpus", "vocab", "examples", "pretrain", "evaluate"):
+        assert f"| {name} |" in table
+
+
+def test_every_stage_section_is_in_the_recipe_model():
+    from pipelines.registry import STAGES, PipelineConfig
+
+    for stage in STAGES:
+        assert PipelineConfig.model_fields[stage.name].annotation is stage.section
+
+
+def test_pretrain_phases_are_checked_against_examples_when_the_recipe_loads():
+    from bertcore.errors import ConfigError
+    from pipelines.registry import parse_config
+
+    base = {"corpus": {"inputs": ["a.txt"]}, "examples": {"phases": [{"name": "seq128", "max_seq_length": 128, "max_predictions_per_seq": 20}]}}
+    with pytest.raises(ConfigError, match=r"pretrain\.phases\[1\]\.name: the examples stage has no phase 'seq512'"):
+        parse_config(base)  # the default pretrain phases are seq128 and seq512
+    short = {**base, "pretrain": {"phases": [{"name": "seq128", "steps": 10, "batch_size": 8, "max_seq_length": 64}]}}
+    with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.max_seq_length \(64\) is shorter than the examples of phase seq128"):
+        parse_config(short)
+    fine = parse_config({**base, "pretrain": {"phases": [{"name": "seq128", "steps": 10, "batch_size": 8}]}})
+    assert fine.pretrain.phases[0].max_seq_length is None  # taken from the examples phase when training starts
+
+
+def test_a_new_stage_runs_under_the_contract_from_its_declaration_alone(demo_pipeline, tmp_path, monkeypatch):
+    """A word-count stage over the corpus: one module's worth of code and one registry entry
+    give it upstream lookup, a fingerprint that follows the corpus, reuse, unit markers and
+    a manifest."""
+    import json
+
+    import pyarrow.compute as pc
+
+    from bertcore.section import Section
+    from pipelines import registry
+    from pipelines.runner import run_stage
+    from pipelines.shards import read_batches
+    from pipelines.stage import Output, Stage, StageRun, UpstreamMissing
+    from pipelines.storage import Storage
+
+    class WordCountConfig(Section):
+        lowercase: bool = True
+
+    calls = []
+
+    def run(r: StageRun) -> Output:
+        corpus = r.inputs["corpus"]
+        shards = []
+        for shard in corpus.manifest.shards_under("train/"):
+            unit = r.dir.done(shard.path, r.fingerprint)
+            if unit is None:
+                calls.append(shard.path)
+                words = sum(
+                    len(s.split()) for b in read_batches(r.storage, corpus.path(shard.path)) for s in pc.list_flatten(b.column("sentences")).to_pylist()
+                )
+                info = r.dir.publish(shard.path + ".json", lambda p, w=words: open(p, "w").write(json.dumps({"words": w})), rows=1)
+                unit = r.dir.complete(shard.path, r.fingerprint, [info], words)
+            shards.extend(unit.shards)
+        return Output(shards=shards, stats={"words": sum(json.load(open(r.dir.path(s.path)))["words"] for s in shards)})
+
+    stage = Stage(name="wordcount", section=WordCountConfig, run=run, reads=("corpus",), writes="word counts per shard")
+    monkeypatch.setitem(registry.REGISTRY, "wordcount", stage)
+
+    cfg, _ = demo_pipeline
+    storage = Storage(cfg.storage)
+    with pytest.raises(UpstreamMissing, match=r"the corpus stage has no output under .*: run `bertpipe run --only corpus`"):
+        run_stage("wordcount", WordCountConfig(), root=str(tmp_path / "empty"), storage=storage, seed=1)
+    root = tmp_path / "run"
+    shutil.copytree(Path(cfg.run.root) / "corpus", root / "corpus")
+    manifest, computed = run_stage("wordcount", WordCountConfig(), root=str(root), storage=storage, seed=1)
+    assert computed and manifest.stats["words"] > 10_000 and (root / "wordcount" / "_manifest.json").exists()
+    assert manifest.inputs == {"corpus": json.loads((root / "corpus" / "_manifest.json").read_text())["fingerprint"]}
+    assert not run_stage("wordcount", WordCountConfig(), root=str(root), storage=storage, seed=1)[1]
+    # an interrupted attempt: the manifest is gone, the finished units are kept
+    (root / "wordcount" / "_manifest.json").unlink()
+    before = len(calls)
+    again, computed = run_stage("wordcount", WordCountConfig(), root=str(root), storage=storage, seed=1)
+    assert computed and len(calls) == before and again.stats == manifest.stats
+    # another setting: another fingerprint, recomputed
+    other, computed = run_stage("wordcount", WordCountConfig(lowercase=False), root=str(root), storage=storage, seed=1)
+    assert computed and other.fingerprint != manifest.fingerprint and len(calls) > before
