@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.eval import finetune, report
+from bertcore.eval import finetune, report, summary
 from bertcore.eval.config import (
     TASK_FILES,
     EmbeddingsConfig,
@@ -48,7 +48,6 @@ from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches
 from pipelines.stage import (
     External,
-    Manifest,
     Output,
     ShardInfo,
     Stage,
@@ -101,10 +100,24 @@ def _threads(num_threads: int) -> None:
 # -- Ray jobs -----------------------------------------------------------------------------------
 
 
+UNIGRAM_ROWS = 200_000
+"""Training sequences read to count token frequencies for the unigram MLM baseline."""
+
+
+def _unigram_counts(storage: Storage, shard_uris: list[str], vocab: list[str]):
+    """Token counts of the MLM targets of a phase's training shards (at most UNIGRAM_ROWS sequences)."""
+    from bertcore.eval.baselines import target_counts
+
+    specials = [i for i, token in enumerate(vocab) if token.startswith("[") and token.endswith("]")]
+    batches = (batch for uri in shard_uris for batch in read_batches(storage, uri))
+    return target_counts(batches, len(vocab), specials, max_rows=UNIGRAM_ROWS)
+
+
 @ray.remote(max_retries=1)
 def _intrinsic_job(
     model_uri: str,
     shard_uris: list[str],
+    train_uris: list[str],
     phase: PhaseConfig,
     examples_cfg: ExamplesConfig,
     cfg: IntrinsicConfig,
@@ -114,18 +127,19 @@ def _intrinsic_job(
     cache_key: str,
     num_threads: int,
 ) -> dict:
-    """MLM/NSP scores of one phase's validation shards."""
+    """MLM/NSP scores of one phase's validation shards, with the unigram and label-balance baselines."""
     from bertcore.data import ExamplesLoader
+    from bertcore.eval.finetune import device
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
     from bertcore.masking import VocabTables
     from bertcore.tokenizer import VOCAB_FILE, read_vocab
 
     _threads(num_threads)
     model_dir = _model_dir(storage, model_uri, cache_key)
-    model = load_pretraining_model(model_dir, random_init=random_init, seed=seed)
+    model = load_pretraining_model(model_dir, random_init=random_init, seed=seed).to(device())
+    tokens = read_vocab(os.path.join(model_dir, VOCAB_FILE))
     mask_config = None
     if examples_cfg.masking == "dynamic":
-        tokens = read_vocab(os.path.join(model_dir, VOCAB_FILE))
         mask_config = examples_cfg.mask_config(phase, VocabTables.from_tokens(tokens))
     paths = [local_copy(storage, uri, cache_key) for uri in shard_uris]
     loader = ExamplesLoader(
@@ -138,7 +152,23 @@ def _intrinsic_job(
         shuffle=False,
         even_batches=False,
     )
-    return held_out_scores(model, loader, max_batches=cfg.max_batches)
+    counts = _unigram_counts(storage, train_uris, tokens) if train_uris else None
+    scores = held_out_scores(model, loader, max_batches=cfg.max_batches, unigram_counts=counts)
+    unigram = scores["baselines"]["unigram"]
+    if unigram:
+        unigram["token"] = tokens[unigram["token_id"]]
+    return scores
+
+
+@ray.remote(max_retries=1)
+def _fill_mask_job(model_uri: str, sentences: list[str], count: int, seed: int, storage: Storage, cache_key: str, num_threads: int) -> list[dict]:
+    """The pretrained model's top guesses for one masked word in each of a few held-out sentences."""
+    from bertcore.eval.encoder import load_tokenizer
+    from bertcore.eval.intrinsic import fill_mask, load_pretraining_model
+
+    _threads(num_threads)
+    model_dir = _model_dir(storage, model_uri, cache_key)
+    return fill_mask(load_pretraining_model(model_dir), load_tokenizer(model_dir), sentences, seed=seed, count=count)
 
 
 @ray.remote(max_retries=1)
@@ -212,6 +242,7 @@ class _Job:
     task: TaskConfig | None = None
     task_seed: int = 0
     shards: list[str] = field(default_factory=list)
+    train_shards: list[str] = field(default_factory=list)
 
 
 def _model_name(random_init: bool) -> str:
@@ -259,27 +290,6 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
         sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
         resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
     return External(identity=signatures, value=(resolved, signatures))
-
-
-def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pretrain_manifest: Manifest, max_positions: int, notes: list[str]) -> tuple[ExamplesConfig, list[PhaseConfig]]:
-    examples_cfg = ExamplesConfig.model_validate(examples_manifest.config)
-    available = [p.name for p in examples_cfg.phases]
-    wanted = eval_cfg.intrinsic.phases
-    if wanted is not None:
-        unknown = [p for p in wanted if p not in available]
-        if unknown:
-            raise ConfigError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {available})")
-    else:
-        trained = [p.get("name") for p in (pretrain_manifest.config or {}).get("phases", []) if isinstance(p, dict)]
-        wanted = [p for p in available if p in trained] or available
-    phases = []
-    for name in wanted:
-        phase = examples_cfg.phase(name)
-        if phase.max_seq_length > max_positions:
-            notes.append(f"intrinsic: phase {name} ({phase.max_seq_length} tokens) is longer than the model's {max_positions} positions; left out")
-        else:
-            phases.append(phase)
-    return examples_cfg, phases
 
 
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
@@ -359,7 +369,7 @@ def run(r: StageRun) -> Output:
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     return Output(
         shards=_write_outputs(r.dir, metrics, records),
-        stats=_stats(metrics),
+        stats=summary.headline(metrics),
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
         report="report.md",
@@ -372,24 +382,33 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
     cfg = plan.cfg
     if cfg.intrinsic.enabled:
         examples = r.inputs["examples"]
-        plan.examples_cfg, phases = _intrinsic_phases(cfg, examples.manifest, r.inputs["pretrain"].manifest, max_positions, plan.notes)
+        from bertcore.eval.intrinsic import phases_to_score
+
+        plan.examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
+        trained = [p.get("name") for p in (r.inputs["pretrain"].manifest.config or {}).get("phases", []) if isinstance(p, dict)]
+        phases = phases_to_score(cfg.intrinsic, plan.examples_cfg, trained, max_positions, plan.notes)
         for phase in phases:
             shards = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
             if not shards:
                 plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
                 continue
+            train = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/train/") if s.rows]
             for random_init in plan.models:
-                plan.jobs.append(_Job(f"intrinsic__{phase.name}__{_model_name(random_init)}", "intrinsic", random_init, phase=phase.name, shards=shards))
+                key = f"intrinsic__{phase.name}__{_model_name(random_init)}"
+                plan.jobs.append(_Job(key, "intrinsic", random_init, phase=phase.name, shards=shards, train_shards=train))
     for task in cfg.tasks:
         for task_seed in task.seeds:
             for random_init in plan.models:
                 key = f"finetune__{task.name}__{_model_name(random_init)}__seed{task_seed}"
                 plan.jobs.append(_Job(key, "finetune", random_init, task=task, task_seed=task_seed))
-    if cfg.embeddings.enabled:
+    fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
+    if cfg.embeddings.enabled or fill_mask:
         plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
-    if plan.sentences:
+    if plan.sentences and cfg.embeddings.enabled:
         for random_init in plan.models:
             plan.jobs.append(_Job(f"embeddings__{_model_name(random_init)}", "embeddings", random_init))
+    if plan.sentences and fill_mask:
+        plan.jobs.append(_Job("fill_mask__pretrained", "fill_mask", False))
 
 
 def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
@@ -397,11 +416,15 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
     cfg, storage, seed = plan.cfg, r.storage, r.seed
 
     def submit(job: _Job) -> ray.ObjectRef:
-        options = {"num_cpus": cfg.num_threads}
+        options = {"num_cpus": cfg.num_threads} | ({"num_gpus": cfg.num_gpus} if cfg.num_gpus else {})
         if job.kind == "intrinsic":
             return _intrinsic_job.options(**options).remote(
-                plan.model_uri, job.shards, plan.examples_cfg.phase(job.phase), plan.examples_cfg, cfg.intrinsic, job.random_init,
-                seed, storage, plan.cache_key, cfg.num_threads,
+                plan.model_uri, job.shards, job.train_shards, plan.examples_cfg.phase(job.phase), plan.examples_cfg, cfg.intrinsic,
+                job.random_init, seed, storage, plan.cache_key, cfg.num_threads,
+            )
+        if job.kind == "fill_mask":
+            return _fill_mask_job.options(**options).remote(
+                plan.model_uri, plan.sentences, cfg.intrinsic.fill_mask, seed, storage, plan.cache_key, cfg.num_threads
             )
         if job.kind == "finetune":
             return _finetune_job.options(**options).remote(
@@ -425,11 +448,6 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
     return results, len(plan.jobs) - len(todo)
 
 
-def _slim_run(run: dict) -> dict:
-    keep = ("seed", "validation", "test", "final_train_loss", "seconds")
-    return {k: run[k] for k in keep if k in run}
-
-
 def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed: int, fp: str) -> dict:
     import torch
 
@@ -446,6 +464,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
         "model": {"uri": plan.model_uri, "parameters": parameters, "config": model_cfg.model_dump(mode="json")},
         "pretraining_log": log_summary,
         "intrinsic": {},
+        "fill_mask": results.get("fill_mask__pretrained", []),
         "tasks": {},
         "embeddings": None,
     }
@@ -455,25 +474,9 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
 
     files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
-        by_model = {m: [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in task.seeds] for m in models}
-        summaries = {m: finetune.summarize_seeds(runs) for m, runs in by_model.items()}
-        first = by_model[False][0]
-        entry: dict[str, Any] = {
-            "type": task.type,
-            "primary_metric": report.PRIMARY_METRIC[task.type],
-            "seeds": len(task.seeds),
-            "folds": task.cross_validation_folds,
-            "freeze_encoder": task.freeze_encoder,
-            "labels": first["labels"],
-            "train_examples": first["train_examples"],
-        }
-        for m, summary in summaries.items():
-            entry[_model_name(m)] = {k: v for k, v in summary.items() if k != "runs"} | {"runs": [_slim_run(r) for r in summary["runs"]]}
-        if True in summaries:
-            entry["gain"] = finetune.baseline_gain(summaries[False], summaries[True])
-        entry["skipped"] = first["skipped"]
-        entry["skipped_problems"] = first["skipped_problems"]
-        for split, n in first["skipped"].items():
+        runs = {_model_name(m): [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in task.seeds] for m in models}
+        entry = summary.task_entry(task, runs)
+        for split, n in entry["skipped"].items():
             if n:
                 files[getattr(task, split)] += n
         metrics["tasks"][task.name] = entry
@@ -488,21 +491,9 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
             files[eval_cfg.embeddings.sts.file] += first["skipped"]
             metrics["embeddings"]["skipped_problems"] = first["skipped_problems"]
     metrics["skipped_rows"] = {"total": files.total(), "files": dict(files)}
+    metrics["verdicts"] = summary.verdicts(metrics)
     metrics["notes"] = plan.notes
     return metrics
-
-
-def _stats(metrics: dict) -> dict:
-    """What the manifest (and the flow's statistics table) shows: the headline numbers."""
-    stats: dict[str, Any] = {"skipped_rows": metrics["skipped_rows"]["total"], "tasks": {}, "intrinsic": {}}
-    for phase, by_model in metrics["intrinsic"].items():
-        stats["intrinsic"][phase] = {m: {k: s.get(k) for k in ("mlm_accuracy", "mlm_perplexity", "nsp_accuracy")} for m, s in by_model.items()}
-    for name, task in metrics["tasks"].items():
-        metric = task["primary_metric"]
-        stats["tasks"][name] = {"metric": metric} | {
-            m: task[m]["validation"][metric]["median"] for m in ("pretrained", "random_init") if m in task and metric in task[m].get("validation", {})
-        }
-    return report.json_safe(stats)
 
 
 def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[ShardInfo]:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from bertcore.eval import report
+from bertcore.eval import plots, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -31,7 +31,10 @@ def _metrics() -> dict:
         "pretraining_log": {"uri": "runs/x/pretrain/metrics.jsonl", "records": 150, "unreadable_lines": 1, "last": {"step": 150, "loss": 7.61, "mlm_accuracy": 0.058}},
         "intrinsic": {
             "seq128": {
-                "pretrained": {"sequences": 637, "masked_tokens": 11156, "mlm_loss": 6.902, "mlm_perplexity": 993.8, "mlm_accuracy": 0.0447, "nsp_loss": 0.6977, "nsp_accuracy": 0.5243},
+                "pretrained": {
+                    "sequences": 637, "masked_tokens": 11156, "mlm_loss": 6.902, "mlm_perplexity": 993.8, "mlm_accuracy": 0.0447, "nsp_loss": 0.6977, "nsp_accuracy": 0.5243,
+                    "baselines": {"unigram": {"token": "the", "mlm_accuracy": 0.0471, "mlm_loss": 7.013}, "nsp_balance": {"is_next": 0.4757, "random": 0.5243, "majority_accuracy": 0.5243}},
+                },
                 "random_init": {"sequences": 637, "masked_tokens": 11156, "mlm_loss": 8.323, "mlm_perplexity": 4119.3, "mlm_accuracy": 0.0003, "nsp_loss": 0.6956, "nsp_accuracy": 0.4757},
             }
         },
@@ -45,6 +48,9 @@ def _metrics() -> dict:
                 "pretrained": {"validation": {"accuracy": _summary(0.8771, 0.85, 0.90), "mcc": _summary(0.61, 0.55, 0.70)}},
                 "random_init": {"validation": {"accuracy": _summary(0.60, 0.55, 0.62), "mcc": _summary(0.1, 0.0, 0.2)}},
                 "gain": {"accuracy": 0.2771, "mcc": 0.51},
+                "baselines": {"chance": {"accuracy": 0.5, "mcc": 0.0}, "validation": {"majority": {"accuracy": 0.52, "mcc": 0.0}}},
+                "verdict": {"text": "gain 27.7 points, above the seed spread of 7.0"},
+                "pooling": "mean",
                 "skipped": {"train": 2},
                 "skipped_problems": ["data/sst.tsv, line 4: 1 columns where 2 were expected"],
             },
@@ -69,6 +75,8 @@ def _metrics() -> dict:
             "pretrained": {"cls": {"anisotropy": 0.99996}, "mean": {"anisotropy": 0.95}},
             "random_init": {"cls": {"anisotropy": 0.9999}, "mean": {"anisotropy": 0.96}},
         },
+        "fill_mask": [{"text": "the cat sat on the [MASK] .", "answer": "mat", "predictions": [["floor", 0.2], ["mat", 0.1], ["the", 0.05], [",", 0.04], [".", 0.03]], "answer_rank": 2}],
+        "verdicts": ["seq128 held-out MLM accuracy 4.5% vs 4.7% for always guessing 'the': still at the unigram plateau", "sst (accuracy): gain 27.7 points, above the seed spread of 7.0"],
         "skipped_rows": {"total": 2, "files": {"data/sst.tsv": 2}},
         "notes": ["intrinsic: phase seq512 (512 tokens) is longer than the model's 128 positions; left out"],
     }
@@ -110,7 +118,7 @@ def test_long_training_logs_are_binned_before_plotting(tmp_path):
     path = tmp_path / "long.png"
     assert report.plot_pretraining(records, str(path))  # only the loss: the accuracy panel says so
     steps = np.array([r["step"] for r in records], dtype=float)
-    binned_steps, binned = report._binned(steps, np.array([r["loss"] for r in records]), 100)
+    binned_steps, binned = plots._binned(steps, np.array([r["loss"] for r in records]), 100)
     assert len(binned_steps) == len(binned) == 100
     assert binned_steps[0] < binned_steps[-1] and abs(binned.mean() - 5.0) < 0.01
 
@@ -132,8 +140,15 @@ def test_markdown_tables_show_scores_gain_and_problems():
     md = report.render_markdown(_metrics(), {"pretraining": "plots/pretraining.png", "tasks": "plots/tasks.png"})
     lines = md.splitlines()
     sst = next(line for line in lines if line.startswith("| sst | classification"))
-    # median [min, max] x 100, random-init median, gain in points, seeds, how it was scored
-    assert "87.7 [85.0, 90.0]" in sst and "60.0 [55.0, 62.0]" in sst and "| 27.7 |" in sst and "5-fold CV" in sst
+    # median [min, max] x 100, random-init median, gain in points, majority class, chance, seeds, how it was scored
+    assert "87.7 [85.0, 90.0]" in sst and "60.0 [55.0, 62.0]" in sst and "| 27.7 | 52.0 | 50.0 | 3 |" in sst and "5-fold CV, mean pooling" in sst
+    assert "- sst: gain 27.7 points, above the seed spread of 7.0" in lines
+    # The verdicts come first, the floors sit beside the scores, the fill-mask guesses are shown.
+    assert md.index("## Verdict") < md.index("## Held-out masked LM") < md.index("## Tasks")
+    assert "- seq128 held-out MLM accuracy 4.5% vs 4.7% for always guessing 'the': still at the unigram plateau" in lines
+    floor = next(line for line in lines if line.startswith("| seq128 | unigram / majority label (always 'the')"))
+    assert "| 7.013 |" in floor and "| 4.7 |" in floor and floor.endswith("| 52.4 |")
+    assert "| the cat sat on the [MASK] . | mat | floor (20%), mat (10%), the (5%), , (4%), . (3%) | 2 |" in lines
     stsb = next(line for line in lines if line.startswith("| stsb | regression"))
     assert "| – |" in stsb  # an undefined correlation is shown as missing, not as nan
     assert any(line.startswith("| stsb | test | spearman | 30.0 |") for line in lines)
@@ -153,8 +168,21 @@ def test_markdown_without_log_baseline_or_tasks():
         by_model.pop("random_init")
     md = report.render_markdown(metrics, {})
     assert "No pretraining log" in md
-    assert "random init" not in md and "## Fine-tuning" not in md and "Skipped input rows" not in md
+    assert "random init" not in md and "## Tasks" not in md and "Skipped input rows" not in md
     assert "| seq128 | pretrained |" in md
+
+
+def test_objectives_without_nsp_leave_the_nsp_columns_out():
+    metrics = _metrics()
+    for by_model in metrics["intrinsic"].values():
+        for scores in by_model.values():
+            scores.pop("nsp_loss"), scores.pop("nsp_accuracy")
+            scores.get("baselines", {}).pop("nsp_balance", None)
+    md = report.render_markdown(metrics, {})
+    section = md.split("## Held-out masked LM")[1].split("##")[0]
+    assert "NSP" not in section and "next sentence" not in section and "majority label" not in section
+    header = next(line for line in md.splitlines() if line.startswith("| phase | model |"))
+    assert header.endswith("| MLM acc. |")
 
 
 def test_score_rows_share_keys_and_gain_is_the_difference():

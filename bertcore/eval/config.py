@@ -15,8 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from bertcore.eval.metrics import TagScheme
 from bertcore.section import DataFile, Encoding, Section
 
-TaskType = Literal["classification", "regression", "token_classification", "qa"]
-FileFormat = Literal["tsv", "csv", "jsonl", "fasttext", "conll", "squad"]
+TaskType = Literal["classification", "regression", "token_classification", "qa", "word_similarity"]
+FileFormat = Literal["tsv", "csv", "jsonl", "fasttext", "conll", "squad", "word_pairs"]
 Split = Literal["train", "validation", "test"]
 TASK_FILES: tuple[Split, ...] = get_args(Split)
 """TaskConfig's file fields, one per split."""
@@ -26,7 +26,16 @@ _FORMATS_OF: dict[str, tuple[str, ...]] = {
     "regression": ("tsv", "csv", "jsonl"),
     "token_classification": ("conll",),
     "qa": ("squad",),
+    "word_similarity": ("word_pairs",),
 }
+Pooling = Literal["pooler", "cls", "mean"]
+"""How a sequence task turns hidden states into one vector."""
+Combine = Literal["concat", "sum", "scalar_mix"]
+"""How several chosen hidden states become one."""
+PRIMARY_METRIC = {"classification": "accuracy", "regression": "spearman", "token_classification": "f1", "qa": "f1", "word_similarity": "spearman"}
+"""The score a task is ranked by (GLUE/CoNLL/SQuAD conventions), chosen on by early stopping and judged by the report's verdict."""
+TRAINED_TYPES = ("classification", "regression", "token_classification", "qa")
+"""Task types that fine-tune a model; word_similarity only reads the encoder."""
 
 
 class TaskConfig(Section):
@@ -35,15 +44,15 @@ class TaskConfig(Section):
     name: str = Field(min_length=1)
     """Task name used in metrics, reports and random keys (sst2, mrpc, conll2003, squad)."""
     type: TaskType
-    """classification (one label per text or text pair), regression (one number per text or pair, e.g. STS-B), token_classification (one tag per word, e.g. NER), qa (extractive answer spans, SQuAD)."""
-    train: DataFile
-    """Training file (local path or fsspec URI; .gz/.bz2/.xz are decompressed)."""
+    """classification (one label per text or text pair), regression (one number per text or pair, e.g. STS-B), token_classification (one tag per word, e.g. NER), qa (extractive answer spans, SQuAD), word_similarity (word pairs with human similarity scores, e.g. WordSim-353, SimLex-999: Spearman correlation of the cosine of the encoder's word vectors; nothing is trained)."""
+    train: DataFile | None = None
+    """Training file (local path or fsspec URI; .gz/.bz2/.xz are decompressed); required except for word_similarity."""
     validation: DataFile | None = None
-    """Validation file the metrics are computed on; if absent, set cross_validation_folds."""
+    """Validation file the metrics are computed on (word_similarity: the pairs file); if absent, set cross_validation_folds."""
     test: DataFile | None = None
     """Optional labelled test file, scored with the model fine-tuned on train."""
     format: FileFormat
-    """tsv/csv/jsonl rows (GLUE files work as they are), fasttext (`__label__pos text` lines), conll (token per line, tag in the last column), squad (SQuAD v1.1/v2.0 JSON)."""
+    """tsv/csv/jsonl rows (GLUE files work as they are), fasttext (`__label__pos text` lines), conll (token per line, tag in the last column), squad (SQuAD v1.1/v2.0 JSON), word_pairs (`word1 word2 score` per line, tab or space separated, `#` starts a comment: wordsim353.tsv and simlex999.txt as gensim ships them)."""
     text_a: str | int = "sentence"
     """tsv/csv/jsonl: column of the (first) text, a header name or a 0-based index."""
     text_b: str | int | None = None
@@ -75,7 +84,25 @@ class TaskConfig(Section):
     max_seq_length: int = Field(128, ge=8)
     """Tokens per input including special tokens; longer inputs are truncated (QA: split into windows)."""
     freeze_encoder: bool = False
-    """Feature-based evaluation: keep the encoder's weights fixed and train only the task head."""
+    """Feature-based evaluation: keep the encoder's weights fixed and train only the task head (BERT paper, section 5.3)."""
+    freeze_layers: int = Field(0, ge=0)
+    """Keep the embeddings and the lowest this many transformer layers fixed while fine-tuning the rest (0: train everything)."""
+    layer_lr_decay: float = Field(1.0, gt=0.0, le=1.0)
+    """Layer-wise learning-rate decay: layer l of L gets learning_rate x decay^(L + 1 - l), the embeddings decay^(L + 1), the head learning_rate (Sun et al. 2019 use 0.95; 1.0: one rate for all)."""
+    dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    """Dropout of the encoder (hidden and attention) and of the head while fine-tuning; None: the model's config.json values (BERT: 0.1)."""
+    pooling: Pooling = "pooler"
+    """classification/regression: pooler (BERT's tanh layer on [CLS], trained by next-sentence prediction when the checkpoint has one, else fresh), cls (the [CLS] hidden state) or mean (mean over the text's tokens, which suits small or briefly pretrained models whose [CLS] state barely varies)."""
+    layers: list[int] | Literal["all"] = Field(default_factory=lambda: [-1])
+    """Hidden states the head reads: 0 is the embedding output, k the output of layer k, negative counts from the end (-1 the last layer, [-4, -3, -2, -1] the last four), "all" every one. Combined by `combine`."""
+    combine: Combine = "concat"
+    """How several `layers` become one vector: concat, sum, or scalar_mix (a learned softmax-weighted sum, Peters et al. 2018); with freeze_encoder this is the BERT paper's feature-based comparison."""
+    early_stopping_patience: int | None = Field(None, ge=1)
+    """Early stopping: hold out `early_stopping_fraction` of the training data, score it after every epoch, stop after this many epochs without improvement and keep the best epoch's weights (None: train all `epochs`). The validation file is never used to choose."""
+    early_stopping_fraction: float = Field(0.1, gt=0.0, lt=0.5)
+    """Share of the training examples held out for early stopping (stratified by label for classification; fixed per task, fold and seed)."""
+    word_vectors: Literal["input", "contextual"] = "contextual"
+    """word_similarity: input (mean of the word's WordPiece rows of the input embedding matrix, which MLM training shapes through the tied output layer) or contextual (the word alone as `[CLS] word [SEP]`, mean over its pieces of the hidden states chosen by `layers`/`combine`)."""
     tag_scheme: TagScheme = "IOB2"
     """token_classification: how tags mark entities (IOB1 for the original CoNLL-2003 files, IOB2/BIO, IOBES); decides entity-level scoring."""
     doc_stride: int = Field(128, ge=1)
@@ -95,6 +122,7 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
+        self._check_training()
         if self.format not in _FORMATS_OF[self.type]:
             allowed = ", ".join(_FORMATS_OF[self.type])
             raise ValueError(f"format {self.format!r} cannot hold a {self.type} task; use one of {allowed}")
@@ -118,7 +146,23 @@ class TaskConfig(Section):
             raise ValueError(f"positive_label {self.positive_label!r} is not in labels")
         if self.type == "qa" and self.max_query_length + 4 >= self.max_seq_length:
             raise ValueError("max_query_length leaves no room for context within max_seq_length")
+        if isinstance(self.layers, list) and not self.layers:
+            raise ValueError("layers is empty: give hidden-state indexes (e.g. [-1]) or \"all\"")
+        if self.pooling == "pooler" and self.layers != [-1] and self.type in ("classification", "regression"):
+            raise ValueError("pooling 'pooler' reads the last layer only; with other layers use pooling 'cls' or 'mean'")
         return self
+
+    def _check_training(self) -> None:
+        if self.type == "word_similarity":
+            if self.combine == "scalar_mix":
+                raise ValueError("combine scalar_mix learns its weights, and a word_similarity task trains nothing; use concat or sum")
+            if self.validation is None or self.train is not None or self.cross_validation_folds is not None or self.test is not None:
+                raise ValueError("a word_similarity task is scored on its `validation` file (the word pairs) alone; leave train, test and cross_validation_folds unset")
+            return
+        if self.train is None:
+            raise ValueError("train is not set: give the training file")
+        if self.freeze_encoder and self.freeze_layers:
+            raise ValueError("freeze_encoder already freezes every layer; leave freeze_layers at 0")
 
 
 class IntrinsicConfig(Section):
@@ -132,6 +176,8 @@ class IntrinsicConfig(Section):
     """Sequences per forward pass."""
     max_batches: int | None = Field(None, ge=1)
     """Most batches scored per phase (None: every validation sequence)."""
+    fill_mask: int = Field(5, ge=0)
+    """Held-out corpus sentences shown in the report with one word masked and the pretrained model's top predictions (0: none)."""
 
 
 class StsConfig(Section):
@@ -185,6 +231,8 @@ class EvaluateConfig(Section):
     """Sentence-embedding check."""
     num_threads: int = Field(1, ge=1)
     """torch threads of each evaluation job (each Ray task reserves as many CPUs)."""
+    num_gpus: float = Field(0.0, ge=0.0)
+    """GPUs each evaluation job reserves from Ray (a fraction lets jobs share one). A job runs on the GPU Ray gives it; with 0 it runs on the CPU."""
 
     @field_validator("tasks")
     @classmethod

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bertcore.eval import metrics
-from bertcore.eval.finetune import encode, load_encoder, load_tokenizer
+from bertcore.eval.encoder import encode, load_encoder, load_tokenizer, mean_pool
 from bertcore.eval.tasks import TextExample
 from bertcore.rng import keyed_numpy, keyed_seed
 
@@ -52,8 +52,7 @@ def embed(
         if pooling == "cls":
             pooled = hidden[:, 0]
         else:
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+            pooled = mean_pool(hidden, batch["attention_mask"])
         chunks.append(pooled.float().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype=np.float32)
 

@@ -16,7 +16,7 @@ given the seed and thread count and leaves the caller's global RNG untouched.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -26,8 +26,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertcore.eval import metrics, qa
 from bertcore.errors import ConfigError
+from bertcore.eval import metrics, qa, scoring
+from bertcore.eval.encoder import (
+    Features,
+    TaskModel,
+    encode,
+    freeze_lower_layers,
+    load_encoder,
+    load_tokenizer,
+    parameter_groups,
+    pooler_source,
+)
 from bertcore.eval.tasks import (
     QAExample,
     TaggedSentence,
@@ -38,88 +48,18 @@ from bertcore.eval.tasks import (
     infer_labels,
     read_split,
 )
-from bertcore.rng import keyed_seed
+from bertcore.rng import keyed_numpy, keyed_seed
+
+__all__ = ["TaskModel", "compare_with_baseline", "encode", "load_encoder", "load_tokenizer", "run_seeds", "run_task"]
+
 
 class TaskSettingError(ConfigError, ValueError):
     """A task setting the encoder cannot honour (a ValueError and a bertpipe ConfigError)."""
 
 
-# --- loading -------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    # Loading a pretraining checkpoint as a bare encoder prints a report of the unused
-    # MLM/NSP head weights and a progress bar; both are expected here.
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def load_tokenizer(tokenizer_dir: str):
-    """The fast tokenizer saved in a local folder (tokenizer.json required: QA needs offsets)."""
-    from transformers import AutoTokenizer
-
-    with _quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if not tokenizer.is_fast:
-        raise ValueError(f"{tokenizer_dir}: no fast tokenizer (tokenizer.json) found; the pretrain stage's model/ folder has one")
-    return tokenizer
-
-
-def load_encoder(encoder_dir: str, *, random_init: bool = False) -> nn.Module:
-    """The encoder in a local Hugging Face folder; with random_init, the same architecture
-    with fresh weights (initialised from the global torch RNG, which the caller seeds)."""
-    from transformers import AutoConfig, AutoModel
-
-    with _quiet_transformers():
-        if random_init:
-            return AutoModel.from_config(AutoConfig.from_pretrained(encoder_dir))
-        return AutoModel.from_pretrained(encoder_dir)
-
-
-def encode(encoder: nn.Module, input_ids, attention_mask, token_type_ids) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(hidden (B, T, H), pooled (B, H) or None) from any supported encoder."""
-    out = encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-    if isinstance(out, torch.Tensor):
-        return out, None
-    return out.last_hidden_state, getattr(out, "pooler_output", None)
-
-
-# --- model ---------------------------------------------------------------------------------
-
-
-class TaskModel(nn.Module):
-    """Encoder + one linear head. Sequence tasks read BERT's pooled [CLS] output (the
-    encoder's pooler when it has one, else the first token's hidden state); token tasks
-    and QA read every position."""
-
-    def __init__(
-        self, encoder: nn.Module, task_type: str, num_outputs: int, dropout: float = 0.1, hidden_size: int | None = None
-    ) -> None:
-        super().__init__()
-        self.encoder = encoder
-        self.task_type = task_type
-        hidden = hidden_size or getattr(getattr(encoder, "config", None), "hidden_size", None)
-        if hidden is None:
-            raise ValueError("TaskModel: pass hidden_size for an encoder without config.hidden_size")
-        self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(hidden, num_outputs)
-
-    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        hidden, pooled = encode(self.encoder, input_ids, attention_mask, token_type_ids)  # (B, T, H), (B, H)
-        if self.task_type in ("classification", "regression"):
-            features = pooled if pooled is not None else hidden[:, 0]
-            return self.head(self.dropout(features))  # (B, C) or (B, 1)
-        return self.head(self.dropout(hidden))  # (B, T, C) tags, or (B, T, 2) start/end
+def device() -> torch.device:
+    """The GPU when this process sees one (a Ray job given `num_gpus`), else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 # --- features ------------------------------------------------------------------------------
@@ -184,8 +124,9 @@ def _qa_features(examples: Sequence[QAExample], tokenizer, task: TaskConfig):
     return features, windows
 
 
-def _batch(features: Sequence[_Feature], pad_id: int, task_type: str) -> dict[str, torch.Tensor]:
-    """Pads to the longest feature in the batch (B, T); padding costs little on CPU this way."""
+def _batch(features: Sequence[_Feature], pad_id: int, task_type: str, where: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Pads to the longest feature in the batch (B, T); padding costs little on CPU this way.
+    The tensors are moved to `where` (default: stay on the CPU)."""
     width = max(len(f.input_ids) for f in features)
     ids = torch.full((len(features), width), pad_id, dtype=torch.long)
     types = torch.zeros((len(features), width), dtype=torch.long)
@@ -207,7 +148,7 @@ def _batch(features: Sequence[_Feature], pad_id: int, task_type: str) -> dict[st
         batch["labels"] = labels
     else:
         batch["labels"] = torch.tensor([f.label for f in features], dtype=torch.long)  # (B, 2) start, end
-    return batch
+    return batch if where is None else {k: v.to(where) for k, v in batch.items()}
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor, task_type: str) -> torch.Tensor:
@@ -225,14 +166,8 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor, task_type: str) -> torch.T
 
 
 def _optimizer(model: TaskModel, task: TaskConfig, total_steps: int):
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if name.endswith("bias") or "LayerNorm" in name or "norm" in name.lower() else decay).append(param)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": task.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=task.learning_rate,
-    )
+    groups = parameter_groups(model, task.learning_rate, task.weight_decay, task.layer_lr_decay)
+    optimizer = torch.optim.AdamW(groups, lr=task.learning_rate)
     warmup = int(task.warmup_fraction * total_steps)
 
     def factor(step: int) -> float:  # linear warm-up to the peak, then linear decay to zero
@@ -243,98 +178,99 @@ def _optimizer(model: TaskModel, task: TaskConfig, total_steps: int):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _train(model: TaskModel, features: list[_Feature], task: TaskConfig, pad_id: int, order: torch.Generator) -> float:
-    """Trains in place; returns the mean loss of the last epoch."""
-    steps_per_epoch = math.ceil(len(features) / task.batch_size)
-    optimizer, schedule = _optimizer(model, task, task.epochs * steps_per_epoch)
-    model.train()
+@dataclass
+class Trained:
+    """What `_train` did: the mean loss of the last epoch run, the epochs run, and with
+    early stopping the epoch whose weights were kept and its held-out score."""
+
+    final_train_loss: float
+    epochs: int
+    best_epoch: int | None = None
+    best_score: float | None = None
+
+
+def _train(
+    model: TaskModel, features: list[_Feature], task: TaskConfig, pad_id: int, order: torch.Generator, stop_score=None
+) -> Trained:
+    """Trains in place. stop_score: a callable scoring the model on the held-out part of
+    the training data (higher is better) after each epoch; with it, training stops after
+    `early_stopping_patience` epochs without improvement and the best epoch's weights are
+    restored."""
     if task.freeze_encoder:
         model.encoder.requires_grad_(False)
-        model.encoder.eval()  # fixed features: no dropout inside the encoder either
-    last_epoch_loss = float("nan")
-    for _ in range(task.epochs):
+    freeze_lower_layers(model.encoder, task.freeze_layers)
+    steps_per_epoch = math.ceil(len(features) / task.batch_size)
+    optimizer, schedule = _optimizer(model, task, task.epochs * steps_per_epoch)
+    where = next(model.parameters()).device
+    best: tuple[float, int, dict] | None = None
+    loss, epoch = float("nan"), 0
+    for epoch in range(1, task.epochs + 1):
+        model.train()
+        if task.freeze_encoder:
+            model.encoder.eval()  # fixed features: no dropout inside the encoder either
         permutation = torch.randperm(len(features), generator=order).tolist()
         losses = []
         for start in range(0, len(features), task.batch_size):
-            batch = _batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, task.type)
+            batch = _batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, task.type, where)
             labels = batch.pop("labels")
-            loss = _loss(model(**batch), labels, task.type)
+            step_loss = _loss(model(**batch), labels, task.type)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            step_loss.backward()
+            nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
             optimizer.step()
             schedule.step()
-            losses.append(loss.item())
-        last_epoch_loss = float(np.mean(losses))
-    return last_epoch_loss
+            losses.append(step_loss.item())
+        loss = float(np.mean(losses))
+        if stop_score is None:
+            continue
+        score = stop_score(model)
+        if best is None or score > best[0]:
+            best = (score, epoch, copy.deepcopy(model.state_dict()))
+        elif epoch - best[1] >= task.early_stopping_patience:
+            break
+    if best is None:
+        return Trained(loss, epoch)
+    model.load_state_dict(best[2])
+    return Trained(loss, epoch, best_epoch=best[1], best_score=best[0])
 
 
 @torch.no_grad()
 def _predict(model: TaskModel, features: list[_Feature], pad_id: int, task_type: str, batch_size: int) -> list[np.ndarray]:
     """Per feature: logits (C,), (1,), (T, C) or (T, 2), cut to the feature's length."""
     model.eval()
+    where = next(model.parameters()).device
     outputs: list[np.ndarray] = []
     for start in range(0, len(features), batch_size):
         chunk = features[start : start + batch_size]
-        batch = _batch(chunk, pad_id, task_type)
+        batch = _batch(chunk, pad_id, task_type, where)
         batch.pop("labels")
-        logits = model(**batch).float().numpy()
+        logits = model(**batch).float().cpu().numpy()
         for row, f in enumerate(chunk):
             outputs.append(logits[row] if task_type in ("classification", "regression") else logits[row, : len(f.input_ids)])
     return outputs
 
 
-# --- scoring -------------------------------------------------------------------------------
-
-
-def _score_text(task: TaskConfig, labels: list[str], examples: list[TextExample], outputs: list[np.ndarray]) -> dict[str, float]:
-    if task.type == "regression":
-        gold = [float(e.label) for e in examples]
-        predicted = [float(o[0]) for o in outputs]
-        return {
-            "pearson": metrics.pearson(gold, predicted),
-            "spearman": metrics.spearman(gold, predicted),
-            "mse": float(np.mean((np.asarray(gold) - np.asarray(predicted)) ** 2)),
-        }
-    gold = [e.label for e in examples]
-    predicted = [labels[int(np.argmax(o))] for o in outputs]
-    out = {
-        "accuracy": metrics.accuracy(gold, predicted),
-        "macro_f1": metrics.f1(gold, predicted, average="macro"),
-        "mcc": metrics.matthews(gold, predicted),
-    }
-    if len(labels) == 2:
-        out["f1"] = metrics.f1(gold, predicted, pos_label=task.positive_label or labels[1])
-    return out
-
-
-def _score_tokens(task, labels, examples: list[TaggedSentence], outputs, first_pieces) -> dict[str, float]:
-    outside = "O" if "O" in labels else labels[0]
-    predicted = []
-    for logits, first in zip(outputs, first_pieces):
-        # A word cut off by truncation is predicted O, so it costs recall rather than vanishing.
-        predicted.append([outside if p is None else labels[int(np.argmax(logits[p]))] for p in first])
-    return metrics.entity_scores([list(e.tags) for e in examples], predicted, scheme=task.tag_scheme)
-
-
-def _score_qa(task, examples: list[QAExample], outputs, windows) -> dict[str, float]:
-    spans = qa.decode_spans(
-        examples,
-        windows,
-        [o[:, 0] for o in outputs],
-        [o[:, 1] for o in outputs],
-        n_best=task.n_best,
-        max_answer_length=task.max_answer_length,
-    )
-    golds = {e.id: [a.text for a in e.answers] for e in examples}
-    answers = qa.final_answers(spans, version_2=task.version_2, null_score_threshold=task.null_score_threshold)
-    out = metrics.squad_scores(answers, golds)
-    if task.version_2:
-        out.update(qa.best_null_threshold(spans, golds))
-    return out
-
-
 # --- one run -------------------------------------------------------------------------------
+
+
+def holdout_split(task: TaskConfig, examples: list, seed: int, run_key: str) -> tuple[list, list]:
+    """(fit, held out) for early stopping: `early_stopping_fraction` of the examples (at
+    least one, and of each label for classification), keyed by task, fold and seed."""
+    rng = keyed_numpy(seed, task.name, run_key, "early-stopping")
+    if task.type == "classification":
+        groups: dict[str, list[int]] = {}
+        for i, e in enumerate(examples):
+            groups.setdefault(e.label, []).append(i)
+    else:
+        groups = {"": list(range(len(examples)))}
+    held: set[int] = set()
+    for members in groups.values():
+        if len(members) > 1:
+            count = max(1, round(task.early_stopping_fraction * len(members)))
+            held.update(int(i) for i in rng.choice(members, size=count, replace=False))
+    if not held or len(held) == len(examples):
+        raise TaskDataError(f"task {task.name!r}: too few training examples ({len(examples)}) to hold some out for early stopping")
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
 
 
 def _fit_and_score(
@@ -347,8 +283,10 @@ def _fit_and_score(
     train: list,
     evaluate: dict[str, list],
     run_key: str,
-) -> tuple[dict[str, dict[str, float]], float]:
+) -> tuple[dict[str, dict[str, float]], Trained]:
     """Fine-tunes one model on `train` and scores it on each named set in `evaluate`."""
+    from bertcore.eval.config import PRIMARY_METRIC
+
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def featurize(examples):
@@ -358,32 +296,97 @@ def _fit_and_score(
             return _token_features(examples, tokenizer, task, labels)
         return _text_features(examples, tokenizer, task, labels), None
 
+    def score(model, examples) -> dict[str, float]:
+        features, extra = featurize(examples)
+        predictions = _predict(model, features, pad_id, task.type, max(64, task.batch_size))
+        if task.type == "qa":
+            return scoring.score_qa(task, examples, predictions, extra)
+        if task.type == "token_classification":
+            return scoring.score_tokens(task, labels, examples, predictions, extra)
+        return scoring.score_text(task, labels, examples, predictions)
+
+    stop_score = None
+    if task.early_stopping_patience is not None:
+        train, held = holdout_split(task, train, seed, run_key)
+        stop_score = lambda model: _finite(score(model, held)[PRIMARY_METRIC[task.type]])
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "init"))
-        encoder = load_encoder(encoder_dir, random_init=random_init)
+        encoder = load_encoder(encoder_dir, random_init=random_init, dropout=task.dropout)
         max_positions = getattr(encoder.config, "max_position_embeddings", None)
         if max_positions is not None and task.max_seq_length > max_positions:
             raise TaskSettingError(
                 f"task {task.name!r}: max_seq_length {task.max_seq_length} exceeds the encoder's max_position_embeddings {max_positions}"
             )
         outputs = 2 if task.type == "qa" else 1 if task.type == "regression" else len(labels)
-        model = TaskModel(encoder, task.type, outputs, getattr(encoder.config, "hidden_dropout_prob", 0.1))
+        head_dropout = task.dropout if task.dropout is not None else getattr(encoder.config, "hidden_dropout_prob", 0.1)
+        features = Features(layers=task.layers, combine=task.combine, pooling=task.pooling)
+        model = TaskModel(encoder, task.type, outputs, head_dropout, features=features).to(device())
         train_features, _ = featurize(train)
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "dropout"))
         order = torch.Generator().manual_seed(keyed_seed(seed, task.name, run_key, "order") % 2**63)
-        loss = _train(model, train_features, task, pad_id, order)
+        trained = _train(model, train_features, task, pad_id, order, stop_score)
+        scores = {name: score(model, examples) for name, examples in evaluate.items()}
+    return scores, trained
 
-        scores = {}
-        for name, examples in evaluate.items():
-            features, extra = featurize(examples)
-            predictions = _predict(model, features, pad_id, task.type, max(64, task.batch_size))
-            if task.type == "qa":
-                scores[name] = _score_qa(task, examples, predictions, extra)
-            elif task.type == "token_classification":
-                scores[name] = _score_tokens(task, labels, examples, predictions, extra)
-            else:
-                scores[name] = _score_text(task, labels, examples, predictions)
-    return scores, loss
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else -math.inf
+
+
+def _read(task: TaskConfig) -> tuple[object, list[str], dict[str, list], dict[str, int], list[str]]:
+    """(train ReadResult, labels, {split: examples} to score, {split: rows skipped}, problems)."""
+    train = read_split(task, "train")
+    labels = infer_labels(task, train.examples) if task.type in ("classification", "token_classification") else []
+    skipped = {"train": train.skipped}
+    problems = list(train.problems)
+    evaluate: dict[str, list] = {}
+    for split in ("validation", "test"):
+        if getattr(task, split) is not None:
+            read = read_split(task, split, labels or None)
+            evaluate[split] = read.examples
+            skipped[split] = read.skipped
+            problems += read.problems
+    if not train.examples:
+        raise TaskDataError(f"{task.train}: no usable training examples")
+    return train, labels, evaluate, skipped, problems
+
+
+def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, random_init: bool) -> dict:
+    """The fine-tuning part of `run_task` (every type but word_similarity)."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    train, labels, evaluate, skipped, problems = _read(task)
+    result: dict = {"baselines": {}}
+    if task.cross_validation_folds is None:
+        scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, evaluate, "full")
+        result.update(scores)
+        for split, examples in evaluate.items():
+            result["baselines"][split] = scoring.majority_scores(task, labels, train.examples, examples)
+    else:
+        per_fold, majority = [], []
+        for k, (train_idx, held_idx) in enumerate(fold_splits(task, train.examples)):
+            fold_train = [train.examples[i] for i in train_idx]
+            held = [train.examples[i] for i in held_idx]
+            scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, fold_train, {"validation": held}, f"fold{k}")
+            per_fold.append(scores["validation"])
+            majority.append(scoring.majority_scores(task, labels, fold_train, held))
+        result["validation"] = {name: float(np.mean([f[name] for f in per_fold])) for name in per_fold[0]}
+        result["baselines"]["validation"] = None if majority[0] is None else {n: float(np.mean([m[n] for m in majority])) for n in majority[0]}
+        if "test" in evaluate:
+            scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {"test": evaluate["test"]}, "full")
+            result.update(scores)
+            result["baselines"]["test"] = scoring.majority_scores(task, labels, train.examples, evaluate["test"])
+    result["baselines"] = {split: {"majority": scores} for split, scores in result["baselines"].items() if scores is not None}
+    result.update(
+        labels=labels,
+        train_examples=len(train.examples),
+        skipped=skipped,
+        skipped_problems=problems,
+        final_train_loss=trained.final_train_loss,
+        epochs_trained=trained.epochs,
+        best_epoch=trained.best_epoch,
+    )
+    return result
 
 
 def run_task(
@@ -395,10 +398,12 @@ def run_task(
     random_init: bool,
     num_threads: int = 1,
 ) -> dict:
-    """Fine-tunes on `task` with one seed and returns its metrics:
-    {"task", "seed", "random_init", "validation": {metric: value}, "test": {...} (when a
-    test file is set), "folds", "labels", "train_examples", "skipped": {split: rows},
-    "skipped_problems", "final_train_loss", "seconds"}.
+    """Fine-tunes on `task` with one seed (word_similarity: scores the encoder's word
+    vectors) and returns its metrics: {"task", "seed", "random_init", "validation":
+    {metric: value}, "test": {...} (when a test file is set), "baselines": {split:
+    {"majority": {metric: value}}} (classification and tagging), "folds", "labels",
+    "train_examples", "skipped": {split: rows}, "skipped_problems", "final_train_loss",
+    "epochs_trained", "best_epoch", "pooler", "device", "seconds"}.
 
     encoder_dir: the Hugging Face folder of the pretrained encoder; None (only with
     random_init) takes config.json from tokenizer_dir, for a baseline with no checkpoint.
@@ -413,36 +418,12 @@ def run_task(
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        tokenizer = load_tokenizer(tokenizer_dir)
-        train = read_split(task, "train")
-        labels = infer_labels(task, train.examples) if task.type in ("classification", "token_classification") else []
-        skipped = {"train": train.skipped}
-        problems = list(train.problems)
-        evaluate: dict[str, list] = {}
-        for split in ("validation", "test"):
-            if getattr(task, split) is not None:
-                read = read_split(task, split, labels or None)
-                evaluate[split] = read.examples
-                skipped[split] = read.skipped
-                problems += read.problems
-        if not train.examples:
-            raise TaskDataError(f"{task.train}: no usable training examples")
+        if task.type == "word_similarity":
+            from bertcore.eval.wordsim import run_word_similarity
 
-        result: dict = {}
-        if task.cross_validation_folds is None:
-            scores, loss = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, evaluate, "full")
-            result.update(scores)
+            result = run_word_similarity(task, encoder_dir, tokenizer_dir, seed, random_init=random_init)
         else:
-            per_fold = []
-            for k, (train_idx, held_idx) in enumerate(fold_splits(task, train.examples)):
-                fold_train = [train.examples[i] for i in train_idx]
-                held = {"validation": [train.examples[i] for i in held_idx]}
-                scores, loss = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, fold_train, held, f"fold{k}")
-                per_fold.append(scores["validation"])
-            result["validation"] = {name: float(np.mean([f[name] for f in per_fold])) for name in per_fold[0]}
-            if "test" in evaluate:
-                scores, loss = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {"test": evaluate["test"]}, "full")
-                result.update(scores)
+            result = _fine_tune(task, encoder_dir, tokenizer_dir, seed, random_init)
     finally:
         torch.set_num_threads(threads)
     return {
@@ -450,13 +431,10 @@ def run_task(
         "seed": seed,
         "random_init": random_init,
         "freeze_encoder": task.freeze_encoder,
-        **result,
         "folds": task.cross_validation_folds,
-        "labels": labels,
-        "train_examples": len(train.examples),
-        "skipped": skipped,
-        "skipped_problems": problems,
-        "final_train_loss": loss,
+        **result,
+        "pooler": pooler_source(encoder_dir, random_init=random_init),
+        "device": str(device()),
         "seconds": time.perf_counter() - started,
     }
 

@@ -1,16 +1,21 @@
 """The evaluation report: markdown tables, PNG plots, and flat score rows, all made from
 the evaluate stage's metrics dictionary (what it writes as eval/metrics.json).
 
-Plots are drawn on matplotlib `Figure` objects with the Agg canvas, never through
-pyplot, so nothing here touches a display or global plotting state.
+The plots are drawn in bertcore/eval/plots.py.
 
 The metrics dictionary, as far as the report reads it:
     model:           {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
     pretraining_log: {"uri", "records", "unreadable_lines", "last": {...}} or None
-    intrinsic:       {phase: {"pretrained": scores, "random_init": scores}}
+    intrinsic:       {phase: {"pretrained": scores, "random_init": scores}}, scores with
+                      "baselines": {"unigram": {"token", "mlm_accuracy", "mlm_loss"},
+                      "nsp_balance": {"is_next", "random", "majority_accuracy"}}
+    fill_mask:       [{"text", "answer", "predictions": [[token, p], ...], "answer_rank"}]
     tasks:           {name: {"type", "primary_metric", "seeds", "folds", "pretrained":
                       {"validation": {metric: summary}, "test": ...}, "random_init": ...,
-                      "gain": {metric: float}, "skipped": {split: rows}, "skipped_problems"}}
+                      "gain": {metric: float}, "baselines": {"chance": {metric: value},
+                      "validation": {"majority": {metric: value}}}, "verdict": {"text", ...},
+                      "pooler", "pooling", "skipped": {split: rows}, "skipped_problems"}}
+    verdicts:        [str], one line per pretraining objective and task
     embeddings:      {"sentences", "sts_pairs", "pretrained": {pooling: {...}}, "random_init": ...} or None
     skipped_rows:    {"total", "files": {uri: rows}}
     notes:           [str]
@@ -25,17 +30,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-PRIMARY_METRIC = {"classification": "accuracy", "regression": "spearman", "token_classification": "f1", "qa": "f1"}
-"""The score a task is ranked by in the summary table and plot (GLUE/CoNLL/SQuAD conventions)."""
+from bertcore.eval.plots import plot_pretraining, plot_tasks, scale
 
-_RAW_SCALE = ("loss", "perplexity", "mse", "count", "sequences", "batches", "tokens", "threshold", "anisotropy")
-"""Metric names containing these are shown as they are; every other score is shown x 100, as papers do."""
+__all__ = ["json_dumps", "json_safe", "plot_pretraining", "plot_tasks", "read_training_log", "render_markdown", "score_rows"]
 
-MAX_PLOTTED_STEPS = 2000
-"""Longer training logs are averaged over equal bins of steps before plotting."""
+
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -80,92 +80,7 @@ def json_dumps(metrics: Any) -> str:
     return json.dumps(json_safe(metrics), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-# --- plots ----------------------------------------------------------------------------------
-
-
-def _save(fig: Figure, path: str) -> None:
-    FigureCanvasAgg(fig)
-    fig.savefig(path, format="png", dpi=110, metadata={"Software": None})
-
-
-def _binned(steps: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean step and mean value of `bins` consecutive, equally long runs of points."""
-    if len(steps) <= bins:
-        return steps, values
-    groups = np.array_split(np.arange(len(steps)), bins)
-    return np.array([steps[g].mean() for g in groups]), np.array([values[g].mean() for g in groups])
-
-
-def plot_pretraining(records: list[dict], path: str) -> bool:
-    """Loss and MLM accuracy against the optimizer step, with phase changes marked.
-    Returns False (and writes nothing) when no record has a loss."""
-    series = {}
-    for name in ("loss", "mlm_accuracy"):
-        points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float)) and math.isfinite(r[name])]
-        if points:
-            steps, values = (np.asarray(x, dtype=float) for x in zip(*points))
-            series[name] = _binned(steps, values, MAX_PLOTTED_STEPS)
-    if "loss" not in series:
-        return False
-    fig = Figure(figsize=(10, 3.6), layout="constrained")
-    axes = fig.subplots(1, 2)
-    titles = {"loss": "training loss (MLM + NSP)", "mlm_accuracy": "training MLM accuracy"}
-    for ax, name in zip(axes, ("loss", "mlm_accuracy")):
-        ax.set_title(titles[name])
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if name in series:
-            ax.plot(*series[name], linewidth=1.2)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        previous = records[0].get("phase")
-        for record in records[1:]:  # a dashed line where the sequence-length phase changes
-            if record.get("phase") != previous:
-                ax.axvline(record["step"], color="grey", linestyle="--", linewidth=0.8)
-                ax.text(record["step"], 0.98, f" {record.get('phase')}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
-                previous = record.get("phase")
-    _save(fig, path)
-    return True
-
-
-def plot_tasks(tasks: Mapping[str, dict], path: str) -> bool:
-    """Per task, the median of its primary validation metric over seeds for the pretrained
-    and the randomly initialised model, with min-max bars. False when there is no task."""
-    names = [name for name, t in tasks.items() if t.get("pretrained", {}).get("validation")]
-    if not names:
-        return False
-    fig = Figure(figsize=(max(4.5, 1.6 * len(names) + 2), 3.8), layout="constrained")
-    ax = fig.subplots()
-    x = np.arange(len(names))
-    width = 0.38
-    for offset, model, label in ((-width / 2, "pretrained", "pretrained"), (width / 2, "random_init", "random init")):
-        medians, low, high = [], [], []
-        for name in names:
-            summary = tasks[name].get(model, {}).get("validation", {}).get(tasks[name]["primary_metric"])
-            scale = _scale(tasks[name]["primary_metric"])
-            if summary is None or summary.get("median") is None or not math.isfinite(summary["median"]):
-                medians.append(np.nan), low.append(0.0), high.append(0.0)
-                continue
-            medians.append(summary["median"] * scale)
-            low.append((summary["median"] - summary["min"]) * scale)
-            high.append((summary["max"] - summary["median"]) * scale)
-        if all(np.isnan(medians)):
-            continue
-        ax.bar(x + offset, medians, width, yerr=[low, high], capsize=3, label=label)
-    ax.set_xticks(x, [f"{n}\n({tasks[n]['primary_metric']})" for n in names])
-    ax.set_ylabel("validation score (x100), median over seeds")
-    ax.axhline(0, color="black", linewidth=0.6)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend()
-    _save(fig, path)
-    return True
-
-
 # --- tables ---------------------------------------------------------------------------------
-
-
-def _scale(metric: str) -> float:
-    return 1.0 if any(word in metric for word in _RAW_SCALE) else 100.0
 
 
 def _fmt(metric: str, value: Any) -> str:
@@ -173,7 +88,7 @@ def _fmt(metric: str, value: Any) -> str:
         return "–"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    if _scale(metric) == 100.0:
+    if scale(metric) == 100.0:
         return f"{100.0 * value:.1f}"
     if abs(value) < 1.0:
         return f"{value:.4f}"  # cosines, small losses: 0.9999 must not round to 1
@@ -300,38 +215,82 @@ def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -
     return out
 
 
+def _verdict_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    return ["## Verdict", "", "Did pretraining pay off? Each line sets a score beside what learning nothing scores.", ""] + [
+        f"- {line}" for line in metrics["verdicts"]
+    ] + [""]
+
+
 def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
     intrinsic = metrics["intrinsic"]
+    with_nsp = any(s.get("nsp_accuracy") is not None for by_model in intrinsic.values() for s in by_model.values())
     out = _heading(
-        "Held-out masked LM and next sentence prediction",
-        "On the examples stage's validation sequences (masks as stored, or drawn with a fixed seed for dynamic masking).",
+        "Held-out masked LM" + (" and next sentence prediction" if with_nsp else ""),
+        "On the examples stage's validation sequences (masks as stored, or drawn with a fixed seed for dynamic masking). "
+        "The unigram baseline always guesses the most frequent training token and scores each target by its training "
+        "frequency (the plateau a fresh BERT first reaches)"
+        + ("; the majority label's share is what an NSP head that learned nothing scores." if with_nsp else "."),
     )
+    columns = _INTRINSIC_COLUMNS if with_nsp else tuple(c for c in _INTRINSIC_COLUMNS if not c.startswith("nsp"))
     rows = []
     for phase, by_model in intrinsic.items():
         for model_name in ("pretrained", "random_init"):
             if model_name in by_model:
                 scores = by_model[model_name]
-                rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in _INTRINSIC_COLUMNS])
-    out += _table(["phase", "model", "sequences", "masked tokens", "MLM loss", "MLM perplexity", "MLM acc.", "NSP loss", "NSP acc."], rows)
+                rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in columns])
+        floors = (by_model.get("pretrained") or {}).get("baselines") or {}
+        unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
+        if unigram or balance:
+            label = f"unigram{' / majority label' if with_nsp else ''} (always {unigram.get('token', '?')!r})"
+            floor = {"mlm_loss": unigram.get("mlm_loss"), "mlm_accuracy": unigram.get("mlm_accuracy"), "nsp_accuracy": balance.get("majority_accuracy")}
+            rows.append([phase, label] + [_fmt(c, floor.get(c)) for c in columns])
+    header = ["phase", "model", "sequences", "masked tokens", "MLM loss", "MLM perplexity", "MLM acc.", "NSP loss", "NSP acc."]
+    out += _table(header[: 2 + len(columns)], rows)
     out.append("")
     return out
 
 
+def _fill_mask_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    out = _heading(
+        "Fill-mask on held-out sentences",
+        "One word of each held-out corpus sentence replaced by [MASK]; the pretrained model's five most likely tokens. "
+        "A model still at the unigram plateau guesses the same frequent tokens everywhere.",
+    )
+    rows = []
+    for item in metrics["fill_mask"]:
+        guesses = ", ".join(f"{token} ({100 * p:.0f}%)" for token, p in item["predictions"])
+        rank = item.get("answer_rank")
+        rows.append([item["text"], item["answer"], guesses, rank if rank else "not in top 5"])
+    out += _table(["sentence", "answer", "top guesses", "answer rank"], rows)
+    out.append("")
+    return out
+
+
+def _floor_cell(task: Mapping[str, Any], metric: str) -> tuple[str, str]:
+    floors = task.get("baselines") or {}
+    majority = ((floors.get("validation") or {}).get("majority") or {}).get(metric)
+    return _fmt(metric, majority), _fmt(metric, (floors.get("chance") or {}).get(metric))
+
+
 def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
     tasks = metrics["tasks"]
-    out = _heading("Fine-tuning", "Validation scores x 100: median over seeds [min, max]; gain = pretrained median - random-init median.")
+    out = _heading(
+        "Tasks",
+        "Validation scores x 100: median over seeds [min, max]; gain = pretrained median - random-init median; "
+        "majority = always the training data's most frequent label; chance = uniform random guessing.",
+    )
     rows = []
     for name, task in tasks.items():
         metric = task["primary_metric"]
         mine = (task.get("pretrained") or {}).get("validation", {}).get(metric)
         theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
         gain = (task.get("gain") or {}).get(metric)
-        how = f"{task['folds']}-fold CV" if task.get("folds") else "validation file"
-        if task.get("freeze_encoder"):
-            how += ", frozen encoder"
-        rows.append([name, task["type"], metric, _summary_cell(metric, mine), _summary_cell(metric, theirs), _fmt(metric, gain), task.get("seeds"), how])
-    out += _table(["task", "type", "metric", "pretrained", "random init", "gain", "seeds", "scored on"], rows)
+        rows.append(
+            [name, task["type"], metric, _summary_cell(metric, mine), _summary_cell(metric, theirs), _fmt(metric, gain), *_floor_cell(task, metric), task.get("seeds"), _how(task)]
+        )
+    out += _table(["task", "type", "metric", "pretrained", "random init", "gain", "majority", "chance", "seeds", "scored on"], rows)
     out.append("")
+    out += [f"- {name}: {task['verdict']['text']}" for name, task in tasks.items() if task.get("verdict")] + [""]
     if "tasks" in plots:
         out += [f"![task scores]({plots['tasks']})", ""]
     out += ["### All metrics", ""]
@@ -340,11 +299,26 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         for split in ("validation", "test"):
             mine = (task.get("pretrained") or {}).get(split) or {}
             theirs = (task.get("random_init") or {}).get(split) or {}
+            majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             for metric, summary in mine.items():
-                rows.append([name, split, metric, _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric))])
-    out += _table(["task", "split", "metric", "pretrained", "random init"], rows)
+                rows.append([name, split, metric, _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric)), _fmt(metric, majority.get(metric))])
+    out += _table(["task", "split", "metric", "pretrained", "random init", "majority"], rows)
     out.append("")
     return out
+
+
+def _how(task: Mapping[str, Any]) -> str:
+    """How a task was scored, for the summary table."""
+    if task["type"] == "word_similarity":
+        pairs = task.get("word_pairs") or {}
+        return f"{pairs.get('pairs', '?')} word pairs, no training"
+    how = f"{task['folds']}-fold CV" if task.get("folds") else "validation file"
+    if task.get("freeze_encoder"):
+        how += ", frozen encoder"
+    if task.get("pooling"):
+        pooler = (task.get("pooler") or {}).get("pretrained")
+        how += f", {task['pooling']} pooling" + (f" (pooler: {pooler})" if task["pooling"] == "pooler" and pooler else "")
+    return how
 
 
 def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
@@ -387,8 +361,10 @@ def _skipped_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> li
 
 _SECTIONS = (
     (None, _model_section),
+    ("verdicts", _verdict_section),
     (None, _pretraining_section),
     ("intrinsic", _intrinsic_section),
+    ("fill_mask", _fill_mask_section),
     ("tasks", _tasks_section),
     ("embeddings", _embeddings_section),
     ("skipped_rows", _skipped_section),

@@ -405,6 +405,37 @@ def _squad_example(qa: dict, qid: str, context: str, version_2: bool) -> QAExamp
     return QAExample(qid, question, context, tuple(checked))
 
 
+# --- word pairs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WordPair:
+    """Two words and a human similarity (or relatedness) score."""
+
+    a: str
+    b: str
+    score: float
+
+
+def read_word_pairs(path: str, *, encoding: str = "utf-8", on_error: Literal["raise", "skip"] = "raise") -> ReadResult:
+    """WordPairs from `word1 word2 score` lines (tab or space separated, further columns
+    ignored; blank lines and lines starting with # skipped): WordSim-353 and SimLex-999
+    as gensim ships them, MEN, RW."""
+    problems = _Problems(path, on_error)
+    pairs = []
+    for line, text in _lines(path, encoding, problems):
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        columns = text.split("\t") if "\t" in text else text.split()
+        try:
+            if len(columns) < 3 or not columns[0].strip() or not columns[1].strip():
+                raise _Malformed(f"expected word1, word2 and a score, found {text.strip()!r}")
+            pairs.append(WordPair(columns[0].strip(), columns[1].strip(), _score(columns[2].strip())))
+        except _Malformed as problem:
+            problems.report(line, str(problem))
+    return problems.result(pairs)
+
+
 # --- task level ----------------------------------------------------------------------------
 
 
@@ -415,6 +446,8 @@ def read_split(task: TaskConfig, split: Split, labels: list[str] | None = None) 
     if path is None:
         raise ValueError(f"task {task.name!r} has no {split} file")
     labels = labels if labels is not None else task.labels
+    if task.format == "word_pairs":
+        return read_word_pairs(path, encoding=task.encoding, on_error=task.on_error)
     if task.format == "squad":
         return read_squad(path, version_2=task.version_2, encoding=task.encoding, on_error=task.on_error)
     if task.format == "conll":

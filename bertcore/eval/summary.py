@@ -1,0 +1,154 @@
+"""From the evaluate stage's job results to the metrics dictionary's judged parts: each
+task's scores over seeds beside its floors (majority class, chance), and a one-line
+verdict per task and per pretraining objective, so a reader sees at once whether
+pretraining bought anything.
+
+A task's verdict compares the gain (median pretrained - median random init, primary
+metric) with the seed spread (the larger max - min over seeds of the two models): a gain
+above the spread is measurable, one inside it is not. A model whose median sits at the
+majority-class score learned nothing, whatever the other one did. Held-out MLM accuracy
+is judged against the unigram predictor (always the most frequent token), NSP accuracy
+against the share of the majority label among the held-out pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bertcore.eval import baselines, finetune
+from bertcore.eval.config import PRIMARY_METRIC, TaskConfig
+
+MODELS = ("pretrained", "random_init")
+AT_FLOOR_POINTS = 1.0
+"""A median within this many points (x100) of the majority-class score counts as at that level."""
+PLATEAU_POINTS = 1.0
+"""Held-out MLM accuracy within this many points of the unigram baseline is still the unigram plateau."""
+_RUN_FIELDS = ("seed", "validation", "test", "final_train_loss", "epochs_trained", "best_epoch", "seconds")
+
+
+def _points(value: float | None) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{100.0 * value:.1f}"
+
+
+def _median(entry: Mapping, model: str, metric: str, split: str = "validation") -> float | None:
+    summary = (entry.get(model) or {}).get(split, {}).get(metric)
+    value = None if summary is None else summary.get("median")
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]]) -> dict[str, Any]:
+    """The metrics.json entry of one task from its `run_task` results per model name
+    ("pretrained", and "random_init" when the baseline ran): scores over seeds, the gain,
+    the floors and the verdict."""
+    first = runs["pretrained"][0]
+    metric = PRIMARY_METRIC[task.type]
+    entry: dict[str, Any] = {
+        "type": task.type,
+        "primary_metric": metric,
+        "seeds": len(task.seeds),
+        "folds": task.cross_validation_folds,
+        "freeze_encoder": task.freeze_encoder,
+        "pooling": task.pooling if task.type in ("classification", "regression") else None,
+        "labels": first["labels"],
+        "train_examples": first["train_examples"],
+        "pooler": {model: model_runs[0].get("pooler") for model, model_runs in runs.items()},
+    }
+    summaries = {model: finetune.summarize_seeds(model_runs) for model, model_runs in runs.items()}
+    for model, summary in summaries.items():
+        entry[model] = {k: v for k, v in summary.items() if k != "runs"}
+        entry[model]["runs"] = [{k: r[k] for k in _RUN_FIELDS if k in r} for r in summary["runs"]]
+    if "random_init" in summaries:
+        entry["gain"] = finetune.baseline_gain(summaries["pretrained"], summaries["random_init"])
+    entry["baselines"] = {"chance": baselines.chance(task.type, first["labels"]), **(first.get("baselines") or {})}
+    if "word_pairs" in first:
+        entry["word_pairs"] = first["word_pairs"]
+    entry["skipped"] = first["skipped"]
+    entry["skipped_problems"] = first["skipped_problems"]
+    entry["verdict"] = task_verdict(entry)
+    return entry
+
+
+def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """{"text", "gain", "spread", "measurable"} for a task entry (fractions, not points)."""
+    metric = entry["primary_metric"]
+    mine, theirs = _median(entry, "pretrained", metric), _median(entry, "random_init", metric)
+    majority = ((entry.get("baselines") or {}).get("validation") or {}).get("majority", {}).get(metric)
+    floor = ""
+    if majority is not None and mine is not None:
+        at_floor = [m for m in MODELS if (v := _median(entry, m, metric)) is not None and v <= majority + AT_FLOOR_POINTS / 100]
+        if len(at_floor) == 2:
+            floor = f"; both models score at the majority-class level ({_points(majority)}): neither learned the task"
+        elif at_floor:
+            floor = f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level ({_points(majority)})"
+    if mine is None:
+        return {"text": f"no {metric} score", "gain": None, "spread": None, "measurable": False}
+    if theirs is None:
+        return {"text": f"{metric} {_points(mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
+    gain = mine - theirs
+    spread = baselines.spread(*(((entry.get(m) or {}).get("validation") or {}).get(metric) for m in MODELS))
+    if spread is None:
+        text, measurable = f"gain {_points(gain)} points with one seed: no seed spread to judge it by", False
+    elif gain > spread:
+        text, measurable = f"gain {_points(gain)} points, above the seed spread of {_points(spread)}", True
+    elif gain < -spread:
+        text, measurable = f"loss of {_points(-gain)} points, beyond the seed spread of {_points(spread)}: random init does better", True
+    else:
+        text, measurable = f"no measurable gain ({_points(gain)} points, within the seed spread of {_points(spread)})", False
+    return {"text": text + floor, "gain": gain, "spread": spread, "measurable": measurable and gain > 0}
+
+
+def mlm_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
+    """One line on held-out MLM accuracy against the unigram baseline and random init."""
+    mine = scores.get("pretrained") or {}
+    accuracy = mine.get("mlm_accuracy")
+    unigram = (mine.get("baselines") or {}).get("unigram") or {}
+    if accuracy is None or "mlm_accuracy" not in unigram:
+        return None
+    token = unigram.get("token")
+    guess = f"always guessing {token!r}" if token else "the unigram predictor"
+    text = f"{phase} held-out MLM accuracy {_points(accuracy)}% vs {_points(unigram['mlm_accuracy'])}% for {guess}"
+    if "random_init" in scores:
+        text += f" and {_points(scores['random_init'].get('mlm_accuracy'))}% for random init"
+    if accuracy <= unigram["mlm_accuracy"] + PLATEAU_POINTS / 100:
+        return text + ": still at the unigram plateau (it predicts frequent tokens, not from context)"
+    return text + f": {_points(accuracy - unigram['mlm_accuracy'])} points above the unigram baseline"
+
+
+def nsp_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
+    """One line on held-out NSP accuracy against the share of the majority label."""
+    mine = scores.get("pretrained") or {}
+    accuracy = mine.get("nsp_accuracy")
+    balance = (mine.get("baselines") or {}).get("nsp_balance")
+    if accuracy is None or not balance:
+        return None
+    majority = balance["majority_accuracy"]
+    text = f"{phase} held-out NSP accuracy {_points(accuracy)}% vs {_points(majority)}% for always guessing the majority label"
+    if accuracy <= majority + PLATEAU_POINTS / 100:
+        return text + ": the label balance, no next-sentence skill"
+    return text + f": {_points(accuracy - majority)} points above it"
+
+
+def verdicts(metrics: Mapping[str, Any]) -> list[str]:
+    """Every verdict line of a metrics dictionary: per intrinsic phase, then per task."""
+    lines = []
+    for phase, scores in (metrics.get("intrinsic") or {}).items():
+        lines += [line for line in (mlm_verdict(phase, scores), nsp_verdict(phase, scores)) if line]
+    for name, task in (metrics.get("tasks") or {}).items():
+        lines.append(f"{name} ({task['primary_metric']}): {task['verdict']['text']}")
+    return lines
+
+
+def headline(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """What the manifest (and the flow's statistics table) shows: the headline numbers and the verdicts."""
+    from bertcore.eval.report import json_safe
+
+    stats: dict[str, Any] = {"skipped_rows": metrics["skipped_rows"]["total"], "tasks": {}, "intrinsic": {}}
+    for phase, by_model in metrics["intrinsic"].items():
+        stats["intrinsic"][phase] = {m: {k: s.get(k) for k in ("mlm_accuracy", "mlm_perplexity", "nsp_accuracy")} for m, s in by_model.items()}
+    for name, task in metrics["tasks"].items():
+        metric = task["primary_metric"]
+        stats["tasks"][name] = {"metric": metric} | {m: _median(task, m, metric) for m in MODELS if m in task}
+    stats["verdicts"] = metrics["verdicts"]
+    return json_safe(stats)
