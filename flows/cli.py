@@ -71,6 +71,8 @@ def run(
             f"fingerprint={summary['fingerprint']}  {summary['uri']}"
         )
     for summary in summaries:
+        for line in summary.get("verdicts", []):
+            typer.echo(f"{summary['stage']}: {line}")
         if "report" in summary:
             typer.echo(f"report: {summary['report']}")
 

@@ -57,6 +57,8 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     }
     if manifest.report:
         summary["report"] = directory.path(manifest.report)
+    if manifest.stats.get("verdicts"):
+        summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)
     logger.info("%s: %s (%s rows, fingerprint %s) -> %s", name, summary["state"], summary["rows"], manifest.fingerprint, directory.uri)
     for skipped in manifest.skipped:
         logger.warning("%s: skipped input %s: %s", name, skipped["file"], skipped["reason"])
