@@ -29,26 +29,6 @@ EVAL_DIR = "eval"
 TRAIN_STEPS = 30
 """Optimizer steps of the tiny model: enough to learn the frequent tokens, which is all the sanity check needs."""
 
-# The `evaluate:` section proposed for configs/demo.yaml (the report to the lead quotes it).
-DEMO_EVALUATE = """
-evaluate:
-  tasks:
-    - name: polarity
-      type: classification
-      format: fasttext
-      train: "{demo_data}/pang_lee_polarity.cor"
-      encoding: cp1252
-      cross_validation_folds: 5
-      seeds: [1, 2, 3]
-      epochs: 3
-      batch_size: 16
-      learning_rate: 5.0e-4
-      max_seq_length: 64
-  embeddings:
-    sentences: 500
-"""
-
-
 def evaluate(cfg: EvaluateConfig, root: str, storage: Storage, seed: int, force: bool = False) -> tuple[Manifest, bool]:
     """The evaluate stage on this section alone."""
     return run_stage("evaluate", cfg, root=root, storage=storage, seed=seed, force=force)
@@ -230,6 +210,7 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
                 name="qa", type="qa", format="squad", train=_squad(files / "qa-train.json", 7, 12),
                 validation=_squad(files / "qa-dev.json", 8, 6), doc_stride=16, max_query_length=12, max_answer_length=4,
             ),
+            {"name": "simlex", "type": "word_similarity", "format": "word_pairs", "validation": "{demo_data}/simlex999.txt", "seeds": [1, 2]},
         ],
         intrinsic={"max_batches": 10},
         embeddings={
@@ -254,10 +235,11 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
         "overlap": {"pearson", "spearman", "mse"},
         "ner": {"precision", "recall", "f1", "token_accuracy"},
         "qa": {"exact_match", "f1"},
+        "simlex": {"spearman", "pearson"},
     }
     for name, names in expected_metrics.items():
         task = metrics["tasks"][name]
-        seeds = 2 if name == "sentiment" else 1
+        seeds = 2 if name in ("sentiment", "simlex") else 1
         for model in ("pretrained", "random_init"):
             assert set(task[model]["validation"]) == names, (name, model)
             assert len(task[model]["runs"]) == seeds
@@ -270,6 +252,19 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     assert "line 26" in metrics["tasks"]["sentiment"]["skipped_problems"][0]
     assert [s["file"] for s in manifest.skipped] == [sentiment_train]
 
+    # Floors beside the scores, and a verdict per task: the validation file is balanced.
+    sentiment = metrics["tasks"]["sentiment"]
+    assert sentiment["baselines"]["validation"]["majority"]["accuracy"] == 0.5
+    assert sentiment["baselines"]["chance"] == {"accuracy": 0.5, "mcc": 0.0}
+    assert sentiment["pooler"] == {"pretrained": "pretrained", "random_init": "fresh"}
+    for name, task in metrics["tasks"].items():
+        assert task["verdict"]["text"] and f"{name} ({task['primary_metric']}): {task['verdict']['text']}" in metrics["verdicts"]
+    simlex = metrics["tasks"]["simlex"]
+    assert simlex["word_pairs"]["pairs"] == 999 and simlex["train_examples"] == 0
+    runs = simlex["pretrained"]["runs"]
+    assert runs[0]["validation"] == runs[1]["validation"]  # nothing trained: one score whatever the seed
+    assert simlex["verdict"]["spread"] == pytest.approx(simlex["random_init"]["validation"]["spearman"]["max"] - simlex["random_init"]["validation"]["spearman"]["min"])
+
     # Sanity check: even 30 steps of pretraining beat random weights on held-out MLM.
     mlm = metrics["intrinsic"]["seq128"]
     assert set(metrics["intrinsic"]) == {"seq128"}  # the phase the pretrain stage trained on
@@ -279,6 +274,18 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     assert mlm["pretrained"]["mlm_loss"] < mlm["random_init"]["mlm_loss"] - 0.3
     assert mlm["pretrained"]["mlm_perplexity"] < mlm["random_init"]["mlm_perplexity"]
     assert 0.0 <= mlm["pretrained"]["nsp_accuracy"] <= 1.0
+    # 30 steps learn token frequencies, no more: at the unigram baseline, which the verdict says.
+    unigram = mlm["pretrained"]["baselines"]["unigram"]
+    assert unigram["token"] == "the" and 0.03 < unigram["mlm_accuracy"] < 0.08
+    assert abs(mlm["pretrained"]["mlm_accuracy"] - unigram["mlm_accuracy"]) < 0.02
+    assert any(line.startswith("seq128 held-out MLM accuracy") and "unigram plateau" in line for line in metrics["verdicts"])
+    balance = mlm["pretrained"]["baselines"]["nsp_balance"]
+    assert balance["is_next"] + balance["random"] == pytest.approx(1.0) and balance["pairs"] == mlm["pretrained"]["sequences"]
+    assert any(line.startswith("seq128 held-out NSP accuracy") for line in metrics["verdicts"])
+    # Fill-mask on held-out sentences: the masked word and the model's guesses.
+    assert len(metrics["fill_mask"]) == 5
+    for item in metrics["fill_mask"]:
+        assert item["text"].count("[MASK]") == 1 and len(item["predictions"]) == 5 and item["answer"].isalpha()
 
     embeddings = metrics["embeddings"]
     assert embeddings["sentences"] == 60 and embeddings["sts_pairs"] == 12
@@ -294,6 +301,8 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     for name in expected_metrics:
         assert f"| {name} |" in md
     assert "## Held-out masked LM" in md and "## Sentence embeddings" in md and "Skipped input rows" in md
+    assert "## Verdict" in md and "## Fill-mask on held-out sentences" in md
+    assert manifest.stats["verdicts"] == metrics["verdicts"]
     for plot in ("pretraining", "tasks"):
         with open(os.path.join(eval_dir, "plots", f"{plot}.png"), "rb") as handle:
             assert handle.read(8) == PNG_MAGIC
@@ -306,7 +315,7 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     resumed, computed = evaluate(cfg, root, storage, seed=11)
     with open(os.path.join(eval_dir, "metrics.json"), encoding="utf-8") as handle:
         rerun = json.load(handle)
-    assert computed and rerun["timings"]["jobs_reused"] == rerun["timings"]["jobs"] == 14
+    assert computed and rerun["timings"]["jobs_reused"] == rerun["timings"]["jobs"] == 19
     assert rerun["tasks"] == metrics["tasks"] and rerun["intrinsic"] == metrics["intrinsic"]
 
     rows = manifest.tables["evaluation-scores"]
@@ -406,11 +415,14 @@ def test_editing_a_task_file_reruns_and_run_reads_the_pipeline_section(root, sto
 
 def test_demo_section_validates_and_expands_the_sample_data_path():
     from bertcore.sample_data import SENTIMENT, gensim_data_dir
+    from pipelines.registry import load_config
 
-    cfg = EvaluateConfig.model_validate(yaml.safe_load(DEMO_EVALUATE)["evaluate"])
-    task = cfg.tasks[0]
-    assert task.train == str(gensim_data_dir() / SENTIMENT) and os.path.isfile(task.train)
-    assert task.cross_validation_folds == 5 and task.encoding == "cp1252" and cfg.baseline
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "demo.yaml")).evaluate
+    tasks = {t.name: t for t in cfg.tasks}
+    assert tasks["polarity"].train == str(gensim_data_dir() / SENTIMENT) and os.path.isfile(tasks["polarity"].train)
+    assert tasks["polarity"].cross_validation_folds == 5 and tasks["polarity"].encoding == "cp1252" and cfg.baseline
+    for name in ("simlex999", "wordsim353"):
+        assert tasks[name].type == "word_similarity" and os.path.isfile(tasks[name].validation)
 
 
 def test_section_rejects_repeated_task_names_and_unknown_keys():

@@ -283,8 +283,10 @@ def _fit_and_score(
     train: list,
     evaluate: dict[str, list],
     run_key: str,
+    keep: list | None = None,
 ) -> tuple[dict[str, dict[str, float]], Trained]:
-    """Fine-tunes one model on `train` and scores it on each named set in `evaluate`."""
+    """Fine-tunes one model on `train` and scores it on each named set in `evaluate`;
+    the model is appended to `keep` when given."""
     from bertcore.eval.config import PRIMARY_METRIC
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -327,6 +329,8 @@ def _fit_and_score(
         order = torch.Generator().manual_seed(keyed_seed(seed, task.name, run_key, "order") % 2**63)
         trained = _train(model, train_features, task, pad_id, order, stop_score)
         scores = {name: score(model, examples) for name, examples in evaluate.items()}
+    if keep is not None:
+        keep.append(model)
     return scores, trained
 
 
@@ -387,6 +391,16 @@ def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int
         best_epoch=trained.best_epoch,
     )
     return result
+
+
+def fine_tuned_model(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool = False) -> TaskModel:
+    """The model `run_task` would fine-tune on the whole training file (no folds), for
+    diagnostics: what fine-tuning did to the encoder."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    train, labels, _, _, _ = _read(task)
+    kept: list[TaskModel] = []
+    _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {}, "full", keep=kept)
+    return kept[0]
 
 
 def run_task(

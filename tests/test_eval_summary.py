@@ -1,0 +1,120 @@
+"""The floors beside every score (majority class, chance, unigram MLM predictor, NSP label
+balance) and the verdicts the report opens with, on numbers written here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from bertcore.eval import baselines, summary
+from bertcore.eval.config import TaskConfig
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": float(np.median(values)), "min": min(values), "max": max(values), "std": 0.0, "n": len(values), "n_nan": 0}
+
+
+def _entry(pretrained: list[float], random_init: list[float] | None, majority: float | None = 0.5, metric: str = "accuracy") -> dict:
+    entry = {"primary_metric": metric, "pretrained": {"validation": {metric: _summary(pretrained)}}}
+    if random_init is not None:
+        entry["random_init"] = {"validation": {metric: _summary(random_init)}}
+    if majority is not None:
+        entry["baselines"] = {"validation": {"majority": {metric: majority}}}
+    return entry
+
+
+def test_gain_above_the_seed_spread_is_measurable():
+    verdict = summary.task_verdict(_entry([0.81, 0.83, 0.80], [0.70, 0.72, 0.71]))
+    assert verdict["text"] == "gain 10.0 points, above the seed spread of 3.0"
+    assert verdict["measurable"] and verdict["gain"] == pytest.approx(0.10) and verdict["spread"] == pytest.approx(0.03)
+
+
+def test_gain_inside_the_spread_is_no_measurable_gain():
+    verdict = summary.task_verdict(_entry([0.60, 0.66, 0.58], [0.57, 0.61, 0.62]))
+    assert verdict["text"].startswith("no measurable gain (-1.0 points, within the seed spread of 8.0)") and not verdict["measurable"]
+
+
+def test_a_loss_beyond_the_spread_says_random_init_does_better():
+    verdict = summary.task_verdict(_entry([0.696, 0.693, 0.711], [0.740, 0.724, 0.747]))
+    assert verdict["text"] == "loss of 4.4 points, beyond the seed spread of 2.3: random init does better"
+    assert not verdict["measurable"]
+
+
+def test_both_models_at_the_majority_class_learned_nothing():
+    verdict = summary.task_verdict(_entry([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]))
+    assert verdict["text"] == "no measurable gain (0.0 points, within the seed spread of 0.0); both models score at the majority-class level (50.0): neither learned the task"
+    one = summary.task_verdict(_entry([0.70, 0.72, 0.74], [0.50, 0.50, 0.505]))
+    assert one["text"].endswith("; random init scores at the majority-class level (50.0)") and one["measurable"]
+
+
+def test_one_seed_or_no_baseline_cannot_be_judged():
+    assert "one seed: no seed spread" in summary.task_verdict(_entry([0.8], [0.7]))["text"]
+    alone = summary.task_verdict(_entry([0.8, 0.81], None))
+    assert alone["text"].startswith("accuracy 80.5; no random-init baseline") and alone["gain"] is None
+
+
+def test_deterministic_scores_take_the_spread_of_the_baseline():
+    # word similarity: the pretrained model scores the same on every seed
+    verdict = summary.task_verdict(_entry([0.087] * 5, [0.019, 0.026, 0.032, 0.049, 0.020], majority=None, metric="spearman"))
+    assert verdict["text"] == "gain 6.1 points, above the seed spread of 3.0"
+
+
+def test_task_entry_carries_floors_pooler_and_verdict():
+    task = TaskConfig(name="s", type="classification", format="tsv", train="t.tsv", cross_validation_folds=2, seeds=[1, 2])
+
+    def run(seed: int, accuracy: float, pooler: str) -> dict:
+        return {
+            "seed": seed, "validation": {"accuracy": accuracy}, "labels": ["neg", "pos"], "train_examples": 10, "pooler": pooler,
+            "baselines": {"validation": {"majority": {"accuracy": 0.5}}}, "skipped": {"train": 0}, "skipped_problems": [], "final_train_loss": 0.1,
+        }
+
+    entry = summary.task_entry(task, {"pretrained": [run(1, 0.9, "pretrained"), run(2, 0.8, "pretrained")], "random_init": [run(1, 0.5, "fresh"), run(2, 0.5, "fresh")]})
+    assert entry["baselines"] == {"chance": {"accuracy": 0.5, "mcc": 0.0}, "validation": {"majority": {"accuracy": 0.5}}}
+    assert entry["pooler"] == {"pretrained": "pretrained", "random_init": "fresh"}
+    assert entry["gain"]["accuracy"] == pytest.approx(0.35)
+    assert entry["verdict"]["text"] == "gain 35.0 points, above the seed spread of 10.0; random init scores at the majority-class level (50.0)"
+    assert [r["seed"] for r in entry["pretrained"]["runs"]] == [1, 2] and "labels" not in entry["pretrained"]["runs"][0]
+
+
+def test_mlm_and_nsp_verdicts_set_the_score_beside_the_floor():
+    scores = {
+        "pretrained": {"mlm_accuracy": 0.096, "nsp_accuracy": 0.541, "baselines": {"unigram": {"token": "the", "mlm_accuracy": 0.047}, "nsp_balance": {"majority_accuracy": 0.541}}},
+        "random_init": {"mlm_accuracy": 0.0001},
+    }
+    assert summary.mlm_verdict("seq128", scores) == (
+        "seq128 held-out MLM accuracy 9.6% vs 4.7% for always guessing 'the' and 0.0% for random init: 4.9 points above the unigram baseline"
+    )
+    assert summary.nsp_verdict("seq128", scores).endswith("54.1% for always guessing the majority label: the label balance, no next-sentence skill")
+    scores["pretrained"]["mlm_accuracy"] = 0.052
+    assert summary.mlm_verdict("seq128", scores).endswith("still at the unigram plateau (it predicts frequent tokens, not from context)")
+    scores["pretrained"].pop("nsp_accuracy")  # an objective without NSP: no NSP line
+    assert summary.nsp_verdict("seq128", scores) is None
+
+
+def test_unigram_meter_and_label_balance():
+    counts = np.array([0, 0, 50, 30, 20])  # ids 0 and 1 are specials
+    meter = baselines.UnigramMeter(counts)
+    meter.update(np.array([2, 2, 3, 4]))
+    result = meter.result()
+    assert result["token_id"] == 2 and result["mlm_accuracy"] == 0.5
+    probabilities = (counts + 1) / (counts.sum() + 5)
+    assert result["mlm_loss"] == pytest.approx(-np.log(probabilities[[2, 2, 3, 4]]).mean())
+    assert baselines.nsp_balance({0: 258, 1: 579}) == pytest.approx({"is_next": 258 / 837, "random": 579 / 837, "majority_accuracy": 579 / 837, "pairs": 837})
+    assert baselines.nsp_balance({0: 0, 1: 0}) is None
+
+
+def test_target_counts_read_stored_masks_or_every_token():
+    ids = pa.array([[2, 5, 6, 3], [2, 6, 6, 3]], type=pa.list_(pa.uint16()))
+    static = pa.RecordBatch.from_arrays([ids, pa.array([[5], [6, 6]], type=pa.list_(pa.uint16()))], ["input_ids", "masked_ids"])
+    assert baselines.target_counts([static], 8, [0, 2, 3]).tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
+    dynamic = pa.RecordBatch.from_arrays([ids, pa.array([[], []], type=pa.list_(pa.uint16()))], ["input_ids", "masked_ids"])
+    assert baselines.target_counts([dynamic], 8, [0, 2, 3]).tolist() == [0, 0, 0, 0, 0, 1, 3, 0]
+    assert baselines.target_counts([static], 8, [0, 2, 3], max_rows=1).tolist() == [0, 0, 0, 0, 0, 1, 0, 0]
+
+
+def test_floors_of_each_task_type():
+    assert baselines.most_frequent(["b", "a", "b", "a"]) == "a"  # a tie goes to the first in order
+    assert baselines.chance("classification", ["a", "b", "c"]) == {"accuracy": pytest.approx(1 / 3), "mcc": 0.0}
+    assert baselines.chance("word_similarity", []) == {"spearman": 0.0, "pearson": 0.0}
+    assert baselines.chance("qa", []) == {}
