@@ -12,7 +12,15 @@ import torch
 
 from bertcore.eval import finetune
 from bertcore.eval.config import EvaluateConfig, TaskConfig
-from bertcore.eval.encoder import Features, TaskModel, freeze_lower_layers, load_encoder, load_tokenizer, parameter_groups, pooler_source
+from bertcore.eval.encoder import (
+    Features,
+    TaskModel,
+    freeze_lower_layers,
+    load_encoder,
+    load_tokenizer,
+    parameter_groups,
+    pooler_source,
+)
 from bertcore.eval.tasks import TaskDataError, TextExample, read_word_pairs
 
 torch.set_num_threads(1)
@@ -32,7 +40,15 @@ def _corpus() -> list[str]:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
     """A BertForPreTraining folder with a fast tokenizer, as the pretrain stage writes it."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import BertConfig, BertForPreTraining, PreTrainedTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny_bert_options")

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -490,3 +491,43 @@ def test_publish_artifacts_in_a_flow(prefect_harness, tmp_path):
     assert markdown and "hello" in markdown[0].data
     assert table and "sst" in str(table[0].data)
     assert stats and "tasks.sst.pretrained" in str(stats[0].data)
+
+
+# -- from pretraining to fine-tuning ----------------------------------------------------------------
+
+
+def test_fine_tuning_starts_from_what_pretraining_exported(root):
+    """No defect between the pretrain stage's model/ and fine-tuning: bit-identical encoder
+    weights, the pooler loaded rather than fresh, the examples stage's tokenisation, and
+    pretraining's segment layout for pairs."""
+    from pyarrow import ipc
+
+    from bertcore.data import ExamplesLoader
+    from bertcore.eval import diagnostics, finetune
+    from bertcore.eval.config import TaskConfig
+
+    model_dir = os.path.join(root, "pretrain", "model")
+    start = diagnostics.encoder_start(model_dir)
+    assert start["max_abs_diff"] == 0.0 and start["fresh"] == [] and start["pooler"] == "pretrained" and start["tensors"] > 30
+    sentences = []
+    for path in glob.glob(os.path.join(root, "corpus", "validation", "*.arrow")):
+        with ipc.open_file(path) as reader:
+            sentences += [s for doc in reader.read_all().column("sentences").to_pylist() for s in doc][:300]
+    agreement = diagnostics.tokenizer_agreement(model_dir, os.path.join(root, "vocab"), sentences)
+    assert agreement["identical"] == agreement["sentences"] == len(sentences) > 100
+    assert diagnostics.pair_layout(model_dir, sentences[0], sentences[1]) == {
+        "starts_with_cls": True, "ends_with_sep": True, "token_types_match": True, "all_attended": True
+    }
+    validation = sorted(glob.glob(os.path.join(root, "examples", "seq128", "validation", "*.arrow")))
+
+    def batches():
+        return ExamplesLoader(validation, 32, seed=1, pad_id=0, shuffle=False, even_batches=False)
+
+    before = diagnostics.mlm_accuracy_of_encoder(model_dir, None, batches(), max_batches=3)
+    same = diagnostics.mlm_accuracy_of_encoder(model_dir, finetune.load_encoder(model_dir).state_dict(), batches(), max_batches=3)
+    assert same == before
+    rows = _classification_rows(1, 16)
+    task = TaskConfig(**_quick(name="s", type="classification", format="tsv", train=_tsv(Path(root) / "t.tsv", ("sentence", "label"), rows), cross_validation_folds=2, learning_rate=5e-3, epochs=2))
+    tuned = finetune.fine_tuned_model(task, model_dir, model_dir, seed=1).encoder.state_dict()
+    assert diagnostics.relative_change(finetune.load_encoder(model_dir).state_dict(), tuned) > 0.0
+    assert diagnostics.mlm_accuracy_of_encoder(model_dir, tuned, batches(), max_batches=3) != before
