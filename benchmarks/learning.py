@@ -186,6 +186,35 @@ def diagnose(root: str, cfg, args: argparse.Namespace) -> dict:
     return out
 
 
+def word2vec_reference(root: str, cfg, epochs: int = 20) -> dict:
+    """How much word similarity the corpus holds at all: gensim's skip-gram word2vec (a
+    far more sample-efficient learner of word vectors than MLM) trained on the same
+    training documents, scored on the demo's word-similarity files (pairs whose words
+    it has seen 5+ times)."""
+    import re
+
+    from gensim.models import Word2Vec
+    from pyarrow import ipc
+
+    from bertcore.eval import metrics
+    from bertcore.eval.tasks import read_word_pairs
+
+    sentences = []
+    for path in sorted(glob.glob(os.path.join(root, "corpus", "train", "*.arrow"))):
+        with ipc.open_file(path) as reader:
+            sentences += [re.findall(r"\w+", s.lower()) for doc in reader.read_all().column("sentences").to_pylist() for s in doc]
+    model = Word2Vec(sentences, vector_size=128, window=5, min_count=5, sg=1, epochs=epochs, workers=1, seed=1)
+    out = {"words": sum(map(len, sentences)), "epochs": epochs}
+    for task in cfg.evaluate.tasks:
+        if task.type != "word_similarity":
+            continue
+        pairs = read_word_pairs(task.validation, encoding=task.encoding).examples
+        seen = [p for p in pairs if p.a.lower() in model.wv and p.b.lower() in model.wv]
+        cosine = [float(model.wv.similarity(p.a.lower(), p.b.lower())) for p in seen]
+        out[task.name] = {"pairs": len(seen), "of": len(pairs), "spearman": metrics.spearman(cosine, [p.score for p in seen])}
+    return out
+
+
 def _print_summary(result: dict) -> None:
     print("\n== learning curve (seq128 held-out MLM accuracy; unigram baseline = always the most frequent token) ==")
     print(f"{'step':>7} {'minutes':>8} {'epoch':>6} {'held-out':>9} {'unigram':>8} {'train':>7}")
@@ -203,6 +232,9 @@ def _print_summary(result: dict) -> None:
         majority = ((floors.get("validation") or {}).get("majority") or {}).get(metric)
         floor = f", majority {100 * majority:.1f}" if majority is not None else ""
         print(f"{name} ({metric}): {'; '.join(cells)}{floor}; chance {floors.get('chance', {}).get(metric)}")
+    w2v = result["word2vec"]
+    scored = ", ".join(f"{k} {100 * v['spearman']:.1f} on {v['pairs']}/{v['of']} pairs" for k, v in w2v.items() if isinstance(v, dict))
+    print(f"reference: word2vec skip-gram, {w2v['epochs']} epochs over the same {w2v['words']:,} words: {scored}")
     print("\n== verdicts ==")
     for line in result["verdicts"]:
         print(f"- {line}")
@@ -259,6 +291,7 @@ def main() -> None:
         "embeddings": metrics.get("embeddings"),
         "verdicts": metrics["verdicts"],
         "diagnostics": diagnose(root, cfg, args),
+        "word2vec": word2vec_reference(root, cfg),
         "total_minutes": (time.perf_counter() - started) / 60,
     }
     with open(os.path.join(root, "learning.json"), "w", encoding="utf-8") as handle:

@@ -1,13 +1,15 @@
-"""Evaluate stage: the pretrained model's held-out MLM/NSP scores, fine-tuning tasks
-against a randomly initialised model of the same size, and sentence embeddings, written
-as `eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root.
+"""Evaluate stage: the pretrained model's held-out MLM/NSP scores, tasks against a randomly
+initialised model of the same size, and sentence embeddings, each beside what learning
+nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
+`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root.
 
-Ray shape: one task per job, all submitted together (at most `parallelism` in flight):
+Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
+`evaluate.num_gpus` of a GPU each when set):
 - intrinsic: one per (examples phase, pretrained | random init), over the phase's
-  validation shards;
-- fine-tuning: one per (task, seed, pretrained | random init); cross-validation folds run
+  validation shards (and its training shards, for the unigram baseline);
+- tasks: one per (task, seed, pretrained | random init); cross-validation folds run
   inside the job;
-- embeddings: one per (pretrained | random init).
+- embeddings: one per (pretrained | random init); fill-mask: one, pretrained.
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
 crashed, re-run with the same fingerprint, computes only the jobs still missing. Remote
 files (model, task files) are copied to a per-content local cache in the worker that reads
@@ -191,40 +193,21 @@ def _embeddings_job(
     model_uri: str, sentences: list[str], cfg: EmbeddingsConfig, random_init: bool, seed: int, storage: Storage, cache_key: str, file_keys: dict[str, str], num_threads: int
 ) -> dict:
     """Anisotropy (and STS Spearman) for [CLS] and mean pooling."""
-    from bertcore.eval.embeddings import embedding_report
-    from bertcore.eval.tasks import read_rows
+    from bertcore.eval.embeddings import embedding_report, read_sts
 
     model_dir = _model_dir(storage, model_uri, cache_key)
     pairs, skipped, problems = None, 0, []
     if cfg.sts is not None:
-        sts = cfg.sts
-        path = _local_file(storage, sts.file, file_keys)
+        path = _local_file(storage, cfg.sts.file, file_keys)
         try:
-            read = read_rows(
-                path,
-                format=sts.format,
-                text_a=sts.text_a,
-                text_b=sts.text_b,
-                label_column=sts.score_column,
-                task_type="regression",
-                header=sts.header,
-                encoding=sts.encoding,
-                on_error=sts.on_error,
-            )
+            read = read_sts(cfg.sts, path)
         except BertpipeError as exc:
-            raise type(exc)(_original_paths(str(exc), {path: sts.file})) from None
+            raise type(exc)(_original_paths(str(exc), {path: cfg.sts.file})) from None
         pairs, skipped = read.examples, read.skipped
-        problems = [_original_paths(p, {path: sts.file}) for p in read.problems]
+        problems = [_original_paths(p, {path: cfg.sts.file}) for p in read.problems]
     scores = embedding_report(
-        model_dir,
-        model_dir,
-        sentences,
-        seed=seed,
-        sts_pairs=pairs,
-        num_pairs=cfg.num_pairs,
-        max_seq_length=cfg.max_seq_length,
-        random_init=random_init,
-        num_threads=num_threads,
+        model_dir, model_dir, sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
+        max_seq_length=cfg.max_seq_length, random_init=random_init, num_threads=num_threads,
     )
     return {"scores": scores, "sts_pairs": len(pairs or []), "skipped": skipped, "skipped_problems": problems}
 

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from bertcore.eval import metrics
+from bertcore.eval.config import StsConfig
 from bertcore.eval.encoder import encode, load_encoder, load_tokenizer, mean_pool
-from bertcore.eval.tasks import TextExample
+from bertcore.eval.tasks import ReadResult, TextExample, read_rows
 from bertcore.rng import keyed_numpy, keyed_seed
 
 Pooling = Literal["cls", "mean"]
@@ -55,6 +56,14 @@ def embed(
             pooled = mean_pool(hidden, batch["attention_mask"])
         chunks.append(pooled.float().numpy())
     return np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype=np.float32)
+
+
+def read_sts(sts: StsConfig, path: str) -> ReadResult:
+    """The sentence pairs and gold scores of an STS-style file (at local `path`)."""
+    return read_rows(
+        path, format=sts.format, text_a=sts.text_a, text_b=sts.text_b, label_column=sts.score_column,
+        task_type="regression", header=sts.header, encoding=sts.encoding, on_error=sts.on_error,
+    )
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
