@@ -2,9 +2,7 @@
 DeepSpeed JSON built from the `pretrain:` section.
 
 Learning rate: one schedule over the steps of all phases, linear warmup to
-`learning_rate` then linear decay to zero at the last step (`lr_multiplier`); with
-`decay_fraction` < 1 the rate holds at its peak and decays over the last part only
-(warmup-stable-decay, as MiniCPM's WSD schedule).
+`learning_rate` then linear decay to zero at the last step (`lr_multiplier`).
 """
 
 from __future__ import annotations
@@ -17,14 +15,13 @@ import torch
 from bertcore.pretrain_config import PretrainConfig
 
 
-def lr_multiplier(step: int, warmup: int, total: int, decay: int | None = None) -> float:
+def lr_multiplier(step: int, warmup: int, total: int) -> float:
     """Learning-rate factor for the update with 0-based index `step`: (step+1)/warmup during
-    warmup, 1 until the last `decay` updates (default: every update after warmup), then
-    linear decay that reaches 1/decay on the last update (never 0, so no update is wasted)."""
+    warmup, then linear decay that reaches 1/(total-warmup) on the last update (never 0, so
+    no update is wasted)."""
     if step < warmup:
         return (step + 1) / warmup
-    decay = total - warmup if decay is None else min(decay, total - warmup)
-    return max(0.0, min(1.0, (total - step) / max(1, decay)))
+    return max(0.0, (total - step) / max(1, total - warmup))
 
 
 class Lamb(torch.optim.Optimizer):

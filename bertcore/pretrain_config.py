@@ -85,8 +85,6 @@ class PretrainConfig(Section):
     """Linear warmup length in optimizer steps; give this or warmup_fraction (default: 1% of all steps, as BERT's 10k of 1M)."""
     warmup_fraction: float | None = Field(None, ge=0.0, lt=1.0)
     """Linear warmup as a share of all steps (all phases); give this or warmup_steps."""
-    decay_fraction: float = Field(1.0, gt=0.0, le=1.0)
-    """Share of all steps over which the learning rate decays linearly to zero at the end; before that it holds at learning_rate (1.0: decay from the end of warmup, as BERT; 0.2: warmup-stable-decay, which keeps a short run's rate high while it leaves the unigram plateau)."""
     phases: list[PretrainPhase] = Field(default_factory=_default_phases, min_length=1)
     """Phases in order, each with its own steps and global batch (default: BERT's 900k x 256 at seq128, 100k x 256 at seq512)."""
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -175,11 +173,6 @@ class PretrainConfig(Section):
     @property
     def total_steps(self) -> int:
         return sum(p.steps for p in self.phases)
-
-    @property
-    def decay_steps(self) -> int:
-        """Steps of the final linear decay (at most the steps after warmup)."""
-        return min(self.total_steps - self.warmup, max(1, int(round(self.decay_fraction * self.total_steps))))
 
     @property
     def warmup(self) -> int:

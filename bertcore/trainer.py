@@ -221,10 +221,10 @@ class Trainer:
         optimizer = None
         if self.cfg.optimizer == "lamb":
             optimizer = Lamb(groups, lr=self.cfg.learning_rate, betas=self.cfg.betas, eps=self.cfg.eps, weight_decay=self.cfg.weight_decay)
-        warmup, total, decay = self.cfg.warmup, self.cfg.total_steps, self.cfg.decay_steps
+        warmup, total = self.cfg.warmup, self.cfg.total_steps
 
         def schedule(opt):
-            return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup, total, decay))
+            return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup, total))
 
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
@@ -497,7 +497,7 @@ class Trainer:
             "phase": self.cfg.phases[self.phase_index].name,
             **record,
             # the rate of this step's update (the scheduler has already moved on)
-            "lr": self.cfg.learning_rate * lr_multiplier(self.step - 1, self.cfg.warmup, self.cfg.total_steps, self.cfg.decay_steps),
+            "lr": self.cfg.learning_rate * lr_multiplier(self.step - 1, self.cfg.warmup, self.cfg.total_steps),
             "tokens_per_s": record["tokens"] / elapsed,
             "sequences_per_s": record["sequences"] / elapsed,
             "mfu": flops / (elapsed * self.peak * world) if self.peak else None,

@@ -235,17 +235,6 @@ def test_learning_rate_rises_linearly_then_decays_linearly_to_the_last_step():
     assert lr_multiplier(0, 0, 5) == 1.0
 
 
-def test_warmup_stable_decay_holds_the_peak_then_decays_over_the_last_part():
-    cfg = PretrainConfig(phases=[{"name": "seq128", "steps": 100, "batch_size": 2}], warmup_steps=10, decay_fraction=0.2)
-    assert cfg.decay_steps == 20
-    factors = [lr_multiplier(s, cfg.warmup, cfg.total_steps, cfg.decay_steps) for s in range(cfg.total_steps)]
-    assert factors[9] == 1.0 and set(factors[10:80]) == {1.0}  # the stable part
-    assert factors[80:] == pytest.approx([(100 - s) / 20 for s in range(80, 100)])  # a straight line to 1/20
-    full = PretrainConfig(phases=[{"name": "seq128", "steps": 100, "batch_size": 2}], warmup_steps=10)
-    assert full.decay_steps == 90  # the default: BERT's decay from the end of warmup
-    assert [lr_multiplier(s, 10, 100, full.decay_steps) for s in range(100)] == [lr_multiplier(s, 10, 100) for s in range(100)]
-
-
 def test_lamb_step_matches_the_paper_update_and_scales_each_layer_to_its_weight_norm():
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(6, 4, generator=g), torch.randn(4, generator=g) * 1e-3]
