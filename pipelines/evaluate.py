@@ -380,8 +380,8 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
                 key = f"intrinsic__{phase.name}__{_model_name(random_init)}"
                 plan.jobs.append(_Job(key, "intrinsic", random_init, phase=phase.name, shards=shards, train_shards=train))
     for task in cfg.tasks:
-        for task_seed in task.seeds:
-            for random_init in plan.models:
+        for random_init in plan.models:
+            for task_seed in summary.seeds_of(task, random_init):
                 key = f"finetune__{task.name}__{_model_name(random_init)}__seed{task_seed}"
                 plan.jobs.append(_Job(key, "finetune", random_init, task=task, task_seed=task_seed))
     fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
@@ -457,7 +457,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
 
     files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
-        runs = {_model_name(m): [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in task.seeds] for m in models}
+        runs = {_model_name(m): [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in summary.seeds_of(task, m)] for m in models}
         entry = summary.task_entry(task, runs)
         for split, n in entry["skipped"].items():
             if n:

@@ -16,7 +16,7 @@ def _summary(values: list[float]) -> dict:
 
 
 def _entry(pretrained: list[float], random_init: list[float] | None, majority: float | None = 0.5, metric: str = "accuracy") -> dict:
-    entry = {"primary_metric": metric, "pretrained": {"validation": {metric: _summary(pretrained)}}}
+    entry = {"type": "classification", "primary_metric": metric, "pretrained": {"validation": {metric: _summary(pretrained)}}}
     if random_init is not None:
         entry["random_init"] = {"validation": {metric: _summary(random_init)}}
     if majority is not None:
@@ -54,10 +54,31 @@ def test_one_seed_or_no_baseline_cannot_be_judged():
     assert alone["text"].startswith("accuracy 80.5; no random-init baseline") and alone["gain"] is None
 
 
-def test_deterministic_scores_take_the_spread_of_the_baseline():
-    # word similarity: the pretrained model scores the same on every seed
-    verdict = summary.task_verdict(_entry([0.087] * 5, [0.019, 0.026, 0.032, 0.049, 0.020], majority=None, metric="spearman"))
-    assert verdict["text"] == "gain 6.1 points, above the seed spread of 3.0"
+def test_a_score_that_ignores_the_seed_is_judged_by_its_rank_among_random_draws():
+    # word similarity: the pretrained model scores once; a spread of 5 random draws would
+    # call 8.7 a gain, but one more random draw beats all 5 a sixth of the time.
+    def entry(random_scores: list[float]) -> dict:
+        out = _entry([0.087], random_scores, majority=None, metric="spearman")
+        out["type"] = "word_similarity"
+        out["random_init"]["runs"] = [{"seed": i, "validation": {"spearman": v}} for i, v in enumerate(random_scores)]
+        return out
+
+    few = summary.task_verdict(entry([0.019, 0.026, 0.032, 0.049, 0.020]))
+    assert few["text"] == "no measurable gain (6.1 points; rank among 5 random-init draws: p = 0.17; 5 draws cannot reach p <= 0.05 (19 or more can))"
+    assert not few["measurable"] and few["p_value"] == pytest.approx(1 / 6)
+    draws = [0.01 * (i % 5) for i in range(19)]
+    many = summary.task_verdict(entry(draws))
+    assert many["measurable"] and many["p_value"] == pytest.approx(0.05)
+    assert many["text"] == "gain 6.7 points: above all 19 random-init draws (rank test p = 0.05)"
+    one_above = summary.task_verdict(entry([*draws[:-1], 0.09]))
+    assert not one_above["measurable"] and one_above["p_value"] == pytest.approx(0.10)
+
+
+def test_a_pretrained_model_runs_a_task_without_training_once():
+    words = TaskConfig(name="w", type="word_similarity", format="word_pairs", validation="p.txt", seeds=[3, 4, 5])
+    assert summary.seeds_of(words, random_init=False) == [3] and summary.seeds_of(words, random_init=True) == [3, 4, 5]
+    trained = TaskConfig(name="t", type="classification", format="tsv", train="t.tsv", cross_validation_folds=2, seeds=[3, 4])
+    assert summary.seeds_of(trained, random_init=False) == [3, 4]
 
 
 def test_task_entry_carries_floors_pooler_and_verdict():

@@ -240,8 +240,8 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     }
     for name, names in expected_metrics.items():
         task = metrics["tasks"][name]
-        seeds = 2 if name in ("sentiment", "simlex") else 1
         for model in ("pretrained", "random_init"):
+            seeds = 1 if name == "simlex" and model == "pretrained" else 2 if name in ("sentiment", "simlex") else 1
             assert set(task[model]["validation"]) == names, (name, model)
             assert len(task[model]["runs"]) == seeds
             assert all(s["n"] + s["n_nan"] == seeds for s in task[model]["validation"].values())
@@ -262,9 +262,8 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
         assert task["verdict"]["text"] and f"{name} ({task['primary_metric']}): {task['verdict']['text']}" in metrics["verdicts"]
     simlex = metrics["tasks"]["simlex"]
     assert simlex["word_pairs"]["pairs"] == 999 and simlex["train_examples"] == 0
-    runs = simlex["pretrained"]["runs"]
-    assert runs[0]["validation"] == runs[1]["validation"]  # nothing trained: one score whatever the seed
-    assert simlex["verdict"]["spread"] == pytest.approx(simlex["random_init"]["validation"]["spearman"]["max"] - simlex["random_init"]["validation"]["spearman"]["min"])
+    assert len(simlex["pretrained"]["runs"]) == 1  # nothing trained: one score whatever the seed, computed once
+    assert simlex["verdict"]["p_value"] >= 1 / 3 and not simlex["verdict"]["measurable"]  # 2 draws cannot show a gain
 
     # Sanity check: even 30 steps of pretraining beat random weights on held-out MLM.
     mlm = metrics["intrinsic"]["seq128"]
@@ -316,7 +315,7 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     resumed, computed = evaluate(cfg, root, storage, seed=11)
     with open(os.path.join(eval_dir, "metrics.json"), encoding="utf-8") as handle:
         rerun = json.load(handle)
-    assert computed and rerun["timings"]["jobs_reused"] == rerun["timings"]["jobs"] == 19
+    assert computed and rerun["timings"]["jobs_reused"] == rerun["timings"]["jobs"] == 18
     assert rerun["tasks"] == metrics["tasks"] and rerun["intrinsic"] == metrics["intrinsic"]
 
     rows = manifest.tables["evaluation-scores"]

@@ -5,7 +5,13 @@ pretraining bought anything.
 
 A task's verdict compares the gain (median pretrained - median random init, primary
 metric) with the seed spread (the larger max - min over seeds of the two models): a gain
-above the spread is measurable, one inside it is not. A model whose median sits at the
+above the spread is measurable, one inside it is not. A task that trains nothing (word
+similarity) gives the pretrained model one score whatever the seed, so a spread cannot
+judge it: one pretrained score can beat a few random draws by luck (a fresh model is
+another random draw). There the verdict is a rank test: under "pretraining changed
+nothing" the pretrained score is one more draw among the random-init ones, so
+p = (1 + draws scoring at least as high) / (draws + 1), and the gain counts when p <= 0.05
+(which takes 19 or more random-init seeds). A model whose median sits at the
 majority-class score learned nothing, whatever the other one did. Held-out MLM accuracy
 is judged against the unigram predictor (always the most frequent token), NSP accuracy
 against the share of the majority label among the held-out pairs.
@@ -18,13 +24,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bertcore.eval import baselines, finetune
-from bertcore.eval.config import PRIMARY_METRIC, TaskConfig
+from bertcore.eval.config import PRIMARY_METRIC, TRAINED_TYPES, TaskConfig
 
 MODELS = ("pretrained", "random_init")
 AT_FLOOR_POINTS = 1.0
 """A median within this many points (x100) of the majority-class score counts as at that level."""
 PLATEAU_POINTS = 1.0
 """Held-out MLM accuracy within this many points of the unigram baseline is still the unigram plateau."""
+RANK_TEST_LEVEL = 0.05
+"""Largest rank-test p-value at which a deterministic pretrained score counts as a gain."""
 _RUN_FIELDS = ("seed", "validation", "test", "final_train_loss", "epochs_trained", "best_epoch", "seconds")
 
 
@@ -36,6 +44,12 @@ def _median(entry: Mapping, model: str, metric: str, split: str = "validation") 
     summary = (entry.get(model) or {}).get(split, {}).get(metric)
     value = None if summary is None else summary.get("median")
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def seeds_of(task: TaskConfig, random_init: bool) -> list[int]:
+    """The seeds a model runs a task with: every seed, except that a pretrained model on a
+    task that trains nothing (word_similarity) scores the same on each, so it runs once."""
+    return task.seeds[:1] if task.type not in TRAINED_TYPES and not random_init else list(task.seeds)
 
 
 def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]]) -> dict[str, Any]:
@@ -87,6 +101,8 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     if theirs is None:
         return {"text": f"{metric} {_points(mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
     gain = mine - theirs
+    if entry.get("type") not in TRAINED_TYPES:
+        return _rank_verdict(entry, metric, mine, gain, floor)
     spread = baselines.spread(*(((entry.get(m) or {}).get("validation") or {}).get(metric) for m in MODELS))
     if spread is None:
         text, measurable = f"gain {_points(gain)} points with one seed: no seed spread to judge it by", False
@@ -97,6 +113,22 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     else:
         text, measurable = f"no measurable gain ({_points(gain)} points, within the seed spread of {_points(spread)})", False
     return {"text": text + floor, "gain": gain, "spread": spread, "measurable": measurable and gain > 0}
+
+
+def _rank_verdict(entry: Mapping[str, Any], metric: str, mine: float, gain: float, floor: str) -> dict[str, Any]:
+    """The verdict for a pretrained score that does not depend on the seed: its rank among the random-init draws."""
+    draws = [r["validation"][metric] for r in (entry.get("random_init") or {}).get("runs", []) if _finite(r.get("validation", {}).get(metric))]
+    p = (1 + sum(d >= mine for d in draws)) / (len(draws) + 1)
+    if p <= RANK_TEST_LEVEL and gain > 0:
+        text = f"gain {_points(gain)} points: above all {len(draws)} random-init draws (rank test p = {p:.2f})"
+        return {"text": text + floor, "gain": gain, "spread": None, "p_value": p, "measurable": True}
+    low = f"; {len(draws)} draws cannot reach p <= {RANK_TEST_LEVEL} (19 or more can)" if len(draws) + 1 < 1 / RANK_TEST_LEVEL else ""
+    text = f"no measurable gain ({_points(gain)} points; rank among {len(draws)} random-init draws: p = {p:.2f}{low})"
+    return {"text": text + floor, "gain": gain, "spread": None, "p_value": p, "measurable": False}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def mlm_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
