@@ -13,9 +13,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bertcore.eval import finetune  # noqa: E402
-from bertcore.eval.embeddings import embedding_report  # noqa: E402
-from bertcore.eval.tasks import TaskConfig, TextExample  # noqa: E402
+from tiny_bert import save_tiny_bert
+
+from bertcore.eval import finetune
+from bertcore.eval.embeddings import embedding_report
+from bertcore.eval.tasks import TaskConfig, TextExample
 
 torch.set_num_threads(1)
 
@@ -46,35 +48,7 @@ def _corpus() -> list[str]:
 def tiny_model(tmp_path_factory) -> str:
     """A folder with tokenizer.json and a BertForPreTraining checkpoint, as the pretrain
     stage's model/ folder holds them."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertConfig, BertForPreTraining, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(_corpus(), trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials))
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    tokenizer.decoder = decoders.WordPiece()
-    # The generic fast class, with the special tokens named, as bertcore.tokenizer saves it.
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"
-    ).save_pretrained(folder)
-    config = BertConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    BertForPreTraining(config).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), _corpus(), vocab_size=300)
 
 
 def _write_tsv(path, header, rows) -> str:

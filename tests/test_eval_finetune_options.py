@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from tiny_bert import save_tiny_bert
 
 from bertcore.eval import finetune
 from bertcore.eval.config import EvaluateConfig, TaskConfig
@@ -39,38 +40,8 @@ def _corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
-    """A BertForPreTraining folder with a fast tokenizer, as the pretrain stage writes it."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import BertConfig, BertForPreTraining, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny_bert_options")
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(_corpus(), trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    tokenizer.decoder = decoders.WordPiece()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"
-    ).save_pretrained(folder)
-    config = BertConfig(
-        vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64
-    )
-    torch.manual_seed(0)
-    BertForPreTraining(config).save_pretrained(folder)
-    return str(folder)
+    """A 3-layer BertForPreTraining folder with a fast tokenizer, as the pretrain stage writes it."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert_options"), _corpus(), vocab_size=200, layers=3, max_positions=64)
 
 
 def _rows(seed: int, n: int) -> list[tuple[str, str]]:
