@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import safetensors.torch
 import torch
 
+from bertcore.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
 from bertcore.optim import parameter_group_names
@@ -55,6 +56,7 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
         raise InputDataError(f"{checkpoint_dir}: no such checkpoint folder")
     names = os.listdir(checkpoint_dir)
     keys, groups = _expected_keys(model_config)
+    check_pickles(checkpoint_dir)  # DeepSpeed's reader unpickles: only its own classes may be named
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
@@ -62,7 +64,7 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
 
         state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
     elif "mp_rank_00_model_states.pt" in names:
-        saved = torch.load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=False)
+        saved = safe_load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"))
         state = dict(saved["module"])
         optimizer = saved.get("optimizer") or {}
         masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None

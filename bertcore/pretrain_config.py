@@ -14,13 +14,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from bertcore.model import ModelConfig, SizeName
-from bertcore.section import Section
+from bertcore.section import Name, Section
 
 
 class PretrainPhase(Section):
     """One sequence-length phase of pretraining; reads examples/<name>/train/."""
 
-    name: str
+    name: Name
     """Phase name; must be one of the examples stage's phases (examples.phases[*].name), e.g. seq128."""
     steps: int = Field(ge=1)
     """Optimizer steps spent in this phase."""
@@ -75,7 +75,7 @@ class PretrainConfig(Section):
     """adamw only: use torch.optim.AdamW; false uses DeepSpeed's compiled Adam (gcc compiles it the first time, minutes)."""
     learning_rate: float = Field(1e-4, gt=0.0)
     """Peak learning rate, reached at the end of warmup."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), strict=False)  # a YAML or JSON list is a tuple here
     """Adam/LAMB moment decay rates (beta1, beta2)."""
     eps: float = Field(1e-6, gt=0.0)
     """Adam/LAMB epsilon (BERT: 1e-6)."""
@@ -184,6 +184,11 @@ class PretrainConfig(Section):
     def micro_batch_size(self, phase: PretrainPhase) -> int:
         """Sequences per forward pass on one worker."""
         return phase.batch_size // (self.num_workers * self.gradient_accumulation_steps)
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """The longest sequence the configured model can take."""
+        return self.build_model_config(30522).max_position_embeddings
 
     def build_model_config(self, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
         return ModelConfig.named(self.model_size, vocab_size, **{"pad_token_id": pad_token_id, **self.model_overrides})

@@ -28,9 +28,12 @@ from bertcore.checkpoint import (
     CHECKPOINTS,
     COMPLETE,
     StageFiles,
+    check_pickles,
     checkpoint_tag,
     latest_checkpoint,
+    load_rank_state,
     prune,
+    save_rank_state,
 )
 from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
@@ -259,9 +262,6 @@ class Trainer:
         self.stream = _batches(self.loader, phase.name)
 
     # -- checkpoints -------------------------------------------------------------------
-    def _rank_state_name(self, rank: int) -> str:
-        return f"trainer-rank-{rank:05d}.pt"
-
     def _resume(self) -> dict | None:
         marker = latest_checkpoint(self.files)
         if marker is None:
@@ -273,15 +273,17 @@ class Trainer:
             )
         tag = checkpoint_tag(marker["step"])
         self.files.download(f"{CHECKPOINTS}/{tag}")
+        folder = self.files.local_path(f"{CHECKPOINTS}/{tag}")
+        check_pickles(folder)  # DeepSpeed unpickles its files: nothing but its own classes may be in them
         load_dir, _ = self.engine.load_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag)
         if load_dir is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag}")
-        state = torch.load(self.files.local_path(f"{CHECKPOINTS}/{tag}/{self._rank_state_name(self.ctx.rank)}"), weights_only=False)
+        state, rng = load_rank_state(folder, self.ctx.rank)
         self.step, self.tokens_seen, self.train_time_s = state["step"], state["tokens_seen"], state["train_time_s"]
         self.watch.load_state_dict(state["watch"])
-        torch.set_rng_state(state["torch_rng"])
-        if self.cfg.use_gpu and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"])
+        torch.set_rng_state(rng["torch_rng"])
+        if self.cfg.use_gpu and "cuda_rng" in rng:
+            torch.cuda.set_rng_state(rng["cuda_rng"])
         if self.step < self.cfg.total_steps:
             index = self.cfg.phase_at(self.step)
             same_phase = state["phase"] == self.cfg.phases[index].name
@@ -308,11 +310,9 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "train_time_s": self.train_time_s,
             "watch": self.watch.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state() if self.cfg.use_gpu else None,
         }
-        os.makedirs(self.files.local_path(relative), exist_ok=True)
-        torch.save(state, self.files.local_path(f"{relative}/{self._rank_state_name(self.ctx.rank)}"))
+        rng = {"torch_rng": torch.get_rng_state(), **({"cuda_rng": torch.cuda.get_rng_state()} if self.cfg.use_gpu else {})}
+        save_rank_state(self.files.local_path(relative), self.ctx.rank, state, rng)
         for name in sorted(os.listdir(self.files.local_path(relative))):
             self.files.upload(f"{relative}/{name}")
         self._barrier()

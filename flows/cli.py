@@ -48,6 +48,7 @@ def run(
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these stages (repeatable or comma-separated).")] = None,
     from_stage: Annotated[Optional[str], typer.Option("--from", help="Run this stage and every stage after it.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages even if their output is complete.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it (default: only shards whose size or mtime/ETag changed).")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run the pipeline (or some of its stages) as the Prefect flow `bert_pretraining`."""
@@ -58,7 +59,7 @@ def run(
         select(_split_names(only), from_stage)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
 
-        state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, return_state=True)
+        state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, verify=verify, return_state=True)
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -86,14 +87,17 @@ def export(
     try:
         cfg = _load(config, set_)
         from pipelines import pretrain
+        from pipelines.lease import RootLease
         from pipelines.ray_runtime import ensure_ray
         from pipelines.registry import REGISTRY
-        from pipelines.runner import Pipeline, upstream
+        from pipelines.runner import Pipeline, export_target, upstream
 
         pipeline = Pipeline(cfg)
         vocab = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)["vocab"]
-        ensure_ray(cfg.ray)
-        written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
+        out = export_target(cfg.run.root, out)
+        with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
+            ensure_ray(cfg.ray)
+            written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -102,13 +106,18 @@ def export(
 
 
 @app.command()
-def status(config: ConfigOpt = None, set_: SetOpt = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Per stage: complete / stale (inputs or config changed) / incomplete / missing, with fingerprint, rows, size, duration and location."""
+def status(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard (default: only shards whose size or mtime/ETag changed).")] = False,
+) -> None:
+    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, duration and location."""
     try:
         cfg = _load(config, set_)
         from pipelines.runner import Pipeline
 
-        rows = Pipeline(cfg).status()
+        rows = Pipeline(cfg, verify=verify).status()
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -121,6 +130,38 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, as_json: Annotated[boo
         seconds = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "-"
         rows_text = str(r["rows"]) if r["rows"] is not None else "-"
         typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
+
+
+@app.command()
+def verify(
+    stages: Annotated[Optional[list[str]], typer.Argument(help="Stages to check (default: all).")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Re-hash every shard of the stages against their manifests; exit 1 when any is damaged or missing."""
+    try:
+        cfg = _load(config, set_)
+        from pipelines.registry import select
+        from pipelines.runner import Pipeline
+
+        names = select(_split_names(stages), None) if stages else None
+        rows = Pipeline(cfg).verify_outputs(names)
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            checked = f"{r['shards']} shards" if "shards" in r else "-"
+            typer.echo(f"{r['stage']:<10} {r['state']:<11} {checked:>12}  {r['uri']}")
+            for path, state in sorted(r["problems"].items()):
+                typer.echo(f"  {state:<8} {path}")
+            if r["note"]:
+                typer.echo(f"  {r['note']}")
+    if any(r["state"] in ("damaged", "incomplete") for r in rows):
+        raise typer.Exit(code=1)
 
 
 @app.command()

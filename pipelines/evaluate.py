@@ -264,12 +264,8 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
 def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pretrain_manifest: Manifest, max_positions: int, notes: list[str]) -> tuple[ExamplesConfig, list[PhaseConfig]]:
     examples_cfg = ExamplesConfig.model_validate(examples_manifest.config)
     available = [p.name for p in examples_cfg.phases]
-    wanted = eval_cfg.intrinsic.phases
-    if wanted is not None:
-        unknown = [p for p in wanted if p not in available]
-        if unknown:
-            raise ConfigError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {available})")
-    else:
+    wanted = eval_cfg.intrinsic.phases  # checked against the examples phases by `check`
+    if wanted is None:
         trained = [p.get("name") for p in (pretrain_manifest.config or {}).get("phases", []) if isinstance(p, dict)]
         wanted = [p for p in available if p in trained] or available
     phases = []
@@ -312,6 +308,23 @@ def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dic
     if records:
         summary["first"], summary["last"] = records[0], records[-1]
     return records, summary
+
+
+def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
+    """What can be checked before anything runs: intrinsic phases are examples phases, and
+    no task or embedding input is longer than the pretrained model's positions."""
+    phases = [p.name for p in reads["examples"].phases]
+    unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
+    if unknown:
+        raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
+    pretrain = reads["pretrain"]
+    positions = pretrain.max_position_embeddings
+    lengths = [(f"evaluate.tasks[{i}].max_seq_length", t.max_seq_length) for i, t in enumerate(cfg.tasks)]
+    if cfg.embeddings.enabled:
+        lengths.append(("evaluate.embeddings.max_seq_length", cfg.embeddings.max_seq_length))
+    for key, length in lengths:
+        if length > positions:
+            raise ValueError(f"{key} ({length}) exceeds the pretrained model's {positions} positions (pretrain.model_size {pretrain.model_size})")
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -525,10 +538,10 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     metrics_bytes = report.json_dumps(metrics).encode()
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode())))
-    return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256) for relative, w in written]
+    return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]
 
 
 STAGE = Stage(
-    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify,
+    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify, check=check,
     writes="metrics.json, report.md, plots/*.png",
 )

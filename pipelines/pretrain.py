@@ -146,7 +146,7 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
     config loads, and again against what the examples stage recorded before training."""
     examples: ExamplesConfig = reads["examples"]
     produced = {p.name: p for p in examples.phases}
-    positions = cfg.build_model_config(30522).max_position_embeddings
+    positions = cfg.max_position_embeddings
     for i, phase in enumerate(cfg.phases):
         source = produced.get(phase.name)
         if source is None:
@@ -324,7 +324,7 @@ def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, mode
         for name in names:
             local = os.path.join(out_local, name)
             info = storage.write_file(join(out_uri, name), lambda path, local=local: shutil.copyfile(local, path))
-            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256})
+            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256, "stamp": info.stamp})
         return written
 
 
@@ -380,11 +380,12 @@ def run(r: StageRun) -> Output:
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"pretrain: training ended without a final checkpoint under {r.dir.path(CHECKPOINTS)}")
     exported = export_model(r.dir, r.inputs["vocab"], step=marker["step"])
-    shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
+    shards = [ShardInfo(f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
     with r.storage.open(r.dir.path(METRICS), "rb") as handle:
         metrics = handle.read()
     lines = metrics.decode("utf-8").splitlines()
-    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=len(metrics), sha256=hashlib.sha256(metrics).hexdigest()))
+    digest, stamp = hashlib.sha256(metrics).hexdigest(), r.storage.stamp(r.dir.path(METRICS)) or ""
+    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=len(metrics), sha256=digest, stamp=stamp))
     return Output(shards=shards, stats=_stats(marker, lines))
 
 
@@ -438,6 +439,6 @@ def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, resumable=False,
+    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, resumable=False, verify_inputs=True,
     writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
 )

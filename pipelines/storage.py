@@ -50,6 +50,8 @@ class WrittenFile:
     uri: str
     bytes: int
     sha256: str
+    stamp: str = ""
+    """What changes whenever the file is written again: its mtime (local) or ETag (object store)."""
 
 
 class Storage:
@@ -74,20 +76,42 @@ class Storage:
         fs = self._fs[protocol]
         return fs, fs._strip_protocol(uri)
 
-    def exists(self, uri: str) -> bool:
+    def _fresh(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        """`fs(uri)` with no cached listing of it: other processes (Ray workers) write the
+        same objects, and a stale cached ETag makes an object store refuse the read."""
         fs, path = self.fs(uri)
+        if not is_local(uri):
+            fs.invalidate_cache(path)
+        return fs, path
+
+    def exists(self, uri: str) -> bool:
+        fs, path = self._fresh(uri)
         return fs.exists(path)
 
     def size(self, uri: str) -> int | None:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         try:
             return int(fs.size(path))
         except FileNotFoundError:
             return None
 
     def info(self, uri: str) -> dict[str, Any]:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         return fs.info(path)
+
+    def stamp(self, uri: str) -> str | None:
+        """A value that changes whenever the file is written again: the modification time in
+        nanoseconds of a local file, the object store's ETag of a remote one; None when the
+        file is gone. Equal stamps and sizes let a check skip re-hashing the bytes."""
+        local = self.local_path(uri)
+        try:
+            if local is not None:
+                return str(os.stat(local).st_mtime_ns)
+            info = self.info(uri)
+        except FileNotFoundError:
+            return None
+        tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation") or ""
+        return str(tag).strip('"')
 
     def glob(self, pattern: str) -> list[str]:
         """Matching files, sorted, as full URIs (a plain path matches itself if it is a file)."""
@@ -104,7 +128,7 @@ class Storage:
         return sorted(f"{protocol}://{p}" if protocol else p for p in found)
 
     def open(self, uri: str, mode: str = "rb", compression: str | None = None) -> IO:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         return fs.open(path, mode, compression=compression)
 
     def read_text(self, uri: str) -> str:
@@ -143,8 +167,8 @@ class Storage:
         """Call `write(local_tmp_path)`, then publish the file at `uri` atomically."""
         with self.atomic_local_file(uri) as tmp:
             write(tmp)
-            written = WrittenFile(uri=uri, bytes=os.path.getsize(tmp), sha256=sha256_file(tmp))
-        return written
+            size, digest = os.path.getsize(tmp), sha256_file(tmp)
+        return WrittenFile(uri=uri, bytes=size, sha256=digest, stamp=self.stamp(uri) or "")
 
     def write_bytes(self, uri: str, data: bytes) -> WrittenFile:
         def write(path: str) -> None:
@@ -169,7 +193,7 @@ class Storage:
             fs.rm(path, recursive=recursive)
 
     def listdir(self, uri: str) -> list[str]:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         try:
             return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
         except FileNotFoundError:

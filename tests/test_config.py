@@ -96,3 +96,11 @@ def test_config_reference_matches_the_models():
     assert reference.read_text(encoding="utf-8") == render()
     for key in ("corpus.inputs[].uri", "vocab.vocab_size", "examples.objective", "pretrain.zero_stage", "evaluate.tasks[].type"):
         assert f"`{key}`" in render(), key
+
+
+def test_exponent_without_a_decimal_point_is_a_number(tmp_path):
+    # PyYAML's YAML 1.1 rules read `1e-4` as a string; recipes are read as YAML 1.2 writes it
+    path = write(tmp_path, "r.yaml", {"corpus": {"inputs": ["a.txt"]}})
+    path.write_text(path.read_text() + "pretrain:\n  learning_rate: 1e-4\n  eps: 1E-6\n")
+    cfg = load_config(path, ["pretrain.weight_decay=1e-2"])
+    assert (cfg.pretrain.learning_rate, cfg.pretrain.eps, cfg.pretrain.weight_decay) == (1e-4, 1e-6, 1e-2)

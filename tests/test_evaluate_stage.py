@@ -302,6 +302,17 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     # read back from _progress/ and give the same numbers without fine-tuning again.
     again, computed = evaluate(cfg, root, storage, seed=11)
     assert not computed and again.fingerprint == manifest.fingerprint
+    # a flipped byte in the report: damaged, and written again from the finished jobs
+    report_path = os.path.join(eval_dir, "report.md")
+    with open(report_path, "rb") as handle:
+        original = bytearray(handle.read())
+    with open(report_path, "wb") as handle:
+        handle.write(bytes(original[:10]) + bytes([original[10] ^ 0x01]) + bytes(original[11:]))
+    assert StageDir(storage, root, EVAL_DIR).state(manifest.fingerprint) == "damaged"
+    repaired, computed = evaluate(cfg, root, storage, seed=11)
+    assert computed and StageDir(storage, root, EVAL_DIR).state(repaired.fingerprint) == "complete"
+    with open(report_path, "rb") as handle:
+        assert handle.read()[:200] == bytes(original[:200])
     os.remove(os.path.join(eval_dir, "_manifest.json"))
     resumed, computed = evaluate(cfg, root, storage, seed=11)
     with open(os.path.join(eval_dir, "metrics.json"), encoding="utf-8") as handle:

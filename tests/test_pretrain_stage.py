@@ -127,6 +127,15 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     # the same config again: the stage is complete and skipped
     again, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert not computed and again.fingerprint == manifest.fingerprint
+    # a flipped byte in the exported weights: damaged, and re-exported from the final checkpoint
+    weights = model_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    assert StageDir(STORAGE, str(small_root), "pretrain").state(manifest.fingerprint) == "damaged"
+    repaired, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
+    assert computed and [(s.path, s.sha256) for s in repaired.shards] == [(s.path, s.sha256) for s in manifest.shards]
+    assert len(metrics(small_root)) == 100  # exported again, not trained again
     # `bertpipe export`: any complete checkpoint to any folder; a missing one is a clear error
     stage, vocab = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)["vocab"]
     exported = pretrain.export_model(stage, vocab, step=100, out=str(tmp_path / "exported"))
@@ -164,14 +173,15 @@ def test_a_user_error_inside_the_workers_surfaces_as_one_clear_error(ray_cluster
 
 KILLED_RUN = textwrap.dedent(
     """
-    import sys, ray
-    from bertcore.config import StorageConfig
+    import sys
+    from bertcore.config import RayConfig, StorageConfig
     from bertcore.pretrain_config import PretrainConfig
+    from pipelines.ray_runtime import ensure_ray
     from pipelines.runner import run_stage
     from pipelines.storage import Storage
 
     address, root, cfg = sys.argv[1], sys.argv[2], PretrainConfig.model_validate_json(sys.argv[3])
-    ray.init(address=address)
+    ensure_ray(RayConfig(address=address))  # joins the test's embedded (loopback-only) Ray
     run_stage("pretrain", cfg, root=root, storage=Storage(StorageConfig()), seed=int(sys.argv[4]))
     """
 )
@@ -276,7 +286,7 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
         trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
     tags = storage.listdir(join(stage_uri, CHECKPOINTS))
     assert tags == [checkpoint_tag(5)]
-    assert {"_complete.json", "mp_rank_00_model_states.pt", "trainer-rank-00000.pt"} <= set(storage.listdir(join(stage_uri, CHECKPOINTS, tags[0])))
+    assert {"_complete.json", "mp_rank_00_model_states.pt", "trainer-rank-00000.json", "trainer-rank-00000.safetensors"} <= set(storage.listdir(join(stage_uri, CHECKPOINTS, tags[0])))
     assert not os.path.exists(tmp_path / "machine-a" / CHECKPOINTS / tags[0])  # the local copy is dropped once uploaded
 
     marker = trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()

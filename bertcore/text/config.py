@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bertcore.section import DataFile, Section
+from bertcore.section import DataFile, Name, Section
 
 InputFormat = Literal["auto", "wikipedia", "book", "lines", "jsonl", "parquet"]
 
@@ -16,7 +16,7 @@ class InputSpec(Section):
 
     uri: DataFile
     """Local path, glob or fsspec URI (s3://bucket/prefix/*.jsonl); `{demo_data}` is the bundled sample data. Compression (.bz2, .gz, .xz, .zst) is inferred from the name."""
-    name: str | None = None
+    name: Name | None = None
     """Source label stored with every document and used for per-source statistics; default: the file name of `uri`."""
     format: InputFormat = "auto"
     """wikipedia (MediaWiki pages-articles XML), book (one document per file, blank lines separate paragraphs), lines (one document per line), jsonl, parquet; auto decides from the name and the first bytes."""
