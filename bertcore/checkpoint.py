@@ -17,7 +17,7 @@ import re
 import shutil
 from typing import Protocol
 
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, VALIDATION
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
@@ -113,12 +113,13 @@ def latest_checkpoint(files: StageFiles) -> dict | None:
 
 
 def clear_checkpoints(files: StageFiles) -> None:
-    """Delete every checkpoint and the metrics log (a fresh start): markers first, so no
+    """Delete every checkpoint and the training logs (a fresh start): markers first, so no
     half-deleted checkpoint ever looks complete."""
     for name in files.listdir(CHECKPOINTS):
         files.remove(f"{CHECKPOINTS}/{name}/{COMPLETE}")
     files.remove(CHECKPOINTS)
-    files.remove(METRICS)
+    for name in (METRICS, VALIDATION):
+        files.remove(name)
 
 
 def prune(files: StageFiles, keep: int) -> None:

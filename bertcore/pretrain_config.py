@@ -51,6 +51,7 @@ _RESUME_NEUTRAL = {
     "loader_processes",
     "max_failures",
     "validation_batches",
+    "eval_every",
 }
 
 
@@ -112,7 +113,9 @@ class PretrainConfig(Section):
     loader_processes: int = Field(0, ge=0)
     """DataLoader processes per worker that read and collate batches (0: in the training process)."""
     validation_batches: int = Field(20, ge=0)
-    """Batches of the last phase's validation examples evaluated at the end (per worker); 0 skips."""
+    """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps and at the end (validation.jsonl); 0 skips validation."""
+    eval_every: int | None = Field(1000, ge=1)
+    """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
     max_failures: int = Field(0, ge=0)
     """Times Ray Train restarts the workers after a failure; each restart resumes from the latest checkpoint."""
 

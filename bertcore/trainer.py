@@ -36,7 +36,7 @@ from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.loss_watch import LossWatch
 from bertcore.masking import MaskConfig
-from bertcore.metrics_log import METRICS, MetricsLog
+from bertcore.metrics_log import METRICS, VALIDATION, MetricsLog
 from bertcore.mfu import peak_flops
 from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
@@ -104,7 +104,9 @@ def _loader(cfg: PretrainConfig, data: PhaseData, phase: PretrainPhase, seed: in
         mask_config=data.mask_config,
         pad_id=data.pad_id,
         max_length=phase.max_seq_length,
-        shuffle=not validation,
+        # validation: the first batches of one keyed shuffle are the same sample at every
+        # call, drawn from every length bin
+        shuffle=True,
         # every step gets exactly the configured global batch; what a length bin leaves
         # over differs from epoch to epoch, as the order is reshuffled
         drop_last=not validation,
@@ -197,6 +199,7 @@ class Trainer:
         self.rank0 = self.ctx.rank == 0
         self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
         self.metrics = MetricsLog(files.local_path(METRICS))
+        self.validation_log = MetricsLog(files.local_path(VALIDATION))
         self.step = 0  # optimizer steps completed
         self.tokens_seen = 0
         self.train_time_s = 0.0  # summed over invocations
@@ -333,6 +336,8 @@ class Trainer:
         }
         if self.rank0:
             self.files.upload(METRICS)
+            if os.path.exists(self.validation_log.path):
+                self.files.upload(VALIDATION)
             self.files.write_text(f"{relative}/{COMPLETE}", json.dumps(marker, indent=2) + "\n")
             prune(self.files, self.cfg.keep_checkpoints)
         self.files.drop_local(relative)
@@ -415,12 +420,14 @@ class Trainer:
 
     @torch.no_grad()
     def _validate(self) -> dict | None:
-        """MLM/NSP loss and accuracy over up to validation_batches batches per worker of
-        the last phase's validation examples (all ranks, summed)."""
-        index = len(self.cfg.phases) - 1
+        """MLM/NSP loss and accuracy on a fixed sample of the current phase's validation
+        examples: the first validation_batches batches per worker of one keyed shuffle,
+        summed over the ranks. Every rank calls it (ZeRO-3 gathers weights collectively)."""
+        index = self.phase_index
         data = self.phases[index]
         if self.cfg.validation_batches == 0 or not data.validation_paths:
             return None
+        started = time.perf_counter()
         loader = _loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
         sums = _StepSums()
         self.engine.eval()
@@ -433,14 +440,28 @@ class Trainer:
         s = _StepSums
         if not t[s.MICRO]:
             return None
+        micro = float(t[s.MICRO])
         return {
+            "step": self.step,
             "phase": self.cfg.phases[index].name,
             "sequences": int(t[s.SEQS]),
-            "loss": float(t[s.LOSS]) / float(t[s.MICRO]),
-            "mlm_loss": float(t[s.MLM]) / float(t[s.MICRO]),
+            "loss": float(t[s.LOSS]) / micro,
+            "mlm_loss": float(t[s.MLM]) / micro,
+            "nsp_loss": float(t[s.NSP]) / micro if t[s.NSP_N] else None,
             "mlm_accuracy": _ratio(float(t[s.MLM_OK]), float(t[s.MLM_N])),
             "nsp_accuracy": _ratio(float(t[s.NSP_OK]), float(t[s.NSP_N])),
+            "time_s": time.perf_counter() - started,
         }
+
+    def _validate_if_due(self, final: bool) -> dict | None:
+        """Validate at the end and every eval_every steps; rank 0 logs the result."""
+        every = self.cfg.eval_every
+        if not (final or (every is not None and self.step % every == 0)):
+            return None
+        record = self._validate()
+        if record is not None and self.rank0:
+            self.validation_log.append(record)
+        return record
 
     def run(self) -> dict:
         """Train to the end of the last phase (or the time budget); returns the marker of
@@ -449,9 +470,10 @@ class Trainer:
         self._engine()
         marker = self._resume()
         if self.rank0:
-            if self.files.exists(METRICS):
-                self.files.download(METRICS)
-            self.metrics.truncate(self.step)
+            for name, log_file in ((METRICS, self.metrics), (VALIDATION, self.validation_log)):
+                if self.files.exists(name):
+                    self.files.download(name)
+                log_file.truncate(self.step)
         total = self.cfg.total_steps
         if self.step >= total and marker is not None:
             return marker
@@ -478,9 +500,10 @@ class Trainer:
                         stopped_by = "time_budget"
                 if self.rank0:
                     self._log(record, data_hash, elapsed, bar)
-                if stopped_by or self.step == total or self.step % self.cfg.checkpoint_every == 0:
-                    extra = {"validation": self._validate()} if (stopped_by or self.step == total) else None
-                    marker = self._save(stopped_by, extra)
+                final = stopped_by is not None or self.step == total
+                validation = self._validate_if_due(final)
+                if final or self.step % self.cfg.checkpoint_every == 0:
+                    marker = self._save(stopped_by, {"validation": validation} if final else None)
                 if stopped_by:
                     log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
                     break

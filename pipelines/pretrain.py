@@ -39,7 +39,7 @@ from bertcore.errors import BertpipeError, ConfigError
 from bertcore.examples_config import ExamplesConfig
 from bertcore.export import MODEL_DIR, consolidate_checkpoint, export_checkpoint
 from bertcore.masking import VocabTables
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.model import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
 from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
@@ -232,7 +232,7 @@ class WorkerJob:
                     name=phase.name,
                     paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
                     validation_paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]]
-                    if phase is self.cfg.phases[-1] and self.cfg.validation_batches
+                    if self.cfg.validation_batches
                     else [],
                     masking=masking,
                     mask_config=self.inputs.examples.mask_config(examples_phase, vocab) if masking == "dynamic" else None,
@@ -381,11 +381,21 @@ def run(r: StageRun) -> Output:
         raise RuntimeError(f"pretrain: training ended without a final checkpoint under {r.dir.path(CHECKPOINTS)}")
     exported = export_model(r.dir, r.inputs["vocab"], step=marker["step"])
     shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
-    with r.storage.open(r.dir.path(METRICS), "rb") as handle:
-        metrics = handle.read()
-    lines = metrics.decode("utf-8").splitlines()
-    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=len(metrics), sha256=hashlib.sha256(metrics).hexdigest()))
-    return Output(shards=shards, stats=_stats(marker, lines))
+    metrics_shard, records = _log_shard(r.storage, r.dir, METRICS)
+    shards.append(metrics_shard)
+    validations: list[dict] = []
+    if r.storage.exists(r.dir.path(VALIDATION)):
+        validation_shard, validations = _log_shard(r.storage, r.dir, VALIDATION)
+        shards.append(validation_shard)
+    return Output(shards=shards, stats=_stats(marker, records, validations))
+
+
+def _log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
+    """A JSON-lines log of the stage directory as a shard, and its records."""
+    with storage.open(stage.path(name), "rb") as handle:
+        data = handle.read()
+    records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    return ShardInfo(path=name, rows=len(records), bytes=len(data), sha256=hashlib.sha256(data).hexdigest()), records
 
 
 def _prepare_checkpoints(cfg: PretrainConfig, files, resume_key: str, stage: StageDir) -> None:
@@ -405,8 +415,19 @@ def _prepare_checkpoints(cfg: PretrainConfig, files, resume_key: str, stage: Sta
         clear_checkpoints(files)
 
 
-def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
-    records = [json.loads(line) for line in lines if line.strip()]
+CURVE_POINTS = 50
+"""Validation records kept in the manifest statistics at most (validation.jsonl has all)."""
+
+
+def _thin(records: list[dict], points: int) -> list[dict]:
+    """At most `points` records, evenly spaced, the first and the last included."""
+    if len(records) <= points:
+        return records
+    picks = sorted({round(i * (len(records) - 1) / (points - 1)) for i in range(points)})
+    return [records[i] for i in picks]
+
+
+def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
     last = records[-1] if records else {}
     window = records[-min(len(records), 50):]  # the final loss is noisy: also report a mean over the last steps
 
@@ -428,6 +449,7 @@ def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
         "last_steps_mean": {k: mean(k) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")},
         "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
         "validation": marker.get("validation"),
+        "validation_curve": _thin(validations, CURVE_POINTS),
         "checkpoint": checkpoint_tag(marker["step"]),
         "world_size": marker["world_size"],
         "zero_stage": marker["zero_stage"],

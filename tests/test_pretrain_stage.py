@@ -89,6 +89,7 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         checkpoint_every=40,
         keep_checkpoints=1,
         peak_flops_per_device=1e11,
+        eval_every=25,
     )
     manifest, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert computed and (small_root / "pretrain" / "_manifest.json").exists()
@@ -109,7 +110,10 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert stats["tokens_seen"] == sum(r["tokens"] for r in records)
     assert 0 < stats["mfu"] < 1 and stats["tokens_per_s"] > 0
     assert stats["validation"]["sequences"] > 0 and 0 <= stats["validation"]["mlm_accuracy"] <= 1
-    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl"])
+    curve = stats["validation_curve"]
+    assert [v["step"] for v in curve] == [25, 50, 75, 100] and curve[-1] == stats["validation"]
+    assert curve[-1]["mlm_loss"] < curve[0]["mlm_loss"]  # the held-out loss falls too
+    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl", "validation.jsonl"])
     assert manifest.inputs.keys() == {"examples", "vocab"} and manifest.config["zero_stage"] == 1
 
     # model/ is the final checkpoint in the Hugging Face layout
