@@ -17,7 +17,7 @@ import re
 import shutil
 from typing import Protocol
 
-from bertcore.metrics_log import METRICS, VALIDATION
+from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
@@ -113,12 +113,13 @@ def latest_checkpoint(files: StageFiles) -> dict | None:
 
 
 def clear_checkpoints(files: StageFiles) -> None:
-    """Delete every checkpoint and the training logs (a fresh start): markers first, so no
-    half-deleted checkpoint ever looks complete."""
+    """Delete every checkpoint and the training logs, TensorBoard's included, and forget
+    the tracker runs (a fresh start): markers first, so no half-deleted checkpoint ever
+    looks complete."""
     for name in files.listdir(CHECKPOINTS):
         files.remove(f"{CHECKPOINTS}/{name}/{COMPLETE}")
     files.remove(CHECKPOINTS)
-    for name in (METRICS, VALIDATION):
+    for name in (METRICS, VALIDATION, TENSORBOARD, TRACKING_STATE):
         files.remove(name)
 
 

@@ -9,6 +9,10 @@ import os
 
 METRICS = "metrics.jsonl"
 VALIDATION = "validation.jsonl"
+TENSORBOARD = "tensorboard"
+"""TensorBoard event files (bertcore.tracking)."""
+TRACKING_STATE = "tracking.json"
+"""The MLflow and W&B run ids of the run (bertcore.tracking)."""
 
 class MetricsLog:
     """A JSON-lines log whose records carry the optimizer `step`, appended by rank 0."""

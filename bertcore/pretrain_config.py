@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from bertcore.model import ModelConfig, SizeName
 from bertcore.section import Section
+from bertcore.tracking import TrackingConfig
 
 
 class PretrainPhase(Section):
@@ -52,6 +53,7 @@ _RESUME_NEUTRAL = {
     "max_failures",
     "validation_batches",
     "eval_every",
+    "tracking",
 }
 
 
@@ -101,7 +103,7 @@ class PretrainConfig(Section):
     time_budget_s: float | None = Field(None, gt=0.0)
     """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and exports."""
     log_every: int = Field(10, ge=1)
-    """Steps between console progress updates (metrics.jsonl gets every step)."""
+    """Steps between console progress updates and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
     peak_flops_per_device: float | None = Field(None, gt=0.0)
     """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is null)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
@@ -116,6 +118,8 @@ class PretrainConfig(Section):
     """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps and at the end (validation.jsonl); 0 skips validation."""
     eval_every: int | None = Field(1000, ge=1)
     """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking: TensorBoard always, MLflow and W&B when enabled."""
     max_failures: int = Field(0, ge=0)
     """Times Ray Train restarts the workers after a failure; each restart resumes from the latest checkpoint."""
 

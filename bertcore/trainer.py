@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,17 +37,21 @@ from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.loss_watch import LossWatch
 from bertcore.masking import MaskConfig
-from bertcore.metrics_log import METRICS, VALIDATION, MetricsLog
+from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, MetricsLog
 from bertcore.mfu import peak_flops
 from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.pretrain_config import PretrainConfig, PretrainPhase
 from bertcore.rng import keyed_seed
+from bertcore.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
+TRACKED = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm", "tokens_per_s",
+           "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
+"""Fields of a step's record that the trackers get (train/<field>), every log_every steps."""
 
 
 class TrainingDiverged(BertpipeError):
@@ -200,6 +205,7 @@ class Trainer:
         self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
         self.metrics = MetricsLog(files.local_path(METRICS))
         self.validation_log = MetricsLog(files.local_path(VALIDATION))
+        self.trackers = Trackers.disabled()
         self.step = 0  # optimizer steps completed
         self.tokens_seen = 0
         self.train_time_s = 0.0  # summed over invocations
@@ -335,9 +341,10 @@ class Trainer:
             **(extra or {}),
         }
         if self.rank0:
-            self.files.upload(METRICS)
-            if os.path.exists(self.validation_log.path):
-                self.files.upload(VALIDATION)
+            self.trackers.flush()
+            for name in (METRICS, VALIDATION, TENSORBOARD):
+                if os.path.exists(self.files.local_path(name)):
+                    self.files.upload(name)
             self.files.write_text(f"{relative}/{COMPLETE}", json.dumps(marker, indent=2) + "\n")
             prune(self.files, self.cfg.keep_checkpoints)
         self.files.drop_local(relative)
@@ -461,6 +468,7 @@ class Trainer:
         record = self._validate()
         if record is not None and self.rank0:
             self.validation_log.append(record)
+            self.trackers.log(self.step, {k: record[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}, "validation")
         return record
 
     def run(self) -> dict:
@@ -479,6 +487,9 @@ class Trainer:
             return marker
         if self.loader is None:
             self._enter_phase(self.cfg.phase_at(self.step))
+        if self.rank0:
+            params = {"pretrain": self.cfg.model_dump(mode="json"), "model": self.model_cfg.model_dump(mode="json")}
+            self.trackers = open_trackers(self.cfg.tracking, self.files, step=self.step, run_name=f"pretrain-{self.resume_key[:8]}", params=params)
         bar = self.progress_factory(total, self.step) if (self.rank0 and self.progress_factory) else None
         stopped_by = None
         try:
@@ -510,6 +521,7 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+            self.trackers.close(failed=sys.exc_info()[0] is not None)
         return marker
 
     def _log(self, record: dict, data_hash: str, elapsed: float, bar: Progress | None) -> None:
@@ -530,6 +542,8 @@ class Trainer:
             "data_hash": data_hash,
         }
         self.metrics.append(out)
+        if self.step % self.cfg.log_every == 0:
+            self.trackers.log(self.step, {k: out[k] for k in TRACKED}, "train")
         if bar is not None:
             bar.update(1)
             if self.step % self.cfg.log_every == 0:

@@ -43,6 +43,7 @@ from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.model import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
 from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
+from bertcore.tracking import TRACKING_ENV
 from bertcore.trainer import PhaseData, Trainer, WorkerContext
 from pipelines.ray_runtime import unwrap
 from pipelines.shards import local_copy, local_folder
@@ -373,7 +374,7 @@ def run(r: StageRun) -> Output:
         storage=r.storage,
         stage_uri=r.dir.uri,
         inputs=inputs,
-        env={} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"},
+        env=_worker_env(cfg),
     )
     _fit(job)
     marker = latest_checkpoint(files)
@@ -396,6 +397,13 @@ def _log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo,
         data = handle.read()
     records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
     return ShardInfo(path=name, rows=len(records), bytes=len(data), sha256=hashlib.sha256(data).hexdigest()), records
+
+
+def _worker_env(cfg: PretrainConfig) -> dict[str, str]:
+    """Environment of the training workers: DeepSpeed's CPU accelerator without GPUs, and
+    the trackers' variables as the driver has them (MLFLOW_TRACKING_URI, WANDB_MODE, ...)."""
+    env = {} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"}
+    return {**env, **{name: os.environ[name] for name in TRACKING_ENV if name in os.environ}}
 
 
 def _prepare_checkpoints(cfg: PretrainConfig, files, resume_key: str, stage: StageDir) -> None:

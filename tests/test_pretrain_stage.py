@@ -286,6 +286,8 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
     marker = trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
     assert marker["step"] == 12
     assert storage.listdir(join(stage_uri, CHECKPOINTS)) == [checkpoint_tag(10), checkpoint_tag(12)]
+    # TensorBoard's event files of both machines went up with the checkpoints
+    assert len([n for n in storage.listdir(join(stage_uri, "tensorboard")) if n.startswith("events.out.tfevents")]) == 2
     remote = [json.loads(line) for line in storage.read_text(join(stage_uri, "metrics.jsonl")).splitlines()]
     assert [(r["step"], r["data_hash"], round(r["loss"], 5)) for r in remote] == [(r["step"], r["data_hash"], round(r["loss"], 5)) for r in reference]
 
