@@ -57,13 +57,19 @@ _RESUME_NEUTRAL = {
 }
 
 
+INIT_OVERRIDABLE = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
+"""model_overrides that a model continued from pretrain.init_from may take (its shape is its own)."""
+
+
 class PretrainConfig(Section):
     """Pretraining with DeepSpeed on Ray Train workers (`pretrain:` in a run recipe)."""
 
+    init_from: str | None = None
+    """Continue pretraining a Hugging Face BERT folder (local path or s3://...; BertForPreTraining, BertForMaskedLM or BertModel weights): its config.json sets the shape (model_size is then not used), heads it lacks (NSP) start fresh. Needs its vocabulary: vocab.source: pretrained."""
     model_size: SizeName = "base"
     """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large (24x1024)."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
-    """Any bertcore.model.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage."""
+    """Any bertcore.model.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
     num_workers: int = Field(2, ge=1)
     """Data-parallel workers (Ray Train), one per GPU or one CPU process each."""
     use_gpu: bool = False
@@ -164,6 +170,14 @@ class PretrainConfig(Section):
                 )
         if "vocab_size" in self.model_overrides:
             raise ValueError("pretrain.model_overrides.vocab_size: the vocabulary size comes from the vocab stage")
+        if self.init_from is not None:
+            fixed = sorted(set(self.model_overrides) - set(INIT_OVERRIDABLE))
+            if fixed:
+                raise ValueError(
+                    f"pretrain.model_overrides.{fixed[0]}: the shape of a model continued from pretrain.init_from is its "
+                    f"config.json's; only {', '.join(INIT_OVERRIDABLE)} may be overridden"
+                )
+            return self  # its positions are known once config.json is read
         try:
             shape = ModelConfig.named(self.model_size, 30522, **self.model_overrides)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -192,7 +206,11 @@ class PretrainConfig(Section):
         """Sequences per forward pass on one worker."""
         return phase.batch_size // (self.num_workers * self.gradient_accumulation_steps)
 
-    def build_model_config(self, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
+    def build_model_config(self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None) -> ModelConfig:
+        """The model: model_size (or `base`, the config of init_from's model) with the
+        vocabulary size, pad id and model_overrides."""
+        if base is not None:
+            return ModelConfig.model_validate({**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides})
         return ModelConfig.named(self.model_size, vocab_size, **{"pad_token_id": pad_token_id, **self.model_overrides})
 
     def phase_at(self, step: int) -> int:

@@ -114,7 +114,7 @@ class _MlflowRun:
         now = int(time.time() * 1000)
         try:
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
-        except Exception as exc:  # an unreachable server must not stop the training
+        except Exception as exc:  # noqa: BLE001 - whatever the client raises, an unreachable server must not stop training
             log.warning("pretrain: MLflow did not take the metrics of step %d: %s", step, exc)
 
     def close(self, failed: bool) -> None:
@@ -144,7 +144,7 @@ def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name
     if cfg.mlflow and _installed("mlflow", "mlflow"):
         try:
             mlflow = _MlflowRun(cfg, state.get("mlflow_run_id"), name, flat)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the client's errors vary by store; each ends in this one line
             raise ConfigError(f"pretrain.tracking.mlflow: no MLflow run could be started ({_one_line(exc)}); check $MLFLOW_TRACKING_URI or set pretrain.tracking.mlflow=false") from None
         state["mlflow_run_id"] = mlflow.run_id
     if cfg.wandb and _installed("wandb", "wandb"):
@@ -156,7 +156,7 @@ def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name
                 project=cfg.project, name=name, id=state.get("wandb_run_id"),
                 resume="allow", config=params, dir=files.local_path(WANDB_DIR),
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - wandb's errors vary by mode; each ends in this one line
             raise ConfigError(f"pretrain.tracking.wandb: no W&B run could be started ({_one_line(exc)}); log in, set WANDB_MODE=offline, or set pretrain.tracking.wandb=false") from None
         state["wandb_run_id"] = wandb.id
     if state:

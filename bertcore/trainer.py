@@ -42,6 +42,7 @@ from bertcore.mfu import peak_flops
 from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.pretrain_config import PretrainConfig, PretrainPhase
+from bertcore.pretrained import load_into
 from bertcore.rng import keyed_seed
 from bertcore.tracking import Trackers, open_trackers
 
@@ -191,8 +192,9 @@ class Trainer:
         device_name: str | None = None,
         init_state_dict: dict[str, torch.Tensor] | None = None,
     ):
-        """`init_state_dict`: start from these weights (bertcore.model names) instead of a
-        fresh initialisation, e.g. to continue pretraining an exported model."""
+        """`init_state_dict`: start from these weights (bertcore.model names, e.g. an existing
+        model's, see bertcore.pretrained) instead of a fresh initialisation; entries it
+        lacks (the heads) keep the seeded initialisation."""
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
             raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
         self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
@@ -200,6 +202,7 @@ class Trainer:
         self.ctx = ctx or WorkerContext()
         self.progress_factory = progress
         self.init_state_dict = init_state_dict
+        self.init_report: dict | None = None
         self.peak = peak_flops(cfg, device_name)
         self.rank0 = self.ctx.rank == 0
         self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
@@ -225,7 +228,8 @@ class Trainer:
         init = torch.Generator().manual_seed(keyed_seed(self.seed, "pretrain", "init"))
         model = BertForPreTraining(self.model_cfg, generator=init)
         if self.init_state_dict is not None:
-            model.load_state_dict(self.init_state_dict)
+            plan = load_into(model, self.init_state_dict)
+            self.init_report = {"fresh": plan.fresh, "ignored": plan.ignored}
         groups = parameter_groups(model, self.cfg.weight_decay)
         optimizer = None
         if self.cfg.optimizer == "lamb":
@@ -514,7 +518,7 @@ class Trainer:
                 final = stopped_by is not None or self.step == total
                 validation = self._validate_if_due(final)
                 if final or self.step % self.cfg.checkpoint_every == 0:
-                    marker = self._save(stopped_by, {"validation": validation} if final else None)
+                    marker = self._save(stopped_by, {"validation": validation, "init": self.init_report} if final else None)
                 if stopped_by:
                     log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
                     break

@@ -91,9 +91,9 @@ def export(
         from pipelines.runner import Pipeline, upstream
 
         pipeline = Pipeline(cfg)
-        vocab = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)["vocab"]
+        inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
         ensure_ray(cfg.ray)
-        written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
+        written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
     except BertpipeError as exc:
         _fail(str(exc))
         return

@@ -42,12 +42,15 @@ from bertcore.masking import VocabTables
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.model import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
+from bertcore.pretrained import CONFIG_FILE, model_config, read_weights
 from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
 from bertcore.tracking import TRACKING_ENV
 from bertcore.trainer import PhaseData, Trainer, WorkerContext
+from pipelines.external import ExternalFolder, model_folder
 from pipelines.ray_runtime import unwrap
 from pipelines.shards import local_copy, local_folder
 from pipelines.stage import (
+    External,
     Output,
     ShardInfo,
     Stage,
@@ -147,7 +150,6 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
     config loads, and again against what the examples stage recorded before training."""
     examples: ExamplesConfig = reads["examples"]
     produced = {p.name: p for p in examples.phases}
-    positions = cfg.build_model_config(30522).max_position_embeddings
     for i, phase in enumerate(cfg.phases):
         source = produced.get(phase.name)
         if source is None:
@@ -160,12 +162,46 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
                 f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
                 f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
             )
-        length = phase.max_seq_length or source.max_seq_length
+    if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
+        lengths = [phase.max_seq_length or produced[phase.name].max_seq_length for phase in cfg.phases]
+        check_positions(cfg, lengths, cfg.build_model_config(30522).max_position_embeddings,
+                        "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
+
+
+def check_positions(cfg: PretrainConfig, lengths: list[int], positions: int, remedy: str) -> None:
+    """Every phase's sequences (`lengths`, phase by phase) fit the model's positions."""
+    for i, (phase, length) in enumerate(zip(cfg.phases, lengths)):
         if length > positions:
             raise ValueError(
-                f"pretrain.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has "
-                f"{positions} positions; raise pretrain.model_overrides.max_position_embeddings or shorten the phase"
+                f"pretrain.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
             )
+
+
+# -- continued pretraining --------------------------------------------------------------------
+
+
+def identify(cfg: PretrainConfig, storage: Storage) -> External | None:
+    """The content identity of pretrain.init_from's config.json and weights (None without it)."""
+    if cfg.init_from is None:
+        return None
+    init = model_folder(storage, cfg.init_from, "pretrain.init_from")
+    return External(identity={"init_from": init.identity}, value=init)
+
+
+def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage) -> ModelConfig:
+    """The model of a continued run: init_from's shape, checked against the vocabulary and
+    the phases' sequence lengths."""
+    base = model_config(os.path.dirname(local_copy(storage, join(init.uri, CONFIG_FILE), init.cache_key)))
+    if base.vocab_size != inputs.vocab.vocab_size:
+        raise ConfigError(
+            f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the vocab stage's vocabulary "
+            f"has {inputs.vocab.vocab_size} entries; adopt the model's vocabulary (vocab.source: pretrained, vocab.pretrained unset)"
+        )
+    try:
+        check_positions(cfg, [p.max_seq_length for p in cfg.phases], base.max_position_embeddings, "shorten the phase")
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (pretrain.init_from: {init.uri})") from None
+    return cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad, base=base)
 
 
 @dataclass
@@ -220,6 +256,7 @@ class WorkerJob:
     stage_uri: str
     inputs: Inputs
     env: dict[str, str] = field(default_factory=dict)
+    init: ExternalFolder | None = None
 
     def phase_data(self) -> list[PhaseData]:
         vocab = self.inputs.vocab
@@ -273,6 +310,7 @@ def _train_worker(config: dict) -> None:
         ctx=ctx,
         progress=progress,
         device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
+        init_state_dict=read_weights(job.init.local(job.storage)) if job.init is not None else None,
     )
     trainer.run()
 
@@ -309,9 +347,9 @@ def _fit(job: WorkerJob) -> None:
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
-    """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri`;
-    returns [{name, bytes, sha256}] of the files written."""
+def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, model_config: dict, out_uri: str, nsp: bool) -> list[dict]:
+    """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri` (a
+    BertForMaskedLM when not `nsp`); returns [{name, bytes, sha256}] of the files written."""
     storage = stage.storage
     with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
         files = stage_files(storage, stage.uri, f"export-{uuid.uuid4().hex[:8]}")
@@ -320,7 +358,7 @@ def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, mode
         state = consolidate_checkpoint(files.local_path(f"{CHECKPOINTS}/{tag}"), model_cfg)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
         out_local = os.path.join(tmp, "model")
-        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local)
+        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local, nsp=nsp)
         written = []
         for name in names:
             local = os.path.join(out_local, name)
@@ -329,10 +367,11 @@ def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, mode
         return written
 
 
-def export_model(stage: StageDir, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
+def export_model(stage: StageDir, inputs: dict[str, Upstream], *, step: int | None = None, out: str | None = None) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
-    one) to `out` (default: <root>/pretrain/model/); returns the files written. Needs Ray
-    (ensure_ray) for the one task that does the work."""
+    one) to `out` (default: <root>/pretrain/model/); returns the files written. `inputs`:
+    the examples and vocab outputs it was trained on (an objective without NSP exports a
+    BertForMaskedLM). Needs Ray (ensure_ray) for the one task that does the work."""
     files = stage_files(stage.storage, stage.uri, "driver")
     markers = complete_checkpoints(files)
     if step is not None:
@@ -341,8 +380,10 @@ def export_model(stage: StageDir, vocab: Upstream, *, step: int | None = None, o
         what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
         raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the pretrain stage first")
     marker = markers[-1]
+    vocab = inputs["vocab"]
+    nsp = ExamplesConfig.model_validate(inputs["examples"].manifest.config).has_nsp
     ref = _export_task.remote(
-        stage, vocab.dir.uri, f"pretrain-{vocab.fingerprint}", checkpoint_tag(marker["step"]), marker["model_config"], out or stage.path(MODEL_DIR)
+        stage, vocab.dir.uri, f"pretrain-{vocab.fingerprint}", checkpoint_tag(marker["step"]), marker["model_config"], out or stage.path(MODEL_DIR), nsp
     )
     try:
         return ray.get(ref)
@@ -362,10 +403,15 @@ def run(r: StageRun) -> Output:
     finished checkpoint is re-exported rather than retrained (resume=never retrains).
     Ray must be running (pipelines.ray_runtime.ensure_ray)."""
     cfg, inputs = read_inputs(r.section, r.inputs["examples"], r.inputs["vocab"], r.storage)
+    init: ExternalFolder | None = r.external
     files = stage_files(r.storage, r.dir.uri, "driver")
-    resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed})
+    trajectory = {"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed}
+    resume_key = cfg.resume_key({**trajectory, **({"init": init.identity} if init else {})})
     _prepare_checkpoints(cfg, files, resume_key, r.dir)
-    model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
+    if init is not None:
+        model_cfg = _init_model_config(cfg, init, inputs, r.storage)
+    else:
+        model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
     job = WorkerJob(
         cfg=cfg,
         model_config=model_cfg.model_dump(mode="json"),
@@ -375,12 +421,13 @@ def run(r: StageRun) -> Output:
         stage_uri=r.dir.uri,
         inputs=inputs,
         env=_worker_env(cfg),
+        init=init,
     )
     _fit(job)
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"pretrain: training ended without a final checkpoint under {r.dir.path(CHECKPOINTS)}")
-    exported = export_model(r.dir, r.inputs["vocab"], step=marker["step"])
+    exported = export_model(r.dir, r.inputs, step=marker["step"])
     shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
     metrics_shard, records = _log_shard(r.storage, r.dir, METRICS)
     shards.append(metrics_shard)
@@ -388,7 +435,10 @@ def run(r: StageRun) -> Output:
     if r.storage.exists(r.dir.path(VALIDATION)):
         validation_shard, validations = _log_shard(r.storage, r.dir, VALIDATION)
         shards.append(validation_shard)
-    return Output(shards=shards, stats=_stats(marker, records, validations))
+    stats = _stats(marker, records, validations)
+    if init is not None:
+        stats["init_from"] = {"uri": init.uri, **(marker.get("init") or {})}
+    return Output(shards=shards, stats=stats)
 
 
 def _log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
@@ -468,6 +518,6 @@ def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[s
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, resumable=False,
+    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, identify=identify, resumable=False,
     writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
 )

@@ -132,11 +132,11 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     again, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert not computed and again.fingerprint == manifest.fingerprint
     # `bertpipe export`: any complete checkpoint to any folder; a missing one is a clear error
-    stage, vocab = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)["vocab"]
-    exported = pretrain.export_model(stage, vocab, step=100, out=str(tmp_path / "exported"))
+    stage, inputs = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)
+    exported = pretrain.export_model(stage, inputs, step=100, out=str(tmp_path / "exported"))
     assert {f["name"]: f["sha256"] for f in exported} == {s.path.split("/")[1]: s.sha256 for s in manifest.shards if s.path.startswith("model/")}
     with pytest.raises(ConfigError, match=r"no complete checkpoint step-0000040"):
-        pretrain.export_model(stage, vocab, step=40)
+        pretrain.export_model(stage, inputs, step=40)
 
 
 @pytest.mark.slow
