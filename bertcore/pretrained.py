@@ -25,10 +25,10 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
+from bertcore.export import CONFIG_FILE, WEIGHTS_FILE
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
 
-CONFIG_FILE = "config.json"
-SAFETENSORS = "model.safetensors"
+SAFETENSORS = WEIGHTS_FILE
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
 WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN)

@@ -1,13 +1,15 @@
-"""Folders outside the run root that a stage reads: an existing Hugging Face model
-(`pretrain.init_from`) or vocabulary (`vocab.pretrained`). A folder is named by URI (local
-or s3://...); what identifies it in fingerprints is the content signature of each file
-read (Storage.signature), never the path alone, and local copies are kept per content.
+"""Files outside the run root that a stage reads: an existing Hugging Face model folder
+(`pretrain.init_from`), or a vocabulary (`vocab.pretrained`: one file or a model folder).
+They are named by URI (local or s3://...); what identifies them in fingerprints is the
+content signature of each file read (Storage.signature), never the path alone, and local
+copies are kept per content.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from dataclasses import dataclass
 
 from bertcore.errors import ConfigError
@@ -18,6 +20,8 @@ from bertcore.pretrained import (
     shard_names,
     weight_files,
 )
+from bertcore.tokenizer import CONFIG_FILE as TOKENIZER_CONFIG
+from bertcore.tokenizer import TOKENIZER_FILE, VOCAB_FILE
 from pipelines.shards import local_copy, local_folder
 from pipelines.storage import Storage, join
 
@@ -62,3 +66,19 @@ def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
         index = join(uri, SAFETENSORS_INDEX)
         files += shard_names(local_copy(storage, index, f"external-index-{storage.signature(index)}"))
     return external_folder(storage, uri, files)
+
+
+def vocabulary_files(storage: Storage, uri: str, key: str) -> ExternalFolder:
+    """A vocabulary: one file (a vocab.txt, or a tokenizer.json when it ends in .json), or
+    a folder's vocab.txt and/or tokenizer.json with its tokenizer_config.json when there.
+    Anything else is a ConfigError naming `key`."""
+    uri = uri.rstrip("/")
+    fs, path = storage.fs(uri)
+    if fs.isfile(path):
+        return external_folder(storage, posixpath.dirname(uri), [posixpath.basename(uri)])
+    names = storage.listdir(uri)
+    if VOCAB_FILE not in names and TOKENIZER_FILE not in names:
+        raise ConfigError(
+            f"{key}: {uri} is neither a vocab.txt, a tokenizer.json nor a folder holding one; point it at a BERT model's folder or file"
+        )
+    return external_folder(storage, uri, [n for n in (VOCAB_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG) if n in names])

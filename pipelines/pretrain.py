@@ -146,8 +146,9 @@ def stage_files(storage: Storage, stage_uri: str, who: str):
 
 def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
     """pretrain.phases against the examples section: every phase names an examples phase,
-    is at least as long as its sequences, and fits the model's positions. Run when the
-    config loads, and again against what the examples stage recorded before training."""
+    is at least as long as its sequences, and fits the model's positions; init_from needs
+    an adopted vocabulary. Run when the config loads, and again against what the examples
+    and vocab stages recorded before training."""
     examples: ExamplesConfig = reads["examples"]
     produced = {p.name: p for p in examples.phases}
     for i, phase in enumerate(cfg.phases):
@@ -162,6 +163,11 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
                 f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
                 f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
             )
+    if cfg.init_from is not None and reads["vocab"].source != "pretrained":
+        raise ValueError(
+            "pretrain.init_from: a model continues pretraining on its own vocabulary; set vocab.source: pretrained "
+            "(vocab.pretrained then defaults to pretrain.init_from)"
+        )
     if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
         lengths = [phase.max_seq_length or produced[phase.name].max_seq_length for phase in cfg.phases]
         check_positions(cfg, lengths, cfg.build_model_config(30522).max_position_embeddings,

@@ -10,19 +10,19 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import pytest  # noqa: E402
-import safetensors.torch  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from test_train import SEED, make_run_root, phase_data, tiny_pretrain  # noqa: E402
+import pytest
+import safetensors.torch
+import torch
+import transformers
+from test_train import SEED, make_run_root, phase_data, tiny_pretrain
 
-from bertcore.checkpoint import LocalStageFiles  # noqa: E402
-from bertcore.errors import InputDataError  # noqa: E402
-from bertcore.export import export_checkpoint  # noqa: E402
-from bertcore.metrics_log import METRICS, MetricsLog  # noqa: E402
-from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
-from bertcore.pretrained import load_into, model_config, read_weights  # noqa: E402
-from bertcore.trainer import Trainer, WorkerContext, _batches, _loader  # noqa: E402
+from bertcore.checkpoint import LocalStageFiles
+from bertcore.errors import InputDataError
+from bertcore.export import export_checkpoint
+from bertcore.metrics_log import METRICS, MetricsLog
+from bertcore.model import BertForPreTraining, ModelConfig
+from bertcore.pretrained import load_into, model_config, read_weights
+from bertcore.trainer import Trainer, WorkerContext, _batches, _loader
 
 torch.set_num_threads(1)
 NSP_AND_POOLER = ["bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight", "cls.seq_relationship.bias"]

@@ -10,7 +10,13 @@ import os
 import pytest
 from test_train import Crash, crash_at, make_run_root, make_trainer, tiny_pretrain
 
-from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION, MetricsLog
+from bertcore.metrics_log import (
+    METRICS,
+    TENSORBOARD,
+    TRACKING_STATE,
+    VALIDATION,
+    MetricsLog,
+)
 
 
 @pytest.fixture(scope="module")
