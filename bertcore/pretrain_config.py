@@ -79,9 +79,9 @@ class PretrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision: fp32, bf16 (fp32 master weights), fp16 (GPU only, dynamic loss scaling)."""
     optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; a client optimizer, needs zero_stage 0)."""
+    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; DeepSpeed's fused LAMB on GPU, a client optimizer on CPU; needs zero_stage 0)."""
     torch_adam: bool = True
-    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's compiled Adam (gcc compiles it the first time, minutes)."""
+    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's fused Adam (on GPU FusedAdam, which nvcc compiles the first time; on CPU gcc compiles its CPU Adam, minutes)."""
     learning_rate: float = Field(1e-4, gt=0.0)
     """Peak learning rate, reached at the end of warmup."""
     betas: tuple[float, float] = (0.9, 0.999)

@@ -40,7 +40,7 @@ from bertcore.masking import MaskConfig
 from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, MetricsLog
 from bertcore.mfu import peak_flops
 from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
-from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
+from bertcore.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.pretrain_config import PretrainConfig, PretrainPhase
 from bertcore.pretrained import load_into
 from bertcore.rng import keyed_seed
@@ -231,9 +231,7 @@ class Trainer:
             plan = load_into(model, self.init_state_dict)
             self.init_report = {"fresh": plan.fresh, "ignored": plan.ignored}
         groups = parameter_groups(model, self.cfg.weight_decay)
-        optimizer = None
-        if self.cfg.optimizer == "lamb":
-            optimizer = Lamb(groups, lr=self.cfg.learning_rate, betas=self.cfg.betas, eps=self.cfg.eps, weight_decay=self.cfg.weight_decay)
+        optimizer = client_optimizer(self.cfg, groups)
         warmup, total = self.cfg.warmup, self.cfg.total_steps
 
         def schedule(opt):

@@ -170,7 +170,7 @@ def save_recipe(
 
 @app.command("demo-data")
 def demo_data() -> None:
-    """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels)."""
+    """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels, and bertpipe's own task files)."""
     from bertcore import sample_data
 
     try:
@@ -185,6 +185,7 @@ def demo_data() -> None:
         typer.echo(f"Korean text (kolaw/, kobill/): {sample_data.konlpy_corpus_dir()}")
     except BertpipeError as exc:
         typer.echo(f"Korean text: not installed ({exc})")
+    typer.echo(f"Korean review sentiment (120 sentences written for bertpipe): {sample_data.TASK_DATA / 'korean_reviews.tsv'}")
 
 
 def main() -> None:
