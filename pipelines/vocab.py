@@ -42,15 +42,7 @@ from bertcore.vocab_config import ADOPTED_OPTIONS
 from pipelines.external import ExternalFolder, vocabulary_files
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches
-from pipelines.stage import (
-    External,
-    Output,
-    ShardInfo,
-    Stage,
-    StageDir,
-    StageRun,
-    Upstream,
-)
+from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun, Upstream
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
