@@ -8,6 +8,11 @@ killed run, started again, finishes with the same steps on the same data.
 Ray is not imported here: the caller (pipelines/pretrain.py) starts the workers, sets up
 torch.distributed, and hands over a `StageFiles` that knows where the stage directory
 lives (a local folder, or a local mirror of an object-store prefix).
+
+Every pretrain.eval_every steps it scores a fixed held-out sample (validation.jsonl), and
+rank 0 reports to the trackers (bertcore.tracking). The module is over 500 lines because
+it is one class whose set-up, steps, validation and checkpoints share the engine, the
+loader and the counters; the pieces that need none of them live in the modules it imports.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from pipelines.registry import (
 )
 from pipelines.runner import Pipeline, run_stage, upstream  # noqa: E402
 from pipelines.stage import StageDir, UpstreamMissing  # noqa: E402
+from pipelines.stage_files import StorageStageFiles  # noqa: E402
 from pipelines.storage import Storage, join  # noqa: E402
 
 STORAGE = Storage(StorageConfig())
@@ -277,13 +278,13 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
 
     stage_uri = join(root, "pretrain")
     with pytest.raises(Crash):
-        trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
+        trainer(StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
     tags = storage.listdir(join(stage_uri, CHECKPOINTS))
     assert tags == [checkpoint_tag(5)]
     assert {"_complete.json", "mp_rank_00_model_states.pt", "trainer-rank-00000.pt"} <= set(storage.listdir(join(stage_uri, CHECKPOINTS, tags[0])))
     assert not os.path.exists(tmp_path / "machine-a" / CHECKPOINTS / tags[0])  # the local copy is dropped once uploaded
 
-    marker = trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
+    marker = trainer(StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
     assert marker["step"] == 12
     assert storage.listdir(join(stage_uri, CHECKPOINTS)) == [checkpoint_tag(10), checkpoint_tag(12)]
     # TensorBoard's event files of both machines went up with the checkpoints
