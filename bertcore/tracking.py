@@ -136,9 +136,6 @@ def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name
 
     flat = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in _flatten(params).items()}
     state = json.loads(files.read_text(TRACKING_STATE)) if step > 0 and files.exists(TRACKING_STATE) else {}
-    writer = SummaryWriter(files.local_path(TENSORBOARD), purge_step=step + 1 if step > 0 else None)
-    if step == 0:
-        writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in flat.items()), 0)
     name = cfg.run_name or run_name
     mlflow = wandb = None
     if cfg.mlflow and _installed("mlflow", "mlflow"):
@@ -161,6 +158,9 @@ def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name
         state["wandb_run_id"] = wandb.id
     if state:
         files.write_text(TRACKING_STATE, json.dumps(state, indent=2) + "\n")
+    writer = SummaryWriter(files.local_path(TENSORBOARD), purge_step=step + 1 if step > 0 else None)
+    if step == 0:
+        writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in flat.items()), 0)
     return Trackers(writer, mlflow, wandb)
 
 

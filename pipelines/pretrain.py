@@ -336,11 +336,11 @@ def run(r: StageRun) -> Output:
     files = stage_files(r.storage, r.dir.uri, "driver")
     trajectory = {"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed}
     resume_key = cfg.resume_key({**trajectory, **({"init": init.identity} if init else {})})
-    _prepare_checkpoints(cfg, files, resume_key, r.dir)
     if init is not None:
         model_cfg = _init_model_config(cfg, init, inputs, r.storage)
     else:
         model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
+    _prepare_checkpoints(cfg, files, resume_key, r.dir)
     job = WorkerJob(
         cfg=cfg,
         model_config=model_cfg.model_dump(mode="json"),

@@ -156,3 +156,15 @@ def test_sparkline_scales_from_the_lowest_to_the_highest_value():
     assert sparkline([4.0, 3.0, 2.0, 1.0]) == "█▆▃▁"
     assert sparkline([2.0, 2.0]) == "▁▁" and sparkline([None, None]) == ""
     assert len(sparkline([float(i) for i in range(1000)], width=50)) == 50
+
+
+def test_an_enabled_tracker_that_cannot_start_stops_the_run_naming_its_key(world_of_one, news_root, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from bertcore.errors import ConfigError
+
+    root, info = news_root
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")  # MLflow 3 refuses file stores unless opted in
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError, match=r"pretrain\.tracking\.mlflow: no MLflow run could be started \(.*filesystem tracking backend"):
+        make_trainer(tiny_pretrain(tracking={"mlflow": True}), root, info, tmp_path / "stage").run()
+    assert not (tmp_path / "stage" / TENSORBOARD).exists()  # nothing was opened before the error
