@@ -164,3 +164,30 @@ def test_training_starts_from_the_loaded_weights(world_of_one, tmp_path, gensim_
         expected = theirs(input_ids=first["input_ids"], token_type_ids=first["token_type_ids"],
                           attention_mask=first["attention_mask"], labels=first["labels"]).loss.item()
     assert MetricsLog(str(tmp_path / "stage" / METRICS)).records()[0]["mlm_loss"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_pretrain_stage_refuses_a_starting_model_that_does_not_fit_before_training(tmp_path, gensim_data):
+    from bertcore.config import StorageConfig
+    from bertcore.errors import ConfigError
+    from pipelines.runner import run_stage
+    from pipelines.storage import Storage
+
+    root = tmp_path / "run"
+    info = make_run_root(root, gensim_data, max_documents=40, dupe_factor=1)
+    manifest = json.loads((root / "vocab" / "_manifest.json").read_text())
+    manifest["config"].update(source="pretrained", pretrained=str(tmp_path / "model"))  # as if adopted from the model
+    (root / "vocab" / "_manifest.json").write_text(json.dumps(manifest))
+    storage = Storage(StorageConfig())
+    cfg = tiny_pretrain(init_from=str(tmp_path / "model"), model_overrides={})
+
+    with pytest.raises(ConfigError, match=r"pretrain\.init_from: .*model holds no Hugging Face model \(it needs config\.json"):
+        run_stage("pretrain", cfg, root=str(root), storage=storage, seed=SEED)
+    save(transformers.BertForMaskedLM(hf_config(len(info["tokens"]) + 1)), tmp_path / "model")
+    with pytest.raises(ConfigError, match=rf"has {len(info['tokens']) + 1} word embeddings but the vocab stage's vocabulary has {len(info['tokens'])} entries"):
+        run_stage("pretrain", cfg, root=str(root), storage=storage, seed=SEED)
+    save(transformers.BertForMaskedLM(hf_config(len(info["tokens"]), max_position_embeddings=48)), tmp_path / "model")
+    with pytest.raises(ConfigError, match=r"phase seq64 has sequences of 64 tokens but the model has 48 positions"):
+        run_stage("pretrain", cfg, root=str(root), storage=storage, seed=SEED)
+    assert not (root / "pretrain" / "checkpoints").exists()  # refused before any training
+    with pytest.raises(ValueError, match=r"pretrain\.model_overrides\.hidden_size: the shape of a model continued from pretrain\.init_from"):
+        tiny_pretrain(init_from="x", model_overrides={"hidden_size": 64})
