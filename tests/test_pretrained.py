@@ -191,3 +191,27 @@ def test_the_pretrain_stage_refuses_a_starting_model_that_does_not_fit_before_tr
     assert not (root / "pretrain" / "checkpoints").exists()  # refused before any training
     with pytest.raises(ValueError, match=r"pretrain\.model_overrides\.hidden_size: the shape of a model continued from pretrain\.init_from"):
         tiny_pretrain(init_from="x", model_overrides={"hidden_size": 64})
+
+
+def test_a_starting_model_on_s3_is_identified_by_its_objects_and_read_from_a_local_copy(s3_bucket, tmp_path):
+    from bertcore.config import StorageConfig
+    from pipelines import pretrain
+    from pipelines.storage import Storage, join
+
+    endpoint, bucket = s3_bucket
+    storage = Storage(StorageConfig(endpoint_url=endpoint))
+    folder = save(transformers.BertForMaskedLM(hf_config(300)), tmp_path / "mlm", max_shard_size="300KB")  # sharded: index + parts
+    uri = f"s3://{bucket}/models/mlm"
+    for name in sorted(os.listdir(folder)):
+        storage.write_bytes(join(uri, name), (tmp_path / "mlm" / name).read_bytes())
+    external = pretrain.identify(tiny_pretrain(init_from=uri + "/", model_overrides={}), storage)
+    names = sorted(os.listdir(folder))
+    assert sorted(external.identity["init_from"]) == [join(uri, n) for n in names]  # config, index and every shard
+    assert all(sig == storage.signature(u) for u, sig in external.identity["init_from"].items())
+    local = external.value.local(storage)
+    assert not local.startswith(str(tmp_path)) and model_config(local) == model_config(folder)
+    ours, fresh = ours_from(local)
+    assert sorted(fresh) == sorted(NSP_AND_POOLER)
+    with torch.no_grad():
+        expected = transformers.BertForMaskedLM.from_pretrained(folder).eval()(input_ids=IDS).logits
+        assert (ours.full_logits(IDS).prediction_logits - expected).abs().max() < 1e-4
