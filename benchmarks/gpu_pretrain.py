@@ -15,7 +15,7 @@ lower MFU. The peak is bertcore.mfu's table (H100/H200 bf16: 989e12 dense) or --
 
 --deepspeed adds bertcore as the pretrain stage runs it: a DeepSpeed engine in bf16 (bf16
 weights, fp32 masters), ZeRO-1, DeepSpeed's FusedAdam (nvcc builds it on first use),
-gradient clipping, in a one-process NCCL group.
+gradient clipping, in a one-process NCCL group (with --smoke on a CPU: gloo, torch's AdamW).
 
     python benchmarks/gpu_pretrain.py                    # BERT-base, seq128, 256 per step
     python benchmarks/gpu_pretrain.py --compile --deepspeed
@@ -83,18 +83,24 @@ def plain_step(model, optimizer, batch, device) -> float:
     return loss.detach()
 
 
-def deepspeed_engine(model: torch.nn.Module, batch_size: int):
-    """bertcore's model in a DeepSpeed engine as bertcore.trainer builds it (one process)."""
+def deepspeed_engine(model: torch.nn.Module, batch_size: int, device: torch.device):
+    """bertcore's model in a DeepSpeed engine as bertcore.trainer builds it, in a process
+    group of one (NCCL; gloo and torch's AdamW for a smoke run on a CPU)."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
     if not torch.distributed.is_initialized():
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+        if device.type == "cuda":
+            torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+        else:
+            torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    adam = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01, **({} if device.type == "cuda" else {"torch_adam": True})}
     config = {
         "train_micro_batch_size_per_gpu": batch_size, "gradient_accumulation_steps": 1, "train_batch_size": batch_size,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}},
-        "steps_per_print": 2**31 - 1,
+        "optimizer": {"type": "AdamW", "params": adam}, "steps_per_print": 2**31 - 1,
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.01), config=config, dist_init_required=False)
     return engine
@@ -120,15 +126,15 @@ def build(args, cfg: ModelConfig, device: torch.device) -> dict[str, tuple]:
         runs[name] = (torch.compile(model) if args.compile else model, optimizer, plain_step)
     if args.deepspeed:
         twin = BertForPreTraining(cfg, torch.Generator().manual_seed(args.seed))
-        runs["bertcore (DeepSpeed bf16, ZeRO-1)"] = (deepspeed_engine(twin, args.batch_size), None, deepspeed_step)
+        runs["bertcore (DeepSpeed bf16, ZeRO-1)"] = (deepspeed_engine(twin, args.batch_size, device), None, deepspeed_step)
     return runs
 
 
 def main() -> None:
     args = arguments()
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    if args.deepspeed and device.type != "cuda":
-        sys.exit("--deepspeed needs a GPU (NCCL)")
+    if args.deepspeed and device.type != "cuda" and not args.smoke:
+        sys.exit("--deepspeed needs a GPU (NCCL), except with --smoke")
     cfg = ModelConfig.named(args.size, args.vocab_size)
     runs = build(args, cfg, device)
     rounds = args.warmup + args.steps
