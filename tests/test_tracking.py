@@ -118,7 +118,7 @@ def test_training_curves_artifact_in_a_flow(prefect_harness, world_of_one, news_
 
     from prefect import flow
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     from bertcore.config import StorageConfig
     from flows.artifacts import publish_stage
@@ -135,13 +135,17 @@ def test_training_curves_artifact_in_a_flow(prefect_harness, world_of_one, news_
     def publish() -> bool:
         return publish_stage("pretrain", manifest, directory, computed=True)
 
-    assert publish() is True
+    state = publish(return_state=True)
+    assert state.result() is True
 
-    async def read(key: str):
+    async def read(key: str):  # this flow run's artifact (other tests of the session publish the same key)
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
 
-    curves = asyncio.run(read("pretrain-curves"))[0].data
+    found = asyncio.run(read("pretrain-curves"))
+    assert len(found) == 1
+    curves = found[0].data
     steps = MetricsLog(str(tmp_path / "pretrain" / METRICS)).records()
     validations = MetricsLog(str(tmp_path / "pretrain" / VALIDATION)).records()
     assert "Training loss, steps 1-20" in curves
