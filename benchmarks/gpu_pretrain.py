@@ -36,7 +36,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/pretrain.py: the batches
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when not installed
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from pretrain import make_batch  # noqa: E402
