@@ -3,16 +3,20 @@
 # nvidia-h200: Python 3.12 with torch, transformers, tokenizers, pyarrow, tensorboard,
 # nvcc and ninja; no DeepSpeed, pydantic or gensim). Two steps:
 #
-#   1. here, with pip and a package index:   bash benchmarks/gpu_check.sh fetch
+#   1. here, with pip and a package index:   PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh fetch
 #      builds DeepSpeed's wheel (the version installed here) and downloads the cp312
-#      wheels the GPU machine lacks into .whl/ (git-ignored through .git/info/exclude);
-#   2. there, from the repository root:     bash benchmarks/gpu_check.sh run
-#      (device tool: run with carry [".whl"], timeout_s 600) installs them into /tmp/site
-#      and runs, each under its own time limit, writing logs and JSON to $OUT:
-#        a. benchmarks/gpu_pretrain.py: BERT-base seq128 bf16, bertcore vs transformers   (~1 min)
-#        b. pytest -m gpu tests/test_gpu.py: bf16 ZeRO-2 + FusedAdam on NCCL, crash and
-#           resume, export; FusedLamb at stage 0 (nvcc builds both fused ops)             (~4 min)
-#        c. the benchmark again with --compile --deepspeed                               (~3 min)
+#      wheels the GPU machine lacks into .whl/ (about 32 MB; git-ignored through
+#      info/exclude);
+#   2. there, from the repository root:     bash benchmarks/gpu_check.sh run [PART...]
+#      (device tool: carry [".whl"], timeout_s 600) installs them into /tmp/site and runs
+#      the parts (default: all three, about 9 minutes at most), each under its own limit,
+#      writing logs and JSON to $OUT:
+#        bench     benchmarks/gpu_pretrain.py: BERT-base seq128 bf16, bertcore vs transformers  (<= 2 min)
+#        tests     pytest -m gpu tests/test_gpu.py: bf16 ZeRO-2 + FusedAdam on NCCL, crash and
+#                  resume, export; FusedLamb at stage 0 (nvcc builds both fused ops)          (<= 4.5 min)
+#        compiled  the benchmark again with --compile --deepspeed                             (<= 2.5 min)
+#      A part cut short can be run again alone (e.g. `run compiled`); DeepSpeed's built
+#      ops stay in ~/.cache/torch_extensions while the machine is warm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl
@@ -53,14 +57,21 @@ run() {
     TORCH_CUDA_ARCH_LIST=$(python3 -c 'import torch; print("{}.{}".format(*torch.cuda.get_device_capability()))')
     export CUDA_HOME TORCH_CUDA_ARCH_LIST
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-    python3 -c 'import torch, transformers, deepspeed; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' | tee -a "$out/gpu.txt"
-    timeout 150 python3 benchmarks/gpu_pretrain.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
-    timeout 300 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log"
-    timeout 240 python3 benchmarks/gpu_pretrain.py --compile --deepspeed --json "$out/bench-compiled.json" 2>&1 | tee "$out/bench-compiled.log"
+    python3 -c 'import torch, transformers, deepspeed; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' 2>&1 | tee -a "$out/gpu.txt"
+    local parts=("$@")
+    [ ${#parts[@]} -eq 0 ] && parts=(bench tests compiled)
+    for part in "${parts[@]}"; do
+        case "$part" in
+            bench) timeout 120 python3 benchmarks/gpu_pretrain.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log" ;;
+            tests) timeout 270 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" ;;
+            compiled) timeout 150 python3 benchmarks/gpu_pretrain.py --compile --deepspeed --json "$out/bench-compiled.json" 2>&1 | tee "$out/bench-compiled.log" ;;
+            *) echo "unknown part $part (bench, tests, compiled)" >&2 ;;
+        esac
+    done
 }
 
 case "${1:-}" in
     fetch) fetch ;;
-    run) run ;;
-    *) echo "usage: $0 fetch|run" >&2; exit 2 ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 fetch | run [bench] [tests] [compiled]" >&2; exit 2 ;;
 esac
