@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 
 from bertcore.errors import InputDataError
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
@@ -200,12 +200,14 @@ def latest_checkpoint(files: StageFiles) -> dict | None:
 
 
 def clear_checkpoints(files: StageFiles) -> None:
-    """Delete every checkpoint and the metrics log (a fresh start): markers first, so no
-    half-deleted checkpoint ever looks complete."""
+    """Delete every checkpoint and the training logs, TensorBoard's included, and forget
+    the tracker runs (a fresh start): markers first, so no half-deleted checkpoint ever
+    looks complete."""
     for name in files.listdir(CHECKPOINTS):
         files.remove(f"{CHECKPOINTS}/{name}/{COMPLETE}")
     files.remove(CHECKPOINTS)
-    files.remove(METRICS)
+    for name in (METRICS, VALIDATION, TENSORBOARD, TRACKING_STATE):
+        files.remove(name)
 
 
 def prune(files: StageFiles, keep: int) -> None:

@@ -140,6 +140,12 @@ class ExamplesConfig(Section):
             raise ValueError(f"length_bins: the last bin ({self.length_bins[-1]}) must be at least max_seq_length ({longest})")
         return self
 
+    @property
+    def has_nsp(self) -> bool:
+        """Whether the examples carry a sentence-pair label (NSP, or SOP for sop) that
+        trains the pooler and the seq_relationship head."""
+        return self.objective != "roberta"
+
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:
             if p.name == name:

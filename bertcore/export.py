@@ -1,7 +1,10 @@
 """Checkpoint -> the Hugging Face folder that `transformers` loads.
 
-    config.json              BertConfig of the model (architectures: BertForPreTraining)
-    model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does)
+    config.json              BertConfig of the model (architectures: BertForPreTraining, or
+                             BertForMaskedLM for objectives without NSP)
+    model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does);
+                             without NSP, neither the NSP head nor the pooler (which only NSP
+                             trains), exactly what transformers' BertForMaskedLM holds
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                              the vocab stage's files (model_max_length set to the model's
                              max_position_embeddings, so pipelines truncate where it ends)
@@ -88,13 +91,18 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     return {k: state[k] for k in keys}
 
 
+NSP_ONLY = ("bert.pooler.", "cls.seq_relationship.")
+"""Entries only the next-sentence objective trains: left out of a masked-LM export."""
+
+
 def export_checkpoint(
-    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str
+    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
     bertcore.model names, the model config and the vocab stage's folder; returns the file
-    names written. Tied entries, if present, must equal the tensors they alias."""
-    hf_config = model_config.to_hf_config_dict()  # refuses pre-LN models
+    names written. Tied entries, if present, must equal the tensors they alias. nsp=False
+    (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler."""
+    hf_config = model_config.to_hf_config_dict("BertForPreTraining" if nsp else "BertForMaskedLM")  # refuses pre-LN models
     for name in TOKENIZER_FILES:
         if not os.path.isfile(os.path.join(tokenizer_dir, name)):
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
@@ -111,7 +119,8 @@ def export_checkpoint(
             if source is not None and not torch.equal(tensor, source):
                 raise ValueError(f"{name} must equal {TIED[name]} (they are one tied parameter)")
             continue
-        tensors[name] = tensor.detach().cpu().contiguous()
+        if nsp or not name.startswith(NSP_ONLY):
+            tensors[name] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as handle:

@@ -49,7 +49,7 @@ def _known_encoding(value: str) -> str:
 
 
 DataFile = Annotated[str, BeforeValidator(_expand)]
-"""A local path, glob or fsspec URI; `{demo_data}` and `{korean_data}` expand to the
+"""A local path, glob or fsspec URI; `{demo_data}`, `{korean_data}` and `{task_data}` expand to the
 folders of the bundled sample data, so a recipe, a `--set` override and a Prefect form all
 get the same paths."""
 Encoding = Annotated[str, AfterValidator(_known_encoding)]

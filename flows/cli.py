@@ -93,11 +93,11 @@ def export(
         from pipelines.runner import Pipeline, export_target, upstream
 
         pipeline = Pipeline(cfg)
-        vocab = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)["vocab"]
+        inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
         out = export_target(cfg.run.root, out)
         with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
             ensure_ray(cfg.ray)
-            written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
+            written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -211,7 +211,7 @@ def save_recipe(
 
 @app.command("demo-data")
 def demo_data() -> None:
-    """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels)."""
+    """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels, and bertpipe's own task files)."""
     from bertcore import sample_data
 
     try:
@@ -226,6 +226,7 @@ def demo_data() -> None:
         typer.echo(f"Korean text (kolaw/, kobill/): {sample_data.konlpy_corpus_dir()}")
     except BertpipeError as exc:
         typer.echo(f"Korean text: not installed ({exc})")
+    typer.echo(f"Korean review sentiment (120 sentences written for bertpipe): {sample_data.TASK_DATA / 'korean_reviews.tsv'}")
 
 
 def main() -> None:

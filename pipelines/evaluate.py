@@ -222,16 +222,6 @@ def _absolute(uri: str) -> str:
     return os.path.abspath(os.path.expanduser(uri)) if is_local(uri) and "://" not in uri else uri
 
 
-def _file_signature(storage: Storage, uri: str) -> str:
-    """What identifies a file's content: its sha256 when local, the object store's ETag
-    (or size and modification time) when remote."""
-    if is_local(uri):
-        return storage.sha256(uri)[:20]
-    info = storage.info(uri)
-    tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("crc32c")
-    return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
-
-
 def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
     """The task and STS files: {file URI: content signature} is their identity; the value
     is (the section with absolute local paths, the signatures). A file that does not exist
@@ -246,7 +236,7 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
             raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
         if not found:
             raise ConfigError(f"{key}: {uri} does not exist (or is a folder); fix the path in the evaluate section")
-        signatures[uri] = _file_signature(storage, uri)
+        signatures[uri] = storage.signature(uri)
         return uri
 
     tasks = []

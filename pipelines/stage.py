@@ -376,8 +376,10 @@ class Stage:
     code_version: str = "1"
     directory: str = ""
     """Directory under run.root (default: the name)."""
-    identify: Callable[[Any, Storage], External] | None = None
-    """Content identity of the files it reads from outside the run root."""
+    identify: Callable[[Any, Storage], External | None] | None = None
+    """Content identity of the files it reads from outside the run root (None: none with these settings)."""
+    inherit: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    """Defaults its section takes from other sections when the recipe loads: (own section, {stage: section} of every stage) -> {field: value}; raises ValueError naming the key."""
     check: Callable[[Any, dict[str, Any]], None] | None = None
     """Cross-section check run when the config loads: (own section, {read stage: section}); raises ValueError naming the key."""
     seeded: bool | Callable[[Any], bool] = True

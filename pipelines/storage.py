@@ -187,6 +187,15 @@ class Storage:
                 digest.update(block)
         return digest.hexdigest()
 
+    def signature(self, uri: str) -> str:
+        """What identifies a file's content, for fingerprints: its sha256 when local, the
+        object store's ETag (or size and modification time) when remote."""
+        if is_local(uri):
+            return self.sha256(uri)[:20]
+        info = self.info(uri)
+        tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("crc32c")
+        return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
+
     def remove(self, uri: str, recursive: bool = False) -> None:
         fs, path = self.fs(uri)
         if fs.exists(path):

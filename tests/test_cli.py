@@ -23,7 +23,7 @@ def test_demo_data_prints_existing_paths():
     out = bertpipe("demo-data")
     assert out.returncode == 0, out.stderr
     paths = [line.split(": ", 1)[1] for line in out.stdout.splitlines()]
-    assert len(paths) == 4 and all(Path(p).exists() for p in paths)
+    assert len(paths) == 5 and all(Path(p).exists() for p in paths)
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from pipelines.registry import (
 )
 from pipelines.runner import Pipeline, run_stage, upstream  # noqa: E402
 from pipelines.stage import StageDir, UpstreamMissing  # noqa: E402
+from pipelines.stage_files import StorageStageFiles  # noqa: E402
 from pipelines.storage import Storage, join  # noqa: E402
 
 STORAGE = Storage(StorageConfig())
@@ -89,6 +90,7 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         checkpoint_every=40,
         keep_checkpoints=1,
         peak_flops_per_device=1e11,
+        eval_every=25,
     )
     manifest, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert computed and (small_root / "pretrain" / "_manifest.json").exists()
@@ -109,7 +111,10 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert stats["tokens_seen"] == sum(r["tokens"] for r in records)
     assert 0 < stats["mfu"] < 1 and stats["tokens_per_s"] > 0
     assert stats["validation"]["sequences"] > 0 and 0 <= stats["validation"]["mlm_accuracy"] <= 1
-    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl"])
+    curve = stats["validation_curve"]
+    assert [v["step"] for v in curve] == [25, 50, 75, 100] and curve[-1] == stats["validation"]
+    # (about 200 training sequences: the held-out loss may rise again as the model overfits them)
+    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl", "validation.jsonl"])
     assert manifest.inputs.keys() == {"examples", "vocab"} and manifest.config["zero_stage"] == 1
 
     # model/ is the final checkpoint in the Hugging Face layout
@@ -137,11 +142,11 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert computed and [(s.path, s.sha256) for s in repaired.shards] == [(s.path, s.sha256) for s in manifest.shards]
     assert len(metrics(small_root)) == 100  # exported again, not trained again
     # `bertpipe export`: any complete checkpoint to any folder; a missing one is a clear error
-    stage, vocab = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)["vocab"]
-    exported = pretrain.export_model(stage, vocab, step=100, out=str(tmp_path / "exported"))
+    stage, inputs = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)
+    exported = pretrain.export_model(stage, inputs, step=100, out=str(tmp_path / "exported"))
     assert {f["name"]: f["sha256"] for f in exported} == {s.path.split("/")[1]: s.sha256 for s in manifest.shards if s.path.startswith("model/")}
     with pytest.raises(ConfigError, match=r"no complete checkpoint step-0000040"):
-        pretrain.export_model(stage, vocab, step=40)
+        pretrain.export_model(stage, inputs, step=40)
 
 
 @pytest.mark.slow
@@ -283,15 +288,17 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
 
     stage_uri = join(root, "pretrain")
     with pytest.raises(Crash):
-        trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
+        trainer(StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
     tags = storage.listdir(join(stage_uri, CHECKPOINTS))
     assert tags == [checkpoint_tag(5)]
     assert {"_complete.json", "mp_rank_00_model_states.pt", "trainer-rank-00000.json", "trainer-rank-00000.safetensors"} <= set(storage.listdir(join(stage_uri, CHECKPOINTS, tags[0])))
     assert not os.path.exists(tmp_path / "machine-a" / CHECKPOINTS / tags[0])  # the local copy is dropped once uploaded
 
-    marker = trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
+    marker = trainer(StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
     assert marker["step"] == 12
     assert storage.listdir(join(stage_uri, CHECKPOINTS)) == [checkpoint_tag(10), checkpoint_tag(12)]
+    # TensorBoard's event files of both machines went up with the checkpoints
+    assert len([n for n in storage.listdir(join(stage_uri, "tensorboard")) if n.startswith("events.out.tfevents")]) == 2
     remote = [json.loads(line) for line in storage.read_text(join(stage_uri, "metrics.jsonl")).splitlines()]
     assert [(r["step"], r["data_hash"], round(r["loss"], 5)) for r in remote] == [(r["step"], r["data_hash"], round(r["loss"], 5)) for r in reference]
 
