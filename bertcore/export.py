@@ -14,6 +14,8 @@ dict. Neither needs a GPU or torch.distributed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -56,11 +58,15 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     names = os.listdir(checkpoint_dir)
     keys, groups = _expected_keys(model_config)
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
+        if not torch.cuda.is_available():  # what DeepSpeed would detect, said so it does not warn
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
         )
 
-        state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
+        # zero_to_fp32 prints what it reads, step by step, on stdout; the caller reports the result
+        with contextlib.redirect_stdout(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
     elif "mp_rank_00_model_states.pt" in names:
         saved = torch.load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=False)
         state = dict(saved["module"])
