@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import torch
 
@@ -65,14 +65,6 @@ class PhaseData:
     pad_id: int = 0
     length_bins: list[int] | None = None
     validation_paths: list[str] = field(default_factory=list)
-
-
-class Progress(Protocol):
-    def update(self, n: int = 1) -> Any: ...
-
-    def set_description(self, desc: str) -> Any: ...
-
-    def close(self) -> Any: ...
 
 
 @dataclass
@@ -180,18 +172,19 @@ class Trainer:
         seed: int,
         resume_key: str,
         ctx: WorkerContext | None = None,
-        progress: Callable[[int, int], Progress] | None = None,
+        on_step: Callable[[dict], None] | None = None,
         device_name: str | None = None,
         init_state_dict: dict[str, torch.Tensor] | None = None,
     ):
         """`init_state_dict`: start from these weights (bertcore.model names) instead of a
-        fresh initialisation, e.g. to continue pretraining an exported model."""
+        fresh initialisation, e.g. to continue pretraining an exported model. `on_step`
+        receives each step's metrics record on rank 0 (the caller reports progress)."""
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
             raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
         self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
         self.seed, self.resume_key = seed, resume_key
         self.ctx = ctx or WorkerContext()
-        self.progress_factory = progress
+        self.on_step = on_step
         self.init_state_dict = init_state_dict
         self.peak = peak_flops(cfg, device_name)
         self.rank0 = self.ctx.rank == 0
@@ -457,39 +450,34 @@ class Trainer:
             return marker
         if self.loader is None:
             self._enter_phase(self.cfg.phase_at(self.step))
-        bar = self.progress_factory(total, self.step) if (self.rank0 and self.progress_factory) else None
         stopped_by = None
-        try:
-            while self.step < total:
-                index = self.cfg.phase_at(self.step)
-                if index != self.phase_index:
-                    self._enter_phase(index)
-                t0 = time.perf_counter()
-                record, data_hash = self._train_step()
-                self.step += 1
-                elapsed = time.perf_counter() - t0
-                self.train_time_s += elapsed
-                self.tokens_seen += record["tokens"]
-                self.watch.observe(record["loss"])
-                if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
-                    # any rank over budget stops all of them, so they save the same step
-                    over_budget = time.perf_counter() - started >= self.cfg.time_budget_s
-                    if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
-                        stopped_by = "time_budget"
-                if self.rank0:
-                    self._log(record, data_hash, elapsed, bar)
-                if stopped_by or self.step == total or self.step % self.cfg.checkpoint_every == 0:
-                    extra = {"validation": self._validate()} if (stopped_by or self.step == total) else None
-                    marker = self._save(stopped_by, extra)
-                if stopped_by:
-                    log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
-                    break
-        finally:
-            if bar is not None:
-                bar.close()
+        while self.step < total:
+            index = self.cfg.phase_at(self.step)
+            if index != self.phase_index:
+                self._enter_phase(index)
+            t0 = time.perf_counter()
+            record, data_hash = self._train_step()
+            self.step += 1
+            elapsed = time.perf_counter() - t0
+            self.train_time_s += elapsed
+            self.tokens_seen += record["tokens"]
+            self.watch.observe(record["loss"])
+            if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
+                # any rank over budget stops all of them, so they save the same step
+                over_budget = time.perf_counter() - started >= self.cfg.time_budget_s
+                if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
+                    stopped_by = "time_budget"
+            if self.rank0:
+                self._log(record, data_hash, elapsed)
+            if stopped_by or self.step == total or self.step % self.cfg.checkpoint_every == 0:
+                extra = {"validation": self._validate()} if (stopped_by or self.step == total) else None
+                marker = self._save(stopped_by, extra)
+            if stopped_by:
+                log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
+                break
         return marker
 
-    def _log(self, record: dict, data_hash: str, elapsed: float, bar: Progress | None) -> None:
+    def _log(self, record: dict, data_hash: str, elapsed: float) -> None:
         world = self.ctx.world_size
         flops = record.pop("flops")
         out = {
@@ -507,7 +495,5 @@ class Trainer:
             "data_hash": data_hash,
         }
         self.metrics.append(out)
-        if bar is not None:
-            bar.update(1)
-            if self.step % self.cfg.log_every == 0:
-                bar.set_description(f"pretrain {out['phase']} loss {out['loss']:.3f} mlm_acc {out['mlm_accuracy'] or 0:.3f}")
+        if self.on_step is not None:
+            self.on_step(out)

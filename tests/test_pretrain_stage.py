@@ -263,10 +263,10 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
     cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 12, "batch_size": 8, "max_seq_length": 64}], checkpoint_every=5,
                         keep_checkpoints=2, validation_batches=0)
 
-    def trainer(files, progress=None) -> Trainer:
+    def trainer(files, on_step=None) -> Trainer:
         # the shards are read locally here; this test is about the checkpoints' way to the bucket
         return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phase_data(news_root, info), files, seed=SEED,
-                       resume_key="k", progress=progress)
+                       resume_key="k", on_step=on_step)
 
     trainer(LocalStageFiles(str(tmp_path / "local"))).run()
     reference = MetricsLog(str(tmp_path / "local" / "metrics.jsonl")).records()
