@@ -7,19 +7,24 @@ pydantic run config, so the Prefect UI shows a typed form.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed
+from prefect.client.schemas.objects import StateDetails
+from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
+from flows import logs
 from flows.artifacts import publish_stage
 from pipelines.ray_runtime import ensure_ray
 from pipelines.registry import PipelineConfig, select
 from pipelines.runner import Pipeline
 
 USER_ERROR = "UserError"
+CACHED = "Cached"
+"""Name of the state of a stage whose complete output has its fingerprint (Prefect shows it as cached)."""
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:
@@ -39,6 +44,7 @@ def _retry_unless_user_error(task, task_run, state) -> bool:
 )
 def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     logger = get_run_logger()
+    started = time.perf_counter()
     try:
         manifest, computed = pipeline.run(name, force=force)
     except BertpipeError as exc:
@@ -54,14 +60,23 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
         "seconds": manifest.timings.get("total_s"),
         "skipped_inputs": len(manifest.skipped),
         "uri": directory.uri,
+        "elapsed_s": round(time.perf_counter() - started, 3),
+        "headline": manifest.headline,
     }
     if manifest.report:
         summary["report"] = directory.path(manifest.report)
-    logger.info("%s: %s (%s rows, fingerprint %s) -> %s", name, summary["state"], summary["rows"], manifest.fingerprint, directory.uri)
     for skipped in manifest.skipped:
         logger.warning("%s: skipped input %s: %s", name, skipped["file"], skipped["reason"])
     publish_stage(name, manifest, directory, computed)
-    return summary
+    if computed:
+        return summary
+    # skipped on a matching fingerprint: a Completed state named Cached, keyed by the fingerprint
+    return Completed(
+        name=CACHED,
+        data=summary,
+        message=f"{name}: output complete with fingerprint {manifest.fingerprint}",
+        state_details=StateDetails(cache_key=f"bertpipe-{name}-{manifest.fingerprint}"),
+    )
 
 
 @flow(name="bert_pretraining", log_prints=True)
@@ -75,6 +90,7 @@ def bert_pretraining(
     pretrain -> evaluate. Stages already complete with the same fingerprint are cached."""
     stages = select(only, from_stage)
     ensure_ray(config.ray)
+    logs.route_ray_output()
     pipeline = Pipeline(config)
     summaries = []
     for name in stages:

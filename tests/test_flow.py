@@ -69,3 +69,46 @@ def test_stage_selection():
         select(["trainer"], None)
     with pytest.raises(ConfigError, match="either --only or --from"):
         select(["corpus"], "vocab")
+
+
+def _task_runs(flow_run_id) -> dict:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+    return {run.name: run.state for run in asyncio.run(read())}
+
+
+def test_skipped_stages_show_as_cached_in_prefect_and_in_the_summary(upstream_copy, prefect_harness):
+    from prefect.client.schemas.objects import StateType
+
+    from flows import summary
+
+    cfg = upstream_copy
+    state = bert_pretraining(cfg, only=DATA_STAGES, return_state=True)
+    summaries = state.result()
+    fingerprints = {s["stage"]: s["fingerprint"] for s in summaries}
+    runs = _task_runs(state.state_details.flow_run_id)
+    assert {name: (s.type, s.name) for name, s in runs.items()} == {name: (StateType.COMPLETED, "Cached") for name in DATA_STAGES}
+    assert {name: s.state_details.cache_key for name, s in runs.items()} == {n: f"bertpipe-{n}-{fingerprints[n]}" for n in DATA_STAGES}
+
+    table = summary.table(summaries)
+    assert table[0].split() == ["stage", "state", "time", "key", "figures"]
+    rows = {line.split()[0]: line for line in table[1:]}
+    assert list(rows) == DATA_STAGES and all(line.split()[1] == "cached" for line in rows.values())
+    corpus = next(s for s in summaries if s["stage"] == "corpus")
+    assert f"documents {corpus['headline']['documents']}" in rows["corpus"]
+    assert "[UNK] rate" in rows["vocab"] and "examples " in rows["examples"]
+    commands = summary.next_commands(summaries, "configs/demo.yaml", ["run.root=/r"])
+    assert "bertpipe inspect examples -c configs/demo.yaml --set run.root=/r --n 2" in "\n".join(commands)
+    assert not any("from_pretrained" in c for c in commands)  # no model in this run
+
+    state = bert_pretraining(cfg, only=["vocab"], force=True, return_state=True)
+    runs = _task_runs(state.state_details.flow_run_id)
+    assert (runs["vocab"].type, runs["vocab"].name) == (StateType.COMPLETED, "Completed")
+    assert state.result()[0]["state"] == "computed"
