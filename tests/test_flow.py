@@ -112,3 +112,40 @@ def test_skipped_stages_show_as_cached_in_prefect_and_in_the_summary(upstream_co
     runs = _task_runs(state.state_details.flow_run_id)
     assert (runs["vocab"].type, runs["vocab"].name) == (StateType.COMPLETED, "Completed")
     assert state.result()[0]["state"] == "computed"
+
+
+def test_stage_lines_reach_the_flow_runs_log_in_prefect(upstream_copy, prefect_harness):
+    """The start, progress and end lines of a stage are in Prefect's log of its task run
+    (the CLI attaches Prefect's API handler to the project's loggers through
+    PREFECT_LOGGING_EXTRA_LOGGERS; here the same handler is attached by hand)."""
+    import asyncio
+    import logging
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("pipelines")
+    handler, level = APILogHandler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        state = bert_pretraining(upstream_copy, only=["vocab"], force=True, return_state=True)
+        handler.flush()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+    async def read():
+        async with get_client() as client:
+            flow_run = state.state_details.flow_run_id
+            return await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run])))
+
+    logs = asyncio.run(read())
+    vocab_run = _task_runs(state.state_details.flow_run_id)
+    mine = [log for log in logs if log.name.startswith("pipelines")]
+    messages = [log.message for log in mine]
+    assert any(m.startswith("vocab: start · reads corpus") for m in messages), messages
+    assert any(m.startswith("vocab: train 1/1 units") for m in messages), messages
+    assert any(m.startswith("vocab: done in") and "[UNK] rate" in m for m in messages), messages
+    assert {log.task_run_id for log in mine} == {vocab_run["vocab"].state_details.task_run_id}

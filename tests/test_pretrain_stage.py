@@ -303,6 +303,18 @@ def test_stage_on_a_remote_root_writes_checkpoints_and_model_to_the_bucket(ray_c
     model = transformers.BertForPreTraining.from_pretrained(str(local))
     assert model.config.vocab_size == result.stats["model_config"]["vocab_size"]
 
+    # what the run summary and `bertpipe inspect pretrain` show, read from the bucket
+    from flows.inspect import Options, inspect
+
+    assert result.headline["steps"] == 6 and result.headline["final loss"] == round(result.stats["last_steps_mean"]["loss"], 3)
+    assert [row["step"] for row in result.tables["pretrain-curves"]] == [1, 2, 3, 4, 5, 6]
+    data, lines = inspect(storage, root, "pretrain", Options())
+    assert [(c["step"], c["loss"]) for c in data["checkpoints"]] == [(r["step"], r["loss"]) for r in records if r["step"] in (5, 6)]
+    sizes = {tag: sum(storage.size(join(stage_uri, CHECKPOINTS, tag, n)) for n in storage.listdir(join(stage_uri, CHECKPOINTS, tag))) for tag in (checkpoint_tag(5), checkpoint_tag(6))}
+    assert {c["tag"]: c["bytes"] for c in data["checkpoints"]} == sizes
+    assert {f["file"] for f in data["model"]["files"]} == set(HF_FILES)
+    assert any(line.strip().startswith(checkpoint_tag(6)) for line in lines)
+
 
 def test_inputs_are_checked_before_any_worker_starts(small_root, tmp_path):
     with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.name: the examples stage has no phase 'seq128' \(it made \['seq64'\]\)"):
