@@ -51,7 +51,7 @@ def options(
     log_format: Annotated[
         LogFormat, typer.Option("--log-format", envvar="BERTPIPE_LOG_FORMAT", help="text for people, or json: one JSON object per line (logs on stderr, `run`'s summary on stdout).")
     ] = LogFormat.text,
-    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Also DEBUG lines.")] = 0,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Also bertpipe's DEBUG lines (-vv: Prefect's too).")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors (and the command's result).")] = False,
     show_version: Annotated[bool, typer.Option("--version", callback=_versions, is_eager=True, help="Print the versions and exit.")] = False,
 ) -> None:
@@ -136,6 +136,7 @@ def export(
         pipeline = Pipeline(cfg)
         vocab = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)["vocab"]
         ensure_ray(cfg.ray)
+        logs.route_ray_output()
         written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
     except BertpipeError as exc:
         _fail(str(exc))

@@ -9,7 +9,8 @@ driver messages and, once `route_ray_output()` ran, the output Ray relays from i
 workers — is written in one format: text for people, or one JSON object per line.
 
 Levels: the project's loggers (pipelines, bertcore, flows) at INFO, DEBUG with -v, WARNING
-with -q; everything else at WARNING, as Python does by default.
+with -q; Prefect's at INFO (DEBUG with -vv, WARNING with -q); everything else at WARNING, as
+Python does by default.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def setup(verbosity: int = 0, fmt: Format = "text") -> None:
         logging.getLogger(name).setLevel(level)
     logging.captureWarnings(True)  # warnings.warn(...) become records in the same format
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(PROJECT_LOGGERS))
-    # Prefect's own loggers follow the same verbosity (its run loggers say when a task ends)
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", logging.getLevelName(level if verbosity else logging.INFO))
+    # Prefect's loggers (its run loggers say when a task ends) at INFO; -q: WARNING; -vv: DEBUG
+    prefect_level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 1 else logging.INFO
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", logging.getLevelName(prefect_level))
     _configured = fmt
 
 
