@@ -106,7 +106,7 @@ def run(
     summaries = state.result()
     from flows import summary
 
-    commands = summary.next_commands(summaries, str(config) if config else None, set_ or [])
+    commands = summary.next_commands(summaries, cfg.run.root, str(config) if config else None, set_ or [])
     if logs.configured() == "json":
         typer.echo(json.dumps({"event": "summary", "stages": summaries, "next": commands}, default=str))
         return

@@ -98,6 +98,16 @@ def setup(verbosity: int = 0, fmt: Format = "text") -> None:
     _configured = fmt
 
 
+def default_levels() -> None:
+    """The project's loggers at INFO where nothing chose their level: a flow run that a
+    Prefect worker started (a deployment) has not been through `setup`, and its stage lines
+    would otherwise stop at the root logger's WARNING."""
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+
+
 def configured() -> Format | None:
     """The format `setup` chose, or None when the command did not set up logging (tests)."""
     return _configured

@@ -88,6 +88,7 @@ def bert_pretraining(
 ) -> list[dict[str, Any]]:
     """Raw text to a pretrained, evaluated BERT encoder: corpus -> vocab -> examples ->
     pretrain -> evaluate. Stages already complete with the same fingerprint are cached."""
+    logs.default_levels()
     stages = select(only, from_stage)
     ensure_ray(config.ray)
     logs.route_ray_output()

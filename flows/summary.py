@@ -36,12 +36,11 @@ def _shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def next_commands(summaries: list[dict[str, Any]], config: str | None, overrides: list[str]) -> list[str]:
-    """The commands to type next: load the model, open the report, look inside a stage."""
-    recipe = ""
-    if config:
-        recipe = f" -c {shlex.quote(str(config))}"
-    recipe += "".join(f" --set {shlex.quote(item)}" for item in overrides)
+def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None, overrides: list[str]) -> list[str]:
+    """The commands to type next: load the model, open the report, look inside a stage,
+    see the status. `inspect` needs only the run root; `status` the whole recipe, so a run
+    with --set overrides is told to repeat them rather than shown a line of them."""
+    recipe = f" -c {shlex.quote(str(config))}" if config else ""
     by_stage = {s["stage"]: s for s in summaries}
     lines = []
     if "pretrain" in by_stage:
@@ -51,6 +50,7 @@ def next_commands(summaries: list[dict[str, Any]], config: str | None, overrides
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:
         look = "examples" if "examples" in by_stage else summaries[-1]["stage"]
-        lines.append(f"look inside:     bertpipe inspect {look}{recipe} --n 2")
-    lines.append(f"status:          bertpipe status{recipe}")
+        where = recipe if (config and not overrides) else f" --root {shlex.quote(_shown(root))}"
+        lines.append(f"look inside:     bertpipe inspect {look}{where} --n 2")
+    lines.append(f"status:          bertpipe status{recipe}" + ("  (with this run's --set options)" if overrides else ""))
     return lines

@@ -104,9 +104,11 @@ def test_skipped_stages_show_as_cached_in_prefect_and_in_the_summary(upstream_co
     corpus = next(s for s in summaries if s["stage"] == "corpus")
     assert f"documents {corpus['headline']['documents']}" in rows["corpus"]
     assert "[UNK] rate" in rows["vocab"] and "examples " in rows["examples"]
-    commands = summary.next_commands(summaries, "configs/demo.yaml", ["run.root=/r"])
-    assert "bertpipe inspect examples -c configs/demo.yaml --set run.root=/r --n 2" in "\n".join(commands)
-    assert not any("from_pretrained" in c for c in commands)  # no model in this run
+    commands = "\n".join(summary.next_commands(summaries, cfg.run.root, "configs/demo.yaml", [f"run.root={cfg.run.root}"]))
+    assert f"bertpipe inspect examples --root {cfg.run.root} --n 2" in commands
+    assert "bertpipe status -c configs/demo.yaml  (with this run's --set options)" in commands
+    assert "from_pretrained" not in commands  # no model in this run
+    assert "bertpipe inspect examples -c configs/demo.yaml --n 2" in "\n".join(summary.next_commands(summaries, cfg.run.root, "configs/demo.yaml", []))
 
     state = bert_pretraining(cfg, only=["vocab"], force=True, return_state=True)
     runs = _task_runs(state.state_details.flow_run_id)
@@ -116,8 +118,9 @@ def test_skipped_stages_show_as_cached_in_prefect_and_in_the_summary(upstream_co
 
 def test_stage_lines_reach_the_flow_runs_log_in_prefect(upstream_copy, prefect_harness):
     """The start, progress and end lines of a stage are in Prefect's log of its task run
-    (the CLI attaches Prefect's API handler to the project's loggers through
-    PREFECT_LOGGING_EXTRA_LOGGERS; here the same handler is attached by hand)."""
+    (the CLI and deployments attach Prefect's API handler to the project's loggers through
+    PREFECT_LOGGING_EXTRA_LOGGERS; here the same handler is attached by hand, and the flow
+    itself puts the loggers at INFO, as in a deployment's flow run)."""
     import asyncio
     import logging
 
@@ -128,7 +131,7 @@ def test_stage_lines_reach_the_flow_runs_log_in_prefect(upstream_copy, prefect_h
     logger = logging.getLogger("pipelines")
     handler, level = APILogHandler(), logger.level
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.NOTSET)
     try:
         state = bert_pretraining(upstream_copy, only=["vocab"], force=True, return_state=True)
         handler.flush()
