@@ -17,6 +17,8 @@ dict. Neither needs a GPU or torch.distributed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -61,11 +63,15 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     keys, groups = _expected_keys(model_config)
     check_pickles(checkpoint_dir)  # DeepSpeed's reader unpickles: only its own classes may be named
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
+        if not torch.cuda.is_available():  # what DeepSpeed would detect, said so it does not warn
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
         )
 
-        state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
+        # zero_to_fp32 prints what it reads, step by step, on stdout; the caller reports the result
+        with contextlib.redirect_stdout(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
     elif "mp_rank_00_model_states.pt" in names:
         saved = safe_load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"))
         state = dict(saved["module"])

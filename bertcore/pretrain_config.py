@@ -109,7 +109,7 @@ class PretrainConfig(Section):
     time_budget_s: float | None = Field(None, gt=0.0)
     """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and exports."""
     log_every: int = Field(10, ge=1)
-    """Steps between console progress updates and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
+    """Steps between progress lines (rank 0 logs those steps' mean loss and MLM accuracy, tokens/s, MFU where known, ETA) and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
     peak_flops_per_device: float | None = Field(None, gt=0.0)
     """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is null)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import torch
 
@@ -79,14 +79,6 @@ class PhaseData:
     pad_id: int = 0
     length_bins: list[int] | None = None
     validation_paths: list[str] = field(default_factory=list)
-
-
-class Progress(Protocol):
-    def update(self, n: int = 1) -> Any: ...
-
-    def set_description(self, desc: str) -> Any: ...
-
-    def close(self) -> Any: ...
 
 
 @dataclass
@@ -196,19 +188,20 @@ class Trainer:
         seed: int,
         resume_key: str,
         ctx: WorkerContext | None = None,
-        progress: Callable[[int, int], Progress] | None = None,
+        on_step: Callable[[dict], None] | None = None,
         device_name: str | None = None,
         init_state_dict: dict[str, torch.Tensor] | None = None,
     ):
         """`init_state_dict`: start from these weights (bertcore.model names, e.g. an existing
         model's, see bertcore.pretrained) instead of a fresh initialisation; entries it
-        lacks (the heads) keep the seeded initialisation."""
+        lacks (the heads) keep the seeded initialisation. `on_step` receives each step's
+        metrics record on rank 0 (the caller reports progress)."""
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
             raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
         self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
         self.seed, self.resume_key = seed, resume_key
         self.ctx = ctx or WorkerContext()
-        self.progress_factory = progress
+        self.on_step = on_step
         self.init_state_dict = init_state_dict
         self.init_report: dict | None = None
         self.peak = peak_flops(cfg, device_name)
@@ -497,7 +490,6 @@ class Trainer:
         if self.rank0:
             params = {"pretrain": self.cfg.model_dump(mode="json"), "model": self.model_cfg.model_dump(mode="json")}
             self.trackers = open_trackers(self.cfg.tracking, self.files, step=self.step, run_name=f"pretrain-{self.resume_key[:8]}", params=params)
-        bar = self.progress_factory(total, self.step) if (self.rank0 and self.progress_factory) else None
         stopped_by = None
         try:
             while self.step < total:
@@ -517,7 +509,7 @@ class Trainer:
                     if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
                         stopped_by = "time_budget"
                 if self.rank0:
-                    self._log(record, data_hash, elapsed, bar)
+                    self._log(record, data_hash, elapsed)
                 final = stopped_by is not None or self.step == total
                 validation = self._validate_if_due(final)
                 if final or self.step % self.cfg.checkpoint_every == 0:
@@ -526,12 +518,10 @@ class Trainer:
                     log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
                     break
         finally:
-            if bar is not None:
-                bar.close()
             self.trackers.close(failed=sys.exc_info()[0] is not None)
         return marker
 
-    def _log(self, record: dict, data_hash: str, elapsed: float, bar: Progress | None) -> None:
+    def _log(self, record: dict, data_hash: str, elapsed: float) -> None:
         world = self.ctx.world_size
         flops = record.pop("flops")
         out = {
@@ -551,7 +541,5 @@ class Trainer:
         self.metrics.append(out)
         if self.step % self.cfg.log_every == 0:
             self.trackers.log(self.step, {k: out[k] for k in TRACKED}, "train")
-        if bar is not None:
-            bar.update(1)
-            if self.step % self.cfg.log_every == 0:
-                bar.set_description(f"pretrain {out['phase']} loss {out['loss']:.3f} mlm_acc {out['mlm_accuracy'] or 0:.3f}")
+        if self.on_step is not None:
+            self.on_step(out)

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed
+from prefect.client.schemas.objects import StateDetails
+from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
+from flows import logs
 from flows.artifacts import publish_stage
 from flows.failures import describe, is_transient, write_traceback
 from pipelines.lease import RootLease
@@ -26,6 +29,8 @@ from pipelines.runner import Pipeline
 
 USER_ERROR = "UserError"
 PERMANENT_ERROR = "PermanentError"
+CACHED = "Cached"
+"""Name of the state of a stage whose complete output has its fingerprint (Prefect shows it as cached)."""
 
 
 def _retry_transient_only(task, task_run, state) -> bool:
@@ -46,6 +51,7 @@ def _retry_transient_only(task, task_run, state) -> bool:
 )
 def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     logger = get_run_logger()
+    started = time.perf_counter()
     try:
         manifest, computed = pipeline.run(name, force=force)
     except BertpipeError as exc:
@@ -66,14 +72,23 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
         "seconds": manifest.timings.get("total_s"),
         "skipped_inputs": len(manifest.skipped),
         "uri": directory.uri,
+        "elapsed_s": round(time.perf_counter() - started, 3),
+        "headline": manifest.headline,
     }
     if manifest.report:
         summary["report"] = directory.path(manifest.report)
-    logger.info("%s: %s (%s rows, fingerprint %s) -> %s", name, summary["state"], summary["rows"], manifest.fingerprint, directory.uri)
     for skipped in manifest.skipped:
         logger.warning("%s: skipped input %s: %s", name, skipped["file"], skipped["reason"])
     publish_stage(name, manifest, directory, computed)
-    return summary
+    if computed:
+        return summary
+    # skipped on a matching fingerprint: a Completed state named Cached, keyed by the fingerprint
+    return Completed(
+        name=CACHED,
+        data=summary,
+        message=f"{name}: output complete with fingerprint {manifest.fingerprint}",
+        state_details=StateDetails(cache_key=f"bertpipe-{name}-{manifest.fingerprint}"),
+    )
 
 
 @flow(name="bert_pretraining", log_prints=True)
@@ -87,12 +102,14 @@ def bert_pretraining(
     """Raw text to a pretrained, evaluated BERT encoder: corpus -> vocab -> examples ->
     pretrain -> evaluate. Stages already complete with the same fingerprint are cached;
     `verify` re-hashes every shard before trusting it."""
+    logs.default_levels()
     stages = select(only, from_stage)
     pipeline = Pipeline(config, verify=verify)
     summaries = []
     try:
         with one_writer(pipeline) as lease:
             ensure_ray(config.ray)
+            logs.route_ray_output()
             for name in stages:
                 lease.check()
                 state = run_stage(name, pipeline, force, return_state=True)

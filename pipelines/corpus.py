@@ -32,6 +32,7 @@ from bertcore.text.clean import Cleaned, clean_document
 from bertcore.text.config import CorpusConfig, InputSpec
 from bertcore.text.dedup import content_hash, minhash_signature, near_duplicates
 from bertcore.text.records import InputError, detect_format, iter_raw_documents
+from pipelines.progress import size
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_table, write_table
 from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun
@@ -247,7 +248,8 @@ def identify(cfg: CorpusConfig, storage: Storage) -> External:
     """The input files and what identifies their content; the files are listed once."""
     files, skipped = list_inputs(cfg, storage)
     identity = {"files": {uri: meta for _, _, uri, meta in files}, "missing": [s["file"] for s in skipped]}
-    return External(identity=identity, value=(files, skipped))
+    summary = f"{len(files)} input files ({size(sum(meta['size'] for *_, meta in files))})"
+    return External(identity=identity, value=(files, skipped), summary=summary)
 
 
 def run(r: StageRun) -> Output:
@@ -259,7 +261,12 @@ def run(r: StageRun) -> Output:
     log.info("corpus: %d files in %d work units", len(files), len(units))
     t0 = time.perf_counter()
     results: list[UnitResult] = run_tasks(
-        lambda unit: clean_unit.remote(unit, corpus, r.dir, r.fingerprint), units, parallelism=r.parallelism, desc="corpus: clean"
+        lambda unit: clean_unit.remote(unit, corpus, r.dir, r.fingerprint),
+        units,
+        parallelism=r.parallelism,
+        desc="corpus: clean",
+        sizes=[files[u.file_index][3]["size"] // u.n_parts for u in units],
+        rows=lambda result: result.read,
     )
     t_clean = time.perf_counter() - t0
 
@@ -277,14 +284,20 @@ def run(r: StageRun) -> Output:
     t0 = time.perf_counter()
     jobs = _shard_jobs(meta, decision, kept_units, corpus.shard_chars)
     shards: list[ShardInfo] = run_tasks(
-        lambda job: write_output_shard.remote(job[0], job[1], r.dir, r.fingerprint), jobs, parallelism=r.parallelism, desc="corpus: shards"
+        lambda job: write_output_shard.remote(job[0], job[1], r.dir, r.fingerprint),
+        jobs,
+        parallelism=r.parallelism,
+        desc="corpus: shards",
+        rows=lambda shard: shard.rows,
     )
     t_write = time.perf_counter() - t0
     r.dir.remove_except([*SPLITS, "_work"], {s.path for s in shards} | {u.work_path for u in kept_units})
 
+    stats = _statistics(results, units, failed_files, meta, decision, drop_counts, shards)
     return Output(
         shards=shards,
-        stats=_statistics(results, units, failed_files, meta, decision, drop_counts, shards),
+        stats=stats,
+        headline={"documents": stats["documents_kept"], "sentences": stats["sentences"], "dropped": sum(stats["dropped"].values())},
         timings={
             "clean_s": round(t_clean, 3),
             "plan_s": round(t_plan, 3),

@@ -248,7 +248,7 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
     if eval_cfg.embeddings.enabled and sts is not None:
         sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
         resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return External(identity=signatures, value=(resolved, signatures))
+    return External(identity=signatures, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
 
 
 def _intrinsic_phases(eval_cfg: EvaluateConfig, examples_manifest: Manifest, pretrain_manifest: Manifest, max_positions: int, notes: list[str]) -> tuple[ExamplesConfig, list[PhaseConfig]]:
@@ -360,13 +360,15 @@ def run(r: StageRun) -> Output:
     metrics = _metrics(plan, results, model_cfg, log_summary, r.seed, r.fingerprint)
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
+    stats = _stats(metrics)
     return Output(
         shards=_write_outputs(r.dir, metrics, records),
-        stats=_stats(metrics),
+        stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
         report="report.md",
         tables={"evaluation-scores": report.score_rows(metrics)},
+        headline=report.headline(stats),
     )
 
 
@@ -419,11 +421,17 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         if (done := r.dir.done(job.key, r.fingerprint)) is not None:
             results[job.key] = done.result
     todo = [job for job in plan.jobs if job.key not in results]
+    kinds = Counter(job.kind for job in todo)
+    log.info(
+        "evaluate: %d jobs to run (%s)%s, %d thread(s) each",
+        len(todo), ", ".join(f"{n} {kind}" for kind, n in kinds.items()) or "none",
+        f", {len(results)} kept from an interrupted attempt" if results else "", cfg.num_threads,
+    )
 
     def finished(index: int, result: Any) -> None:
         r.dir.complete(todo[index].key, r.fingerprint, [], result)
 
-    for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished)):
+    for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished, unit="jobs")):
         results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 

@@ -292,11 +292,16 @@ def run(r: StageRun) -> Output:
     # step 2: examples per (phase, split, corpus shard)
     t0 = time.perf_counter()
     tasks = [(phase, split, n) for phase in cfg.phases for split in SPLITS for n in range(len(indexes[split].shard_uris))]
+    log.info(
+        "examples: %s, %s masking, phases %s, dupe_factor %d: %d build tasks",
+        cfg.objective, cfg.masking, ", ".join(p.name for p in cfg.phases), cfg.dupe_factor, len(tasks),
+    )
     results = run_tasks(
         lambda t: build_shard.remote(t[0], t[1], t[2], indexes[t[1]], cfg, r.seed, vocab, r.dir, r.fingerprint),
         tasks,
         parallelism=r.parallelism,
         desc="examples: build",
+        rows=lambda result: sum(s.rows for s in result[0]),
     )
     t_build = time.perf_counter() - t0
 
@@ -315,7 +320,10 @@ def run(r: StageRun) -> Output:
         "phases": {name: {split: s.to_dict() for split, s in by_split.items()} for name, by_split in merged.items()},
     }
     timings = {"tokenize_s": round(t_tokens, 3), "build_s": round(t_build, 3)}
-    return Output(shards=shards, stats=stats, timings=timings)
+    headline = {"examples": sum(s.rows for s in shards)}
+    for phase in cfg.phases:
+        headline[phase.name] = sum(s.rows for s in shards if s.path.startswith(f"{phase.name}/"))
+    return Output(shards=shards, stats=stats, timings=timings, headline=headline)
 
 
 def _checked_vocab_fingerprint(storage: Storage, stage: Upstream, vocab: VocabSource) -> str:
@@ -334,11 +342,14 @@ def _tokenize_corpus(r: StageRun, corpus: Upstream, vocab: VocabSource) -> dict[
     """Token shards of every corpus shard (`_tokens/`), and the document index of each split."""
     tokens_fp = fingerprint("examples-tokens", CODE_VERSION, {}, {"corpus": corpus.fingerprint, "vocab": vocab.key})
     jobs = [(s.path, f"_tokens/{s.path}") for s in corpus.manifest.shards]
+    sizes = {s.path: s.bytes for s in corpus.manifest.shards}
     counts = run_tasks(
         lambda job: tokenize_shard.remote(corpus.path(job[0]), job[1], vocab, r.dir, tokens_fp),
         jobs,
         parallelism=r.parallelism,
         desc="examples: tokenize",
+        sizes=[sizes[path] for path, _ in jobs],
+        rows=lambda documents: documents,
     )
     indexes = {}
     for split in SPLITS:

@@ -15,12 +15,14 @@ completion marker.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +48,8 @@ from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
 from bertcore.tracking import TRACKING_ENV
 from bertcore.trainer import PhaseData, Trainer, WorkerContext
 from pipelines.external import ExternalFolder, model_folder
-from pipelines.ray_runtime import unwrap
+from pipelines.pretrain_progress import StepReporter, relay_progress
+from pipelines.ray_runtime import quiet_known_warnings, unwrap
 from pipelines.shards import local_copy, local_folder
 from pipelines.stage import (
     External,
@@ -210,25 +213,39 @@ class WorkerJob:
         return out
 
 
+def _quiet_deepspeed_comm() -> None:
+    """Set up DeepSpeed's communication backend on the process group Ray Train made, now,
+    without the line each rank prints about the op it builds (on CPU its shared-memory
+    all-reduce); `deepspeed.initialize` then reuses it. Ray Train turns print() in a
+    worker into a log record, so only muting print itself, for this call, reaches it."""
+    import builtins
+
+    import deepspeed
+    import torch
+
+    saved = builtins.print
+    builtins.print = lambda *args, **kwargs: None
+    try:
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, verbose=False)
+    finally:
+        builtins.print = saved
+
+
 def _train_worker(config: dict) -> None:
     """Body of one Ray Train worker: torch.distributed is set up by TorchTrainer."""
     job: WorkerJob = config["job"]
     import ray.train.torch
     import torch
-    from ray.experimental.tqdm_ray import tqdm
 
+    quiet_known_warnings()
+    _quiet_deepspeed_comm()
     context = ray.train.get_context()
     device = str(ray.train.torch.get_device()) if job.cfg.use_gpu else "cpu"
     ctx = WorkerContext(rank=context.get_world_rank(), world_size=context.get_world_size(), device=device)
     if job.cfg.torch_threads:
         torch.set_num_threads(job.cfg.torch_threads)
     who = f"rank-{ctx.rank}"
-
-    def progress(total: int, initial: int):
-        bar = tqdm(total=total, desc="pretrain", unit="step")
-        bar.n = initial
-        return bar
-
+    queue = config.get("progress")
     trainer = Trainer(
         job.cfg,
         ModelConfig.model_validate(job.model_config),
@@ -237,7 +254,7 @@ def _train_worker(config: dict) -> None:
         seed=job.seed,
         resume_key=job.resume_key,
         ctx=ctx,
-        progress=progress,
+        on_step=StepReporter(queue, job.cfg.total_steps, job.cfg.log_every) if (ctx.rank == 0 and queue is not None) else None,
         device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
         init_state_dict=read_weights(job.init.local(job.storage)) if job.init is not None else None,
     )
@@ -247,11 +264,13 @@ def _train_worker(config: dict) -> None:
 def _fit(job: WorkerJob) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Queue
 
     cfg = job.cfg
+    queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"job": job},
+        train_loop_config={"job": job, "progress": queue},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         run_config=RunConfig(
@@ -261,6 +280,11 @@ def _fit(job: WorkerJob) -> None:
             worker_runtime_env={"env_vars": job.env} if job.env else None,
         ),
     )
+    # fit() stays on this thread (it handles Ctrl-C there); the progress lines are logged
+    # from another one, in this thread's context (Prefect's flow-run log needs the run's)
+    stop = threading.Event()
+    relay = threading.Thread(target=contextvars.copy_context().run, args=(relay_progress, queue, stop), daemon=True)
+    relay.start()
     try:
         trainer.fit()
     except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
@@ -270,6 +294,10 @@ def _fit(job: WorkerJob) -> None:
             if isinstance(error, BertpipeError):
                 raise error from None
         raise
+    finally:
+        stop.set()
+        relay.join(timeout=30)
+        queue.shutdown()
 
 
 # -- export ---------------------------------------------------------------------------------
@@ -352,6 +380,14 @@ def run(r: StageRun) -> Output:
         env=_worker_env(cfg),
         init=init,
     )
+    start = latest_checkpoint(files)
+    log.info(
+        "pretrain: %s model (%d layers, hidden %d) on %d %s workers, ZeRO-%d %s %s; %s; %s",
+        cfg.model_size, model_cfg.num_hidden_layers, model_cfg.hidden_size, cfg.num_workers, "GPU" if cfg.use_gpu else "CPU",
+        cfg.zero_stage, cfg.precision, cfg.optimizer,
+        ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases),
+        f"resuming from step {start['step']}" if start else "from scratch",
+    )
     _fit(job)
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
@@ -367,7 +403,7 @@ def run(r: StageRun) -> Output:
     stats = _stats(marker, records, validations)
     if init is not None:
         stats["init_from"] = {"uri": init.uri, **(marker.get("init") or {})}
-    return Output(shards=shards, stats=stats)
+    return Output(shards=shards, stats=stats, headline=_headline(stats))
 
 
 def _log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
@@ -444,6 +480,19 @@ def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[s
         "precision": marker["precision"],
         "model_config": marker["model_config"],
     }
+
+
+def _headline(stats: dict) -> dict[str, Any]:
+    final = stats["last_steps_mean"]["loss"] if stats["last_steps_mean"]["loss"] is not None else stats["final"]["loss"]
+    headline: dict[str, Any] = {"steps": stats["steps"]}
+    if final is not None:
+        headline["final loss"] = round(final, 3)
+    held_out = (stats.get("validation") or {}).get("mlm_accuracy")
+    if held_out is not None:
+        headline["held-out MLM accuracy"] = f"{held_out:.1%}"
+    if stats["tokens_per_s"]:
+        headline["tokens/s"] = round(stats["tokens_per_s"])
+    return headline
 
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.

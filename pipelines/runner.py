@@ -29,6 +29,7 @@ import yaml
 from bertcore.config import resolved_yaml
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.section import safe_name
+from pipelines import stage_log
 from pipelines.registry import REGISTRY, PipelineConfig
 from pipelines.stage import (
     MANIFEST,
@@ -101,9 +102,11 @@ def run_stage(
     fp = stage.fingerprint(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external)
     directory = StageDir(storage, root, stage.directory, verify=verify)
     if (done := directory.reuse_or_reset(fp, force=force, keep_progress=stage.resumable)) is not None:
+        stage_log.finished(name, done, False, 0.0)
         return done, False
     if stage.verify_inputs:
         verify_inputs(inputs)
+    stage_log.started(name, fp, inputs, external, parallelism)
     started = time.perf_counter()
     value = None if external is None else external.value
     run = StageRun(section, seed, storage, directory, fp, inputs, external=value, parallelism=parallelism)
@@ -120,10 +123,12 @@ def run_stage(
         skipped=output.skipped,
         report=output.report,
         tables=output.tables,
+        headline=output.headline,
     )
     if resolved_config is None:
         resolved_config = yaml.safe_dump({name: manifest.config}, sort_keys=False, allow_unicode=True)
     directory.write_manifest(manifest, resolved_config)
+    stage_log.finished(name, manifest, True, manifest.timings["total_s"])
     return manifest, True
 
 

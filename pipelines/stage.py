@@ -113,6 +113,8 @@ class Manifest:
     """A markdown report among the shards (relative path), shown by the flow as an artifact."""
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Small tables (artifact key -> rows) the flow shows beside the statistics."""
+    headline: dict[str, Any] = field(default_factory=dict)
+    """A few key figures (label -> value) for the stage's end line and the run summary."""
     package_version: str = field(default_factory=package_version)
     created_at: str = ""
     python: str = field(default_factory=platform.python_version)
@@ -152,6 +154,9 @@ class Output:
     """Lineage beyond the upstream fingerprints (e.g. the raw files read), recorded as is."""
     report: str | None = None
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    headline: dict[str, Any] = field(default_factory=dict)
+    """A few key figures, label -> value (a number or a short string), e.g. {"documents":
+    391}: printed at the stage's end and in the run summary, in this order."""
 
 
 @dataclass
@@ -328,6 +333,8 @@ class External:
 
     identity: dict[str, Any]
     value: Any = None
+    summary: str = ""
+    """What the files are, in a few words, for the stage's start line (e.g. "2 input files, 7.6 MB")."""
 
 
 @dataclass

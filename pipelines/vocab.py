@@ -154,6 +154,10 @@ def run(r: StageRun) -> Output:
             f"(the corpus stage kept {corpus.manifest.stats.get('documents_kept', 0)} documents); check corpus.inputs and the corpus filters"
         )
     probability = min(1.0, cfg.max_sentences / total)
+    log.info(
+        "vocab: training a %d-entry WordPiece on %s of %d corpus sentences (%d train shards)",
+        cfg.vocab_size, "all" if probability >= 1.0 else f"{probability:.1%}", total, len(train),
+    )
     sample_refs = [sample_shard.remote(r.storage, corpus.path(s.path), probability, r.seed, s.path) for s in train]
     alphabet_refs = [shard_alphabet.remote(ref, cfg) for ref in sample_refs]
     validation = _validation_sentences(r.storage, corpus)
@@ -162,7 +166,8 @@ def run(r: StageRun) -> Output:
     )[0]
     stats["sampled_sentences_probability"] = probability
     stats["corpus_train_sentences"] = total
-    return Output(shards=shards, stats=stats)
+    headline = {"vocabulary": stats["vocab_size"], "[UNK] rate": f"{stats['unk_rate']:.2%}", "pieces/word": round(stats["pieces_per_word"], 2)}
+    return Output(shards=shards, stats=stats, headline=headline)
 
 
 def _validation_sentences(storage: Storage, corpus: Upstream) -> list[str]:

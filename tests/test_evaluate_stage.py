@@ -411,6 +411,18 @@ def test_editing_a_task_file_reruns_and_run_reads_the_pipeline_section(root, sto
     second, computed = Pipeline(cfg, storage).run("evaluate")
     assert computed and second.fingerprint != first.fingerprint
 
+    # the run summary's figures and `bertpipe inspect evaluate` show the stored scores
+    from flows.inspect import Options, inspect
+
+    metrics = json.load(open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8"))
+    median = metrics["tasks"]["s"]["pretrained"]["validation"]["accuracy"]["median"]
+    assert "random_init" not in metrics["tasks"]["s"]  # baseline: false
+    assert second.headline["s accuracy"] == f"{median:.3f}"
+    data, lines = inspect(storage, root, "evaluate", Options())
+    row = next(r for r in data["scores"] if r["name"] == "s" and r["metric"] == "accuracy")
+    assert (row["pretrained"], row["random_init"]) == (median, None)
+    assert any(line.split()[:3] == ["fine-tuning", "s", "accuracy"] for line in lines)
+
 
 # -- configuration --------------------------------------------------------------------------------
 

@@ -278,10 +278,10 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
     cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 12, "batch_size": 8, "max_seq_length": 64}], checkpoint_every=5,
                         keep_checkpoints=2, validation_batches=0)
 
-    def trainer(files, progress=None) -> Trainer:
+    def trainer(files, on_step=None) -> Trainer:
         # the shards are read locally here; this test is about the checkpoints' way to the bucket
         return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phase_data(news_root, info), files, seed=SEED,
-                       resume_key="k", progress=progress)
+                       resume_key="k", on_step=on_step)
 
     trainer(LocalStageFiles(str(tmp_path / "local"))).run()
     reference = MetricsLog(str(tmp_path / "local" / "metrics.jsonl")).records()
@@ -319,6 +319,17 @@ def test_stage_on_a_remote_root_writes_checkpoints_and_model_to_the_bucket(ray_c
         (local / name).write_bytes(storage.open(join(stage_uri, "model", name)).read())
     model = transformers.BertForPreTraining.from_pretrained(str(local))
     assert model.config.vocab_size == result.stats["model_config"]["vocab_size"]
+
+    # what the run summary and `bertpipe inspect pretrain` show, read from the bucket
+    from flows.inspect import Options, inspect
+
+    assert result.headline["steps"] == 6 and result.headline["final loss"] == round(result.stats["last_steps_mean"]["loss"], 3)
+    data, lines = inspect(storage, root, "pretrain", Options())
+    assert [(c["step"], c["loss"]) for c in data["checkpoints"]] == [(r["step"], r["loss"]) for r in records if r["step"] in (5, 6)]
+    sizes = {tag: sum(storage.size(join(stage_uri, CHECKPOINTS, tag, n)) for n in storage.listdir(join(stage_uri, CHECKPOINTS, tag))) for tag in (checkpoint_tag(5), checkpoint_tag(6))}
+    assert {c["tag"]: c["bytes"] for c in data["checkpoints"]} == sizes
+    assert {f["file"] for f in data["model"]["files"]} == set(HF_FILES)
+    assert any(line.strip().startswith(checkpoint_tag(6)) for line in lines)
 
 
 def test_inputs_are_checked_before_any_worker_starts(small_root, tmp_path):

@@ -469,26 +469,17 @@ def test_skip_policy_drops_the_poisoned_batches_and_stop_names_the_first(world_o
 
 
 class Crash(Exception):
-    """Raised by a progress bar to stop a run at a chosen step, as a crash would."""
+    """Raised by an on_step callback to stop a run at a chosen step, as a crash would."""
 
 
 def crash_at(step: int):
-    class Bar:
-        def __init__(self, total: int, initial: int):
-            self.n = initial
+    """An on_step callback that kills the run once step `step` is logged."""
 
-        def update(self, n: int = 1) -> None:
-            self.n += n
-            if self.n == step:
-                raise Crash(step)
+    def on_step(record: dict) -> None:
+        if record["step"] == step:
+            raise Crash(step)
 
-        def set_description(self, desc: str) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    return Bar
+    return on_step
 
 
 @pytest.fixture(scope="module")
@@ -510,13 +501,13 @@ def test_phases_run_in_order_and_a_crash_resumes_exactly_across_the_boundary(wor
     )
     vocab = VocabTables.from_tokens(info["tokens"])
 
-    def trainer(stage: Path, progress=None) -> Trainer:
+    def trainer(stage: Path, on_step=None) -> Trainer:
         phases = [
             PhaseData(name=n, paths=[str(root / "examples" / n / "train" / "part-00000.arrow")], pad_id=vocab.special.pad)
             for n in ("seq32", "seq64")
         ]
         return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phases, LocalStageFiles(str(stage)),
-                       seed=SEED, resume_key="k", progress=progress)
+                       seed=SEED, resume_key="k", on_step=on_step)
 
     def steps(stage: Path):
         return [(r["step"], r["phase"], r["sequences"], r["data_hash"], round(r["loss"], 5)) for r in MetricsLog(str(stage / "metrics.jsonl")).records()]
@@ -576,7 +567,7 @@ def test_lamb_as_a_client_optimizer_trains_and_resumes_exactly(world_of_one, sam
     reference = MetricsLog(str(tmp_path / "reference" / "metrics.jsonl")).records()
     assert sum(r["mlm_loss"] for r in reference[-5:]) < sum(r["mlm_loss"] for r in reference[:5]) - 5 * 0.3
     with pytest.raises(Crash):
-        make_trainer(cfg, root, info, tmp_path / "crashed", progress=crash_at(13)).run()
+        make_trainer(cfg, root, info, tmp_path / "crashed", on_step=crash_at(13)).run()
     make_trainer(cfg, root, info, tmp_path / "crashed").run()  # resumes from step 10 with LAMB's moments
     resumed = MetricsLog(str(tmp_path / "crashed" / "metrics.jsonl")).records()
     assert [(r["data_hash"], round(r["loss"], 5)) for r in resumed] == [(r["data_hash"], round(r["loss"], 5)) for r in reference]
