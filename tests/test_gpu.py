@@ -49,10 +49,10 @@ def news_root(tmp_path_factory, gensim_data):
     return root, make_run_root(root, gensim_data, dupe_factor=1)
 
 
-def gpu_trainer(cfg, root, info, stage, progress=None) -> Trainer:
+def gpu_trainer(cfg, root, info, stage, on_step=None) -> Trainer:
     return Trainer(
         cfg, cfg.build_model_config(len(info["tokens"])), phase_data(root, info), LocalStageFiles(str(stage)),
-        seed=SEED, resume_key="gpu", ctx=WorkerContext(device="cuda:0"), progress=progress,
+        seed=SEED, resume_key="gpu", ctx=WorkerContext(device="cuda:0"), on_step=on_step,
         device_name=torch.cuda.get_device_name(0),
     )
 

@@ -41,7 +41,7 @@ def test_tensorboard_gets_the_logged_steps_and_validations_and_a_resume_replaces
     root, info = news_root
     stage = tmp_path / "stage"
     with pytest.raises(Crash):  # after the step-15 point and before the step-20 checkpoint: resumes from 10
-        make_trainer(tracked(), root, info, stage, progress=crash_at(17)).run()
+        make_trainer(tracked(), root, info, stage, on_step=crash_at(17)).run()
     make_trainer(tracked(), root, info, stage).run()
 
     scalars = tensorboard_scalars(stage / TENSORBOARD)
@@ -64,7 +64,7 @@ def test_mlflow_run_in_a_local_store_continues_after_a_resume(world_of_one, news
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     stage = tmp_path / "stage"
     with pytest.raises(Crash):
-        make_trainer(tracked(mlflow=True, project="news"), root, info, stage, progress=crash_at(12)).run()
+        make_trainer(tracked(mlflow=True, project="news"), root, info, stage, on_step=crash_at(12)).run()
     run_id = json.loads((stage / TRACKING_STATE).read_text())["mlflow_run_id"]
     client = MlflowClient(tracking_uri=uri)
     assert client.get_run(run_id).info.status == "FAILED"
@@ -90,7 +90,7 @@ def test_wandb_offline_run_is_written_under_the_stage_and_resumed_by_id(world_of
     monkeypatch.setenv("WANDB_SILENT", "true")
     stage = tmp_path / "stage"
     with pytest.raises(Crash):
-        make_trainer(tracked(wandb=True), root, info, stage, progress=crash_at(12)).run()
+        make_trainer(tracked(wandb=True), root, info, stage, on_step=crash_at(12)).run()
     run_id = json.loads((stage / TRACKING_STATE).read_text())["wandb_run_id"]
     make_trainer(tracked(wandb=True), root, info, stage).run()
     assert json.loads((stage / TRACKING_STATE).read_text())["wandb_run_id"] == run_id

@@ -551,7 +551,7 @@ def test_validation_every_n_steps_follows_a_fixed_sample_and_leaves_training_alo
 
     # a crash after the step-15 validation resumes from step 10: the log is cut back, not duplicated
     with pytest.raises(Crash):
-        make_trainer(tiny_pretrain(eval_every=5), root, info, tmp_path / "crashed", progress=crash_at(17)).run()
+        make_trainer(tiny_pretrain(eval_every=5), root, info, tmp_path / "crashed", on_step=crash_at(17)).run()
     assert [r["step"] for r in MetricsLog(str(tmp_path / "crashed" / VALIDATION)).records()] == [5, 10, 15]
     make_trainer(tiny_pretrain(eval_every=5), root, info, tmp_path / "crashed").run()
     resumed = MetricsLog(str(tmp_path / "crashed" / VALIDATION)).records()
