@@ -94,7 +94,7 @@ def run_stage(
         stage=stage.name,
         code_version=stage.code_version,
         fingerprint=fp,
-        inputs={**{n: up.fingerprint for n, up in inputs.items()}, **output.inputs},
+        inputs={**stage.fingerprint_inputs(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external), **output.inputs},
         config=section.model_dump(mode="json"),
         shards=output.shards,
         stats=output.stats,
