@@ -126,7 +126,6 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
     dumps, are listed under `skipped` with the reason; so are inputs that match nothing
     when `on_error: skip`."""
     listing = Listing(files=[])
-    per_input = []
     for position, spec in enumerate(cfg.inputs):
         key = f"corpus.inputs[{position}]"
         try:
@@ -149,10 +148,10 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
             if cfg.on_error == "raise":
                 raise InputDataError(f"{key}: {reason} (check the path, bucket and credentials)")
             listing.skipped.append({"file": spec.uri, "reason": reason})
-            per_input.append({"missing": True})
+            listing.identity[f"inputs[{position}]"] = "missing"
             continue
         source = spec.name or posixpath.basename(spec.uri.rstrip("/")) or spec.uri
-        entries = []
+        entries = {}
         for uri in kept:
             info = storage.info(uri)
             path = storage.fs(uri)[1]
@@ -160,9 +159,8 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
             size = int(info.get("size") or 0)
             file = InputFile(len(listing.files), position, uri, spec, source, name, size, content_id(storage, uri, info, cache))
             listing.files.append(file)
-            entries.append([name, size, file.content])
-        per_input.append({"source": source, "files": entries})
-    listing.identity = {"inputs": per_input}
+            entries[name] = {"size": size, "content": file.content}
+        listing.identity[f"inputs[{position}]"] = {"source": source, "files": entries}
     return listing
 
 
@@ -258,7 +256,7 @@ def _multistream_header(storage: Storage, file: InputFile, offsets: list[int], p
     """The <siteinfo> of a multistream dump, from its first stream; None when the file
     does not start like a MediaWiki export (then it is read as a single stream)."""
     with storage.open(file.uri, "rb") as raw:
-        reader = Bz2Range(raw, 0, offsets[0], hard_stop=True)
+        reader = Bz2Range(raw, 0, offsets[0])  # pauses at the first page stream
         try:
             data = b"".join(iter(reader.read, b""))
         except (OSError, EOFError, ValueError) as exc:

@@ -62,17 +62,17 @@ def plan_ranges(offsets: list[int], split_bytes: int) -> list[tuple[int, int | N
 
 class Bz2Range:
     """The decompressed bytes of the bzip2 streams from compressed offset `start` on (the
-    raw file is positioned there), with the position where stream `stop` begins; with
-    `hard_stop`, the data ends there."""
+    raw file is positioned there), with the position where stream `stop` begins. Reads
+    pause there (return b"") until `paused` is cleared."""
 
-    def __init__(self, raw: BinaryIO, start: int, stop: int | None, hard_stop: bool = False):
+    def __init__(self, raw: BinaryIO, start: int, stop: int | None):
         self.raw = raw
         self.stop = stop
-        self.hard_stop = hard_stop
         self.compressed = start  # compressed offset of the next byte to decompress
         self.decompressed = 0  # bytes handed out so far
         self.compressed_read = 0
         self.boundary: int | None = None  # decompressed position where stream `stop` begins
+        self.paused = False  # at `stop`: reads return b"" until the reader unpauses
         self.starts: list[int] = []  # decompressed position of each stream start ...
         self.offsets: list[int] = []  # ... and its compressed offset
         self._decompressor: bz2.BZ2Decompressor | None = None
@@ -87,20 +87,24 @@ class Bz2Range:
         i = bisect.bisect_right(self.starts, position) - 1
         return self.offsets[i], position - self.starts[i]
 
-    def _begin_stream(self) -> None:
-        if self.stop is not None and self.boundary is None and self.compressed >= self.stop:
+    def _at_stop(self) -> bool:
+        """Whether reads pause here: the next stream is the first one past the range."""
+        if self.stop is None or self.compressed < self.stop:
+            return False
+        if self.boundary is None:
             if self.compressed != self.stop:
                 raise ValueError(
                     f"no bzip2 stream starts at byte {self.stop} (the index says one does; the last stream "
                     f"before it ends at byte {self.compressed}): the index does not belong to this dump"
                 )
             self.boundary = self.decompressed
-        self.starts.append(self.decompressed)
-        self.offsets.append(self.compressed)
-        self._decompressor = bz2.BZ2Decompressor()
+            self.paused = True
+        return self.paused
 
     def read(self, size: int = -1) -> bytes:
         while True:
+            if self._decompressor is None and self._at_stop():
+                return b""
             if not self._input:
                 self._input = self.raw.read(_CHUNK)
                 self.compressed_read += len(self._input)
@@ -109,9 +113,9 @@ class Bz2Range:
                         raise EOFError(f"compressed file ended inside the bzip2 stream starting at byte {self.offsets[-1]}")
                     return b""
             if self._decompressor is None:
-                if self.hard_stop and self.stop is not None and self.compressed >= self.stop:
-                    return b""
-                self._begin_stream()
+                self.starts.append(self.decompressed)
+                self.offsets.append(self.compressed)
+                self._decompressor = bz2.BZ2Decompressor()
             data, self._input = self._input, b""
             out = self._decompressor.decompress(data)
             used = len(data)
@@ -145,3 +149,21 @@ def write_multistream(header: bytes, pages: Iterable[tuple[int, str, bytes]], fo
     if batch:
         flush()
     out.write(bz2.compress(footer))
+
+
+def split_dump(xml: bytes) -> tuple[bytes, list[tuple[int, str, bytes]], bytes]:
+    """An uncompressed dump as (header, pages as (page id, title, bytes), footer): what
+    `write_multistream` takes, to turn a single-stream dump into a multistream one."""
+    first = xml.index(b"<page>")
+    last = xml.rindex(b"</page>") + len(b"</page>")
+    pages = []
+    start = first
+    while start < last:
+        end = xml.index(b"</page>", start) + len(b"</page>")
+        page = xml[start:end]
+        title = page[page.index(b"<title>") + 7 : page.index(b"</title>")].decode()
+        page_id = int(page[page.index(b"<id>") + 4 : page.index(b"</id>")])
+        pages.append((page_id, title, xml[start:end] + b"\n"))
+        nxt = xml.find(b"<page>", end)
+        start = nxt if nxt >= 0 else last
+    return xml[:first], pages, xml[last:]

@@ -12,6 +12,8 @@ from typing import Any, BinaryIO, Literal
 from bertcore.text.encoding import Encoding, Transcoder, TranscodeError, sniff
 
 BLOCK = 1 << 20  # bytes per read
+TAIL_BLOCK = 1 << 16  # bytes per read past a range's end
+MARGIN = 64  # bytes read past a range's end before it stops (a tag straddling the end is seen whole)
 
 
 class InputError(ValueError):
@@ -91,13 +93,23 @@ class Reader:
     """Block reads over a decompressed stream, as UTF-8 whatever the file's encoding.
 
     `offset` is the absolute position of the next byte handed out (`base` + bytes read;
-    for a re-encoded file, bytes of its UTF-8 re-encoding)."""
+    for a re-encoded file, bytes of its UTF-8 re-encoding).
 
-    def __init__(self, stream: BinaryIO, name: str, stats: ReadStats, base: int = 0):
+    A range reader reads no further than it must: past its `end` (or, for a multistream
+    range, past the start of the next range's first stream), reads stop as soon as no
+    record is open (`record_open`, kept by the format's scanner); `stopped` then tells
+    that apart from the end of the file. So neighbouring ranges share at most `MARGIN`
+    bytes plus the one record that crosses the boundary."""
+
+    def __init__(self, stream: BinaryIO, name: str, stats: ReadStats, base: int = 0, end: int | None = None):
         self.name = name
         self.stats = stats
+        self.source = stream
         self.stream: Any = _Counted(stream, stats)
         self.offset = base
+        self.end = end
+        self.record_open = False
+        self.stopped = False
         self.encoding = Encoding("utf-8", 0, "default: no byte-order mark")
         self._pending = b""
 
@@ -106,7 +118,7 @@ class Reader:
         read again: a stream may return short reads."""
         pieces = [self._pending] if self._pending else []
         self._pending = b""
-        while sum(map(len, pieces)) < size and (block := self._read_block()):
+        while sum(map(len, pieces)) < size and (block := self._read_block(self._size())):
             pieces.append(block)
         data = b"".join(pieces)
         self._pending = data
@@ -129,9 +141,9 @@ class Reader:
             self._pending = rest
         return self.encoding
 
-    def _read_block(self) -> bytes:
+    def _read_block(self, size: int = BLOCK) -> bytes:
         try:
-            return self.stream.read(BLOCK)
+            return self.stream.read(size)
         except TranscodeError as exc:
             raise InputError(
                 f"{label(self.name)}: {exc}; the file was {self.encoding.describe()}: set `encoding` on this input "
@@ -148,11 +160,29 @@ class Reader:
                 self.offset,
             ) from exc
 
+    def _size(self) -> int:
+        """Bytes to ask for: a block, or what is left up to just past the range's end."""
+        if self.end is None:
+            return BLOCK
+        if self.offset >= self.end:
+            return TAIL_BLOCK  # finishing the record that crosses the end: small reads
+        return max(MARGIN, min(BLOCK, self.end + MARGIN - self.offset))
+
     def read(self) -> bytes:
         if self._pending:
             data, self._pending = self._pending, b""
+        elif self.end is not None and self.offset >= self.end + MARGIN and not self.record_open:
+            self.stopped = True
+            return b""
         else:
-            data = self._read_block()
+            size = self._size()
+            data = self._read_block(size)
+            if not data and getattr(self.source, "paused", False):  # a multistream range reached its end
+                if not self.record_open:
+                    self.stopped = True
+                    return b""
+                self.source.paused = False  # finish the open record in the next stream
+                data = self._read_block(size)
         self.offset += len(data)
         return data
 

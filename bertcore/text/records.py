@@ -114,7 +114,7 @@ def iter_raw_documents(
     stats = stats if stats is not None else ReadStats()
     if owns is None:
         owns = (lambda offset: True) if end is None else (lambda offset: offset < end)
-    reader = Reader(stream, name, stats, base=start)
+    reader = Reader(stream, name, stats, base=start, end=end)
     first = start == 0 if first is None else first
     if first:
         head = reader.head(_HEAD)
@@ -189,6 +189,7 @@ class _PageScan:
                     if not self.owns(data_start + p):
                         return  # the next range's first page
                     self.seen_page, self.page_start, seg = True, data_start + p, p
+                    reader.record_open = True
                     pos = p + len(_OPEN)
                 else:
                     c = data.find(_CLOSE, pos)
@@ -208,11 +209,12 @@ class _PageScan:
                     pieces.append(data[seg:end])
                     chunk, pieces = b"".join(pieces), []
                     start, self.page_start = self.page_start, None
+                    reader.record_open = False
                     self.after_last_page = data_start + end
                     yield start, chunk
                     pos = end
             if not block:
-                self.at_eof = True
+                self.at_eof = not reader.stopped
                 return
             self.tail = (self.tail + block[-64:])[-64:]
             carry = data[cut:]

@@ -36,6 +36,7 @@ def iter_lines(reader: Reader, owns: Owns, aligned: bool) -> Iterator[tuple[int,
     its size); lines are read until the first one this range does not own."""
     start = reader.offset
     skipping = not aligned
+    reader.record_open = skipping  # the first line start must be found, even past the end
     at_line_start = True
     pieces: list[bytes] = []
     while block := reader.read():
@@ -48,16 +49,19 @@ def iter_lines(reader: Reader, owns: Owns, aligned: bool) -> Iterator[tuple[int,
             pos, start, skipping = nl + 1, block_start + nl + 1, False
         while True:
             if at_line_start:
+                reader.record_open = False
                 if not owns(start):
                     return
                 at_line_start = False
+                reader.record_open = True
             nl = block.find(b"\n", pos)
             if nl < 0:
                 break
             pieces.append(block[pos:nl])
             line, pieces = b"".join(pieces), []
-            yield start, line
-            start, pos, at_line_start = block_start + nl + 1, nl + 1, True
+            line_start, start, pos, at_line_start = start, block_start + nl + 1, nl + 1, True
+            reader.record_open = False
+            yield line_start, line
         if pos < len(block):
             pieces.append(block[pos:] if pos else block)
     if pieces and not skipping:
