@@ -1,9 +1,9 @@
 """Real inputs at real scale: the corpus and examples stages on a Wikipedia dump of
 `--xml-mb` megabytes of XML (default 1024), built from the shipped enwiki sample.
 
-Input: the sample's 206 pages repeated with new page ids and titles and one sentence that
-names the copy ("This is copy 17 of the article."), so exact deduplication keeps every
-copy, until the XML reaches --xml-mb. It is written twice, bzip2 level 9 both times: as
+Input: the sample's 206 pages repeated with new page ids and titles and a first sentence
+that names the copy ("This is copy 17 of the article."), so exact deduplication keeps
+every copy, until the XML reaches --xml-mb. It is written twice, bzip2 level 9 both times: as
 one bzip2 stream (`single`), and as Wikimedia publishes big dumps, 100 pages per stream
 with the `-index.txt.bz2` beside it (`multi`). The x1 input is the sample itself, written
 the same two ways.
@@ -68,7 +68,8 @@ def copies_of(pages: list[tuple[int, str, bytes]], copies: int):
                 new_title = f"{title} ({k})"
                 page = page.replace(f"<title>{title}</title>".encode(), f"<title>{new_title}</title>".encode(), 1)
                 page = re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + k * 10**8), page, count=1)
-                page = page.replace(b"</text>", f"\n\nThis is copy {k} of the article.</text>".encode(), 1)
+                # at the start of the text: the end is back matter (References, ...), which is dropped
+                page = re.sub(rb"(<text[^>]*>)", lambda m: m.group(1) + f"This is copy {k} of the article.\n\n".encode(), page, count=1)
                 page_id, title = page_id + k * 10**8, new_title
             yield page_id, title, page
 

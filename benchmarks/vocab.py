@@ -181,11 +181,12 @@ class TreeUsage:
 
 def warm_workers(cpus: int) -> None:
     """Have `cpus` Ray workers import the stage modules, as the stages before this one in a
-    flow would have (a cold worker spends a second or more importing pyarrow and tokenizers)."""
+    flow (or earlier runs on a long-lived cluster) would have (a cold worker spends a second or more importing pyarrow and tokenizers)."""
     import ray
 
     @ray.remote(num_cpus=1)
     def warm() -> None:
+        import pipelines.corpus  # noqa: F401
         import pipelines.examples  # noqa: F401
         import pipelines.vocab  # noqa: F401
 
