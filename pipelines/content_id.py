@@ -37,15 +37,24 @@ class HashCache:
 
     def __init__(self, directory: Path | None = None):
         self.path = (directory or cache_dir()) / "content-hashes.sqlite"
+        self._db: sqlite3.Connection | None = None
+        self._unavailable = False
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_db": None, "_unavailable": self._unavailable}
 
     def _connect(self) -> sqlite3.Connection | None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=30)
-            db.execute("CREATE TABLE IF NOT EXISTS hashes (path TEXT, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT, PRIMARY KEY (path, size, mtime_ns, inode))")
-            return db
-        except (OSError, sqlite3.Error):
-            return None
+        if self._db is None and not self._unavailable:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, timeout=30)
+                self._db.execute(
+                    "CREATE TABLE IF NOT EXISTS hashes (path TEXT, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT, "
+                    "PRIMARY KEY (path, size, mtime_ns, inode))"
+                )
+            except (OSError, sqlite3.Error):
+                self._db, self._unavailable = None, True
+        return self._db
 
     def local(self, path: str) -> str:
         real = os.path.realpath(path)
@@ -53,10 +62,8 @@ class HashCache:
         key = (real, st.st_size, st.st_mtime_ns, st.st_ino)
         db = self._connect()
         if db is not None:
-            with db:
-                row = db.execute("SELECT digest FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?", key).fetchone()
+            row = db.execute("SELECT digest FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?", key).fetchone()
             if row:
-                db.close()
                 return row[0]
         with open(real, "rb") as handle:
             digest = _hash_stream(handle)
@@ -64,10 +71,9 @@ class HashCache:
             try:
                 with db:
                     db.execute("DELETE FROM hashes WHERE path=?", (real,))
-                    db.execute("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?)", (*key, digest))
+                    db.execute("INSERT INTO hashes VALUES (?, ?, ?, ?, ?)", (*key, digest))
             except sqlite3.Error:
                 pass
-            db.close()
         return digest
 
 

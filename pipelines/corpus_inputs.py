@@ -126,6 +126,7 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
     dumps, are listed under `skipped` with the reason; so are inputs that match nothing
     when `on_error: skip`."""
     listing = Listing(files=[])
+    cache = cache or HashCache()  # one connection for every file
     for position, spec in enumerate(cfg.inputs):
         key = f"corpus.inputs[{position}]"
         try:
@@ -136,11 +137,12 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
         else:
             reason = f"no file matches {spec.uri}"
         kept = []
+        indexes = {index for other in matches if other.endswith(".bz2") for index in index_name(other)}
         for uri in matches:
             path = storage.fs(uri)[1]
             if is_folder and not spec.include_hidden and is_hidden(path, folder):
                 listing.skipped.append({"file": uri, "reason": f"its name starts with . or _ (set include_hidden: true on {key} to read it)"})
-            elif any(uri in index_name(other) for other in matches):
+            elif uri in indexes:
                 listing.skipped.append({"file": uri, "reason": "the multistream index of a dump in the same input (used to split the dump)"})
             else:
                 kept.append(uri)
