@@ -10,6 +10,7 @@ import io
 import os
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +132,27 @@ def test_length_distribution_merges_and_summarises():
     summary = merged.summary(over=(5,))
     assert summary["count"] == 6 and summary["max"] == 200 and summary["p50"] == 3
     assert summary["over_5"] == {"share": round(2 / 6, 5), "share_of_length": round(210 / 220, 5)}
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".zst"])
+def test_every_compression_is_read_through_a_counted_stream(tmp_path, suffix):
+    import lzma
+
+    import zstandard
+
+    from bertcore.text.records import ReadStats, iter_raw_documents
+    from pipelines.corpus_inputs import open_piece
+
+    body = "".join(f'{{"text": "Record number {i} of a compressed file."}}\n' for i in range(500)).encode()
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress, ".zst": zstandard.ZstdCompressor().compress}[suffix]
+    path = tmp_path / f"records.jsonl{suffix}"
+    path.write_bytes(compress(body))
+    storage = Storage(StorageConfig())
+    cfg = CorpusConfig(inputs=[str(path)])
+    (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "cache")).files, storage).units
+    stats = ReadStats()
+    with open_piece(storage, unit.pieces[0]) as opened:
+        docs = list(iter_raw_documents(opened.stream, unit.pieces[0].fmt, stats=stats, **opened.arguments))
+        compressed = opened.compressed_bytes
+    assert [d.text for d in docs][-1] == "Record number 499 of a compressed file."
+    assert stats.decompressed_bytes == len(body) and compressed == path.stat().st_size

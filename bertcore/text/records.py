@@ -30,7 +30,7 @@ from typing import BinaryIO
 from xml.etree import ElementTree
 
 from bertcore.text import tabular
-from bertcore.text.reader import BLOCK, InputError, RawDocument, Reader, ReadStats, label
+from bertcore.text.reader import InputError, RawDocument, Reader, ReadStats, label
 from bertcore.text.wikisite import SiteInfo
 
 __all__ = ["FORMATS", "InputError", "RawDocument", "ReadStats", "detect_format", "iter_raw_documents"]
@@ -300,6 +300,3 @@ def _book(reader: Reader) -> RawDocument:
     # Paragraph breaks (blank lines) are kept; the cleaner unwraps lines and splits on them.
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return RawDocument(title=reader.name, text=text, markup="plain", offset=0)
-
-
-assert BLOCK > len(_OPEN)  # a tag straddles at most two blocks
