@@ -87,6 +87,26 @@ def _tasks_running(driver: subprocess.Popen, name: str) -> list[psutil.Process]:
     return found
 
 
+def _kill_one_task(driver: subprocess.Popen, task: str, when=lambda: True) -> tuple[list[int], str, str]:
+    """Let the driver run to its end, SIGKILLing one worker running `task` (the first seen
+    once `when()` holds); returns (the pids killed, stdout, stderr)."""
+    killed: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while driver.poll() is None:
+            assert time.monotonic() < deadline, "the stage did not finish"
+            if not killed and when():
+                for worker in _tasks_running(driver, task)[:1]:
+                    worker.send_signal(signal.SIGKILL)
+                    killed.append(worker.pid)
+            time.sleep(0.02)
+        out, err = driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            _kill_tree(driver)
+    return killed, out, err
+
+
 def _kill_tree(driver: subprocess.Popen) -> None:
     """SIGKILL the driver and everything it started (its Ray's processes), by pid."""
     try:
@@ -117,20 +137,7 @@ def test_a_killed_worker_is_retried_and_the_output_is_unchanged(undisturbed, dem
     reference = undisturbed
     cfg = _config(demo_pipeline, tmp_path / "run")
     driver = _start_driver(cfg, tmp_path)
-    killed: list[int] = []
-    try:
-        deadline = time.monotonic() + 300
-        while driver.poll() is None:
-            assert time.monotonic() < deadline, "the examples stage did not finish"
-            if not killed:
-                for worker in _tasks_running(driver, "build_shard")[:1]:
-                    worker.send_signal(signal.SIGKILL)
-                    killed.append(worker.pid)
-            time.sleep(0.02)
-        out, err = driver.communicate(timeout=30)
-    finally:
-        if driver.poll() is None:
-            _kill_tree(driver)
+    killed, out, err = _kill_one_task(driver, "build_shard")
     assert killed, "no build_shard task was caught running; nothing was disturbed"
     results = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert driver.returncode == 0 and results, err[-4000:]
@@ -186,20 +193,8 @@ def test_a_killed_stream_reader_is_retried_and_the_corpus_is_unchanged(demo_pipe
     reference = manifests["corpus"]
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"root": str(tmp_path / "run")}), "ray": cfg.ray.model_copy(update={"address": "", "num_cpus": 2})})
     driver = _start_driver(cfg, tmp_path, "corpus")
-    killed: list[int] = []
-    try:
-        deadline = time.monotonic() + 300
-        while driver.poll() is None:
-            assert time.monotonic() < deadline, "the corpus stage did not finish"
-            if not killed and _tasks_running(driver, "clean_batch"):  # the reader has handed out a batch
-                for worker in _tasks_running(driver, "read_stream")[:1]:
-                    worker.send_signal(signal.SIGKILL)
-                    killed.append(worker.pid)
-            time.sleep(0.02)
-        out, err = driver.communicate(timeout=30)
-    finally:
-        if driver.poll() is None:
-            _kill_tree(driver)
+    # once a batch is being cleaned, the reader has handed it out
+    killed, out, err = _kill_one_task(driver, "read_stream", when=lambda: bool(_tasks_running(driver, "clean_batch")))
     assert killed, "the reader was not caught running after it handed out a batch; nothing was disturbed"
     results = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert driver.returncode == 0 and results, err[-4000:]
