@@ -110,7 +110,8 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert 0 < stats["mfu"] < 1 and stats["tokens_per_s"] > 0
     assert stats["validation"]["sequences"] > 0 and 0 <= stats["validation"]["mlm_accuracy"] <= 1
     assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl"])
-    assert manifest.inputs.keys() == {"examples", "vocab"} and manifest.config["zero_stage"] == 1
+    # the upstream fingerprints and the seed: what went into the fingerprint besides the section
+    assert manifest.inputs.keys() == {"examples", "vocab", "seed"} and manifest.config["zero_stage"] == 1
 
     # model/ is the final checkpoint in the Hugging Face layout
     model_dir = stage / "model"
