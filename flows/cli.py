@@ -174,6 +174,8 @@ def status(
         seconds = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "-"
         rows_text = str(r["rows"]) if r["rows"] is not None else "-"
         typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
+        for reason in r.get("changed") or []:
+            typer.echo(f"{'':<10} changed: {reason}")
 
 
 @app.command("inspect")

@@ -115,7 +115,7 @@ def run_stage(
         stage=stage.name,
         code_version=stage.code_version,
         fingerprint=fp,
-        inputs={**{n: up.fingerprint for n, up in inputs.items()}, **output.inputs},
+        inputs={**stage.fingerprint_inputs(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external), **output.inputs},
         config=section.model_dump(mode="json"),
         shards=output.shards,
         stats=output.stats,
@@ -145,6 +145,37 @@ def verify_inputs(inputs: dict[str, Upstream]) -> None:
                 stage=name,
                 paths=sorted(problems),
             )
+
+
+def explain_stale(stage: Stage, section: Any, manifest: Manifest, inputs: dict[str, Any]) -> list[str]:
+    """Why a stage's output no longer matches: the code version, the settings of its section
+    that differ from what its manifest recorded, the upstream stages whose fingerprint
+    moved, the seed, the external files that changed (`inputs`: what would go into the
+    fingerprint now, as `Stage.fingerprint_inputs` gives it)."""
+    reasons = []
+    if manifest.code_version != stage.code_version:
+        reasons.append(f"code version {manifest.code_version} -> {stage.code_version}")
+    now, then = stage.config_identity(section.model_dump(mode="json")), stage.config_identity(manifest.config)
+    reasons += [f"{stage.name}.{key}: {old!r} -> {new!r}" for key, old, new in _differences(then, now)]
+    for name, value in inputs.items():
+        old = manifest.inputs.get(name)
+        if name == "external":
+            reasons += [f"input {key}: {a!r} -> {b!r}" for key, a, b in _differences(old or {}, value)] or ([] if old == value else ["its input files"])
+        elif old != value:
+            reasons.append(f"run.seed: {old} -> {value}" if name == "seed" else f"upstream {name} changed ({old} -> {value})")
+    return reasons or ["recorded before the fingerprint's inputs were kept in manifests"]
+
+
+def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old, new) for every leaf that differs between two JSON values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(old) + [k for k in new if k not in old]
+        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{key}.{k}" if key else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _differences(a, b, f"{key}[{i}]")]
+    return [] if old == new else [(key, old, new)]
+
+
 
 
 def export_target(root: str, out: str | None) -> str | None:
@@ -227,6 +258,12 @@ class Pipeline:
                 self.run(exc.stage, parallelism=parallelism)
         raise AssertionError("unreachable")
 
+    def why_stale(self, name: str, manifest: Manifest) -> list[str]:
+        stage = REGISTRY[name]
+        upstream_fps = {read: self.expected_fingerprint(read) for read in stage.reads}
+        inputs = stage.fingerprint_inputs(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
+        return explain_stale(stage, self.section(name), manifest, inputs)
+
     def status(self) -> list[dict[str, Any]]:
         """Per stage: complete / stale / incomplete / damaged / missing (or unknown when the
         expected fingerprint cannot be computed, e.g. inputs that no longer exist)."""
@@ -246,6 +283,7 @@ class Pipeline:
                 state = directory.state(expected)
             else:
                 state = "damaged" if damaged else "missing" if manifest is None else "unknown"
+            changed = self.why_stale(name, manifest) if state == "stale" else []
             rows.append(
                 {
                     "stage": name,
@@ -257,6 +295,7 @@ class Pipeline:
                     "seconds": manifest.timings.get("total_s") if manifest else None,
                     "uri": directory.uri,
                     "note": note,
+                    "changed": changed,
                 }
             )
         return rows

@@ -395,15 +395,27 @@ class Stage:
     """Whether an unfinished attempt's unit markers are kept for the next one."""
     verify_inputs: bool = False
     """Re-hash every upstream shard before running (a stage that spends hours on its inputs)."""
+    fingerprint_config: Callable[[dict], dict] | None = None
+    """The part of its section's JSON that decides its output (default: all of it); the
+    corpus leaves out where its inputs are, whose content `identify` stands for."""
 
     def __post_init__(self) -> None:
         if not self.directory:
             object.__setattr__(self, "directory", self.name)
 
-    def fingerprint(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> str:
+    def config_identity(self, config: dict) -> dict:
+        """What of a section's JSON (as dumped, or as a manifest recorded it) goes into the fingerprint."""
+        return self.fingerprint_config(config) if self.fingerprint_config is not None else config
+
+    def fingerprint_inputs(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> dict[str, Any]:
+        """Everything but the section that goes into the fingerprint (recorded in the manifest)."""
         inputs: dict[str, Any] = dict(upstream)
         if self.seeded(section) if callable(self.seeded) else self.seeded:
             inputs["seed"] = seed
         if external is not None:
             inputs["external"] = external.identity
-        return fingerprint(self.name, self.code_version, section.model_dump(mode="json"), inputs)
+        return inputs
+
+    def fingerprint(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> str:
+        config = self.config_identity(section.model_dump(mode="json"))
+        return fingerprint(self.name, self.code_version, config, self.fingerprint_inputs(section, seed, upstream, external))

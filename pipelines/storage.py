@@ -45,6 +45,12 @@ def sha256_file(path: str, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def is_hidden(path: str, folder: str) -> bool:
+    """Whether a file under `folder` has a name on its way there that starts with . or _."""
+    relative = path[len(folder.rstrip("/")) :].strip("/")
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     uri: str
@@ -113,14 +119,16 @@ class Storage:
         tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation") or ""
         return str(tag).strip('"')
 
-    def glob(self, pattern: str) -> list[str]:
-        """Matching files, sorted, as full URIs (a plain path matches itself if it is a file)."""
+    def glob(self, pattern: str, include_hidden: bool = False) -> list[str]:
+        """Matching files, sorted, as full URIs (a plain path matches itself if it is a file;
+        a folder matches the files under it, except, unless `include_hidden`, those with a
+        name below it that starts with `.` or `_`: .git/, _SUCCESS, .crc files)."""
         fs, path = self.fs(pattern)
         protocol, _ = split_protocol(pattern)
         if any(ch in path for ch in "*?["):
             found = [p for p in fs.glob(path) if fs.isfile(p)]
         elif fs.isdir(path):
-            found = [p for p in fs.find(path) if not posixpath.basename(p).startswith((".", "_"))]
+            found = [p for p in fs.find(path) if include_hidden or not is_hidden(p, path)]
         elif fs.isfile(path):
             found = [path]
         else:

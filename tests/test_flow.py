@@ -152,3 +152,22 @@ def test_stage_lines_reach_the_flow_runs_log_in_prefect(upstream_copy, prefect_h
     assert any(m.startswith("vocab: train 1/1 units") for m in messages), messages
     assert any(m.startswith("vocab: done in") and "[UNK] rate" in m for m in messages), messages
     assert {log.task_run_id for log in mine} == {vocab_run["vocab"].state_details.task_run_id}
+
+
+def test_a_bad_input_fails_the_flow_once_with_one_line(tmp_path, prefect_harness, ray_cluster):
+    """A damaged input fails the same way every time: one line naming the file and byte,
+    and the stage is not retried."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from pipelines.registry import parse_config
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "A fine first record."}\n{"text": \n', encoding="utf-8")
+    cfg = parse_config({"run": {"root": str(tmp_path / "run")}, "corpus": {"inputs": [str(bad)]}})
+    state = bert_pretraining(cfg, only=["corpus"], return_state=True)
+    assert state.is_failed() and "\n" not in state.message
+    assert str(bad) in state.message and "byte 33" in state.message
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    assert [run.run_count for run in runs] == [1]

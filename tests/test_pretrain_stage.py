@@ -115,7 +115,8 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert [v["step"] for v in curve] == [25, 50, 75, 100] and curve[-1] == stats["validation"]
     # (about 200 training sequences: the held-out loss may rise again as the model overfits them)
     assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl", "validation.jsonl"])
-    assert manifest.inputs.keys() == {"examples", "vocab"} and manifest.config["zero_stage"] == 1
+    # the upstream fingerprints and the seed: what went into the fingerprint besides the section
+    assert manifest.inputs.keys() == {"examples", "vocab", "seed"} and manifest.config["zero_stage"] == 1
 
     # model/ is the final checkpoint in the Hugging Face layout
     model_dir = stage / "model"
