@@ -67,7 +67,11 @@ from benchmarks.vocab import (  # noqa: E402
 )
 
 SEQ = 128
-EXAMPLES = ["examples.dupe_factor=1", f"examples.phases=[{{name: seq{SEQ}, max_seq_length: {SEQ}, max_predictions_per_seq: 20}}]"]
+EXAMPLES = [
+    "examples.dupe_factor=1",
+    f"examples.phases=[{{name: seq{SEQ}, max_seq_length: {SEQ}, max_predictions_per_seq: 20}}]",
+    f"pretrain.phases=[{{name: seq{SEQ}, steps: 300, batch_size: 32}}]",  # the recipe must name only phases examples makes
+]
 ENCODE_BATCH = 8192
 COLLATE_BATCH = 256
 ROWS = ("tokenizer", "tokenizer_fast", "bertpipe", "hf")

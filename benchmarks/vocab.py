@@ -74,9 +74,12 @@ class TreeUsage:
     peak_rss_one_mb: float = 0.0
     """max over samples and processes of one process's RSS"""
     peak_rss_driver_mb: float = 0.0
+    peak_rss_worker_mb: float = 0.0
+    """max over samples and Ray worker processes (ray::...) of one worker's RSS"""
     samples: int = 0
     sampler_cpu_s: float = 0.0
     _base_cpu: dict[int, float] = field(default_factory=dict, repr=False)
+    _workers: dict[int, bool] = field(default_factory=dict, repr=False)
     _last_cpu: dict[int, float] = field(default_factory=dict, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -117,10 +120,23 @@ class TreeUsage:
             self.peak_rss_one_mb = max(self.peak_rss_one_mb, rss)
             if proc.pid == os.getpid():
                 self.peak_rss_driver_mb = max(self.peak_rss_driver_mb, rss)
+            elif self._is_worker(proc):
+                self.peak_rss_worker_mb = max(self.peak_rss_worker_mb, rss)
             self._last_cpu[proc.pid] = times.user + times.system
         if pss:
             self.peak_pss_mb = max(self.peak_pss_mb, total)
         self.samples += 1
+
+    def _is_worker(self, proc) -> bool:
+        import psutil
+
+        if proc.pid not in self._workers:
+            try:
+                command = " ".join(proc.cmdline()[:3])
+                self._workers[proc.pid] = command.startswith("ray::") or "default_worker.py" in command
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                return False
+        return self._workers[proc.pid]
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -154,6 +170,7 @@ class TreeUsage:
             "peak_pss_mb": self.peak_pss_mb,
             "peak_rss_one_mb": self.peak_rss_one_mb,
             "peak_rss_driver_mb": self.peak_rss_driver_mb,
+            "peak_rss_worker_mb": self.peak_rss_worker_mb,
             "cpu_s": self.cpu_s,
             "samples": self.samples,
         }
@@ -164,11 +181,12 @@ class TreeUsage:
 
 def warm_workers(cpus: int) -> None:
     """Have `cpus` Ray workers import the stage modules, as the stages before this one in a
-    flow would have (a cold worker spends a second or more importing pyarrow and tokenizers)."""
+    flow (or earlier runs on a long-lived cluster) would have (a cold worker spends a second or more importing pyarrow and tokenizers)."""
     import ray
 
     @ray.remote(num_cpus=1)
     def warm() -> None:
+        import pipelines.corpus  # noqa: F401
         import pipelines.examples  # noqa: F401
         import pipelines.vocab  # noqa: F401
 

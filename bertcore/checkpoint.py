@@ -2,26 +2,113 @@
 
     checkpoints/step-0000100/
         mp_rank_00_model_states.pt, *zero_pp_rank_R_*.pt   DeepSpeed (model, optimizer, schedule)
-        trainer-rank-0000R.pt      per rank: loader position, torch RNG, counters
+        trainer-rank-0000R.json    per rank: loader position and counters (JSON)
+        trainer-rank-0000R.safetensors  per rank: torch (and CUDA) RNG states
         _complete.json             written last by rank 0: the checkpoint is usable
 
 `StageFiles` hides where the stage directory lives (a local folder, or a local mirror of
 an object-store prefix); the helpers here list, prune and clear complete checkpoints.
+
+No code from data: the trainer's own state is JSON and safetensors, and DeepSpeed's files
+(pickles, which DeepSpeed loads with `weights_only=False`) are scanned first with torch's
+pickle scanner, which reads the opcodes without running them: a file that names any global
+outside `SAFE_GLOBALS` (the DeepSpeed classes its checkpoints hold) is refused.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import shutil
 from typing import Protocol
 
-from bertcore.metrics_log import METRICS
+import torch
+
+from bertcore.errors import InputDataError
+from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
 _TAG = re.compile(r"step-(\d{7,})")
+
+SAFE_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+"""Globals (beyond tensors and plain containers) that DeepSpeed's checkpoint pickles name,
+found by scanning checkpoints of every ZeRO stage, fp32 and bf16, AdamW and LAMB."""
+
+
+class UnsafeCheckpoint(InputDataError):
+    """A checkpoint file that would run code, or that cannot be scanned, when loaded."""
+
+
+def check_pickles(folder: str) -> None:
+    """Refuse a checkpoint folder any of whose pickle files names a global outside
+    SAFE_GLOBALS (scanned, never unpickled). Call before DeepSpeed or torch loads it."""
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not name.endswith((".pt", ".pth", ".bin", ".pkl")) or not os.path.isfile(path):
+            continue
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception as exc:  # not a torch zip file (a legacy or hand-made pickle)
+            raise UnsafeCheckpoint(f"{path}: not a checkpoint file that can be checked without running it ({exc}); refusing to load it") from None
+        unknown = sorted(set(found) - set(SAFE_GLOBALS))
+        if unknown:
+            raise UnsafeCheckpoint(
+                f"{path}: refusing to load: it would call {', '.join(unknown[:3])} (not part of a DeepSpeed checkpoint); "
+                "the run root may have been tampered with, see the README's security section"
+            )
+
+
+def rank_state_files(folder: str, rank: int) -> tuple[str, str]:
+    """The JSON and safetensors files of one rank's trainer state in a checkpoint folder."""
+    stem = os.path.join(folder, f"trainer-rank-{rank:05d}")
+    return f"{stem}.json", f"{stem}.safetensors"
+
+
+def save_rank_state(folder: str, rank: int, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """One rank's trainer state: counters and loader position as JSON, RNG states as tensors."""
+    import safetensors.torch
+
+    json_path, tensor_path = rank_state_files(folder, rank)
+    os.makedirs(folder, exist_ok=True)
+    with open(json_path, "w", encoding="utf-8") as handle:
+        json.dump(state, handle)
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, tensor_path)
+
+
+def load_rank_state(folder: str, rank: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """What `save_rank_state` wrote (no pickle involved)."""
+    import safetensors.torch
+
+    json_path, tensor_path = rank_state_files(folder, rank)
+    if not os.path.exists(json_path):
+        raise InputDataError(
+            f"{folder}: no trainer state for rank {rank} ({os.path.basename(json_path)}); the checkpoint was written by an "
+            "older bertpipe or by another number of workers; set pretrain.resume=never to start over"
+        )
+    with open(json_path, encoding="utf-8") as handle:
+        return json.load(handle), safetensors.torch.load_file(tensor_path)
+
+
+def safe_load(path: str) -> dict:
+    """torch.load of a checked DeepSpeed file with `weights_only=True` (SAFE_GLOBALS allowed)."""
+    check_pickles(os.path.dirname(path) or ".")
+    allowed = []
+    for qualified in SAFE_GLOBALS:
+        module, _, attribute = qualified.rpartition(".")
+        try:
+            allowed.append(getattr(importlib.import_module(module), attribute))
+        except (ImportError, AttributeError):  # another DeepSpeed version: that class is not needed
+            continue
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 class StageFiles(Protocol):
     """The pretrain stage directory as the training loop sees it. Paths are relative to
@@ -113,12 +200,14 @@ def latest_checkpoint(files: StageFiles) -> dict | None:
 
 
 def clear_checkpoints(files: StageFiles) -> None:
-    """Delete every checkpoint and the metrics log (a fresh start): markers first, so no
-    half-deleted checkpoint ever looks complete."""
+    """Delete every checkpoint and the training logs, TensorBoard's included, and forget
+    the tracker runs (a fresh start): markers first, so no half-deleted checkpoint ever
+    looks complete."""
     for name in files.listdir(CHECKPOINTS):
         files.remove(f"{CHECKPOINTS}/{name}/{COMPLETE}")
     files.remove(CHECKPOINTS)
-    files.remove(METRICS)
+    for name in (METRICS, VALIDATION, TENSORBOARD, TRACKING_STATE):
+        files.remove(name)
 
 
 def prune(files: StageFiles, keep: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,19 @@ class StorageConfig(Section):
         return options
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """YAML as recipes are written: `1e-4` is a number (YAML 1.2), not the string PyYAML's
+    YAML 1.1 rules make of an exponent without a decimal point. Config types are strict,
+    so a learning rate written that way would otherwise be refused."""
+
+
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in over.items():
@@ -104,7 +118,7 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path in seen:
         raise ConfigError(f"{path}: `extends` makes a cycle ({' -> '.join(map(str, seen + (path,)))})")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=RecipeLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except yaml.YAMLError as exc:
@@ -130,7 +144,7 @@ def apply_override(data: dict, assignment: str) -> None:
             raise ConfigError(f"--set {key}: {part} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = yaml.load(raw, Loader=RecipeLoader)
     except yaml.YAMLError:
         node[parts[-1]] = raw
 
@@ -142,6 +156,8 @@ def _describe(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; `bertpipe run --help` lists the sections)"
+        elif item["type"].endswith("_type") and not isinstance(item.get("input"), (dict, list)):
+            message += f" (got {yaml.safe_dump(item.get('input'), default_flow_style=True).strip().removesuffix('...').strip()})"
         lines.append(f"{where}: {message}")
     return "; ".join(lines)
 

@@ -4,7 +4,6 @@ length bins that group an examples shard's records."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -13,29 +12,21 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from bertcore.masking import MaskConfig, VocabTables
 from bertcore.pairs import PairConfig
-from bertcore.section import Section
+from bertcore.section import Name, Section
 
 Objective = Literal["bert", "roberta", "sop"]
 UINT16_MAX = 65_535
-_PHASE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class PhaseConfig(Section):
     """One sequence-length phase; its examples go to examples/<name>/."""
 
-    name: str
+    name: Name
     """Directory name of the phase, e.g. seq128."""
     max_seq_length: int = Field(ge=3, le=UINT16_MAX)
     """Tokens per sequence including [CLS] and [SEP]."""
     max_predictions_per_seq: int = Field(ge=1)
     """Most masked positions per sequence (Google: about max_seq_length * masked_lm_prob)."""
-
-    @field_validator("name")
-    @classmethod
-    def _directory_name(cls, value: str) -> str:
-        if not _PHASE_NAME.fullmatch(value):
-            raise ValueError(f"{value!r} is not a plain directory name (letters, digits, _ . -)")
-        return value
 
 
 def _default_phases() -> list[PhaseConfig]:
@@ -148,6 +139,12 @@ class ExamplesConfig(Section):
         if self.length_bins[-1] < longest:
             raise ValueError(f"length_bins: the last bin ({self.length_bins[-1]}) must be at least max_seq_length ({longest})")
         return self
+
+    @property
+    def has_nsp(self) -> bool:
+        """Whether the examples carry a sentence-pair label (NSP, or SOP for sop) that
+        trains the pooler and the seq_relationship head."""
+        return self.objective != "roberta"
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:

@@ -1,7 +1,10 @@
 """Checkpoint -> the Hugging Face folder that `transformers` loads.
 
-    config.json              BertConfig of the model (architectures: BertForPreTraining)
-    model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does)
+    config.json              BertConfig of the model (architectures: BertForPreTraining, or
+                             BertForMaskedLM for objectives without NSP)
+    model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does);
+                             without NSP, neither the NSP head nor the pooler (which only NSP
+                             trains), exactly what transformers' BertForMaskedLM holds
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                              the vocab stage's files (model_max_length set to the model's
                              max_position_embeddings, so pipelines truncate where it ends)
@@ -14,6 +17,8 @@ dict. Neither needs a GPU or torch.distributed.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -22,6 +27,7 @@ from collections.abc import Mapping
 import safetensors.torch
 import torch
 
+from bertcore.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
 from bertcore.optim import parameter_group_names
@@ -55,14 +61,19 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
         raise InputDataError(f"{checkpoint_dir}: no such checkpoint folder")
     names = os.listdir(checkpoint_dir)
     keys, groups = _expected_keys(model_config)
+    check_pickles(checkpoint_dir)  # DeepSpeed's reader unpickles: only its own classes may be named
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
+        if not torch.cuda.is_available():  # what DeepSpeed would detect, said so it does not warn
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
         )
 
-        state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
+        # zero_to_fp32 prints what it reads, step by step, on stdout; the caller reports the result
+        with contextlib.redirect_stdout(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
     elif "mp_rank_00_model_states.pt" in names:
-        saved = torch.load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=False)
+        saved = safe_load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"))
         state = dict(saved["module"])
         optimizer = saved.get("optimizer") or {}
         masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
@@ -86,13 +97,18 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     return {k: state[k] for k in keys}
 
 
+NSP_ONLY = ("bert.pooler.", "cls.seq_relationship.")
+"""Entries only the next-sentence objective trains: left out of a masked-LM export."""
+
+
 def export_checkpoint(
-    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str
+    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
     bertcore.model names, the model config and the vocab stage's folder; returns the file
-    names written. Tied entries, if present, must equal the tensors they alias."""
-    hf_config = model_config.to_hf_config_dict()  # refuses pre-LN models
+    names written. Tied entries, if present, must equal the tensors they alias. nsp=False
+    (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler."""
+    hf_config = model_config.to_hf_config_dict("BertForPreTraining" if nsp else "BertForMaskedLM")  # refuses pre-LN models
     for name in TOKENIZER_FILES:
         if not os.path.isfile(os.path.join(tokenizer_dir, name)):
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
@@ -109,7 +125,8 @@ def export_checkpoint(
             if source is not None and not torch.equal(tensor, source):
                 raise ValueError(f"{name} must equal {TIED[name]} (they are one tied parameter)")
             continue
-        tensors[name] = tensor.detach().cpu().contiguous()
+        if nsp or not name.startswith(NSP_ONLY):
+            tensors[name] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as handle:

@@ -1,4 +1,6 @@
-"""metrics.jsonl: the pretraining log, one JSON object per optimizer step."""
+"""The pretraining logs, JSON lines keyed by optimizer step: metrics.jsonl (one record per
+step: losses, accuracies, rates) and validation.jsonl (one record per validation of the
+held-out sample, every pretrain.eval_every steps and at the end)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,14 @@ import json
 import os
 
 METRICS = "metrics.jsonl"
+VALIDATION = "validation.jsonl"
+TENSORBOARD = "tensorboard"
+"""TensorBoard event files (bertcore.tracking)."""
+TRACKING_STATE = "tracking.json"
+"""The MLflow and W&B run ids of the run (bertcore.tracking)."""
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object per optimizer step, appended by rank 0."""
+    """A JSON-lines log whose records carry the optimizer `step`, appended by rank 0."""
 
     def __init__(self, path: str):
         self.path = path

@@ -124,16 +124,16 @@ class ModelConfig(Section):
         fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab_size)
         return cls(**{**fields, **overrides})
 
-    def to_hf_config_dict(self) -> dict[str, Any]:
+    def to_hf_config_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
         """A `config.json` body that `transformers.BertConfig(**d)` accepts and that loads our
-        state dict into `transformers.BertForPreTraining`."""
+        state dict into `transformers.BertForPreTraining` (or the `architecture` named)."""
         if self.pre_layer_norm:
             raise ValueError(
                 "pre_layer_norm models have no transformers BERT equivalent; export needs pre_layer_norm: false"
             )
         hf = self.model_dump(exclude={"pre_layer_norm"})
         return {
-            "architectures": ["BertForPreTraining"],
+            "architectures": [architecture],
             "model_type": "bert",
             **hf,
             "position_embedding_type": "absolute",  # read by transformers 4.x, ignored by 5.x

@@ -1,6 +1,13 @@
 """Optimisation: the learning-rate schedule, LAMB, BERT's two parameter groups, and the
 DeepSpeed JSON built from the `pretrain:` section.
 
+Which optimizer runs: AdamW is DeepSpeed's (`torch_adam`: torch.optim.AdamW; else its
+fused Adam, FusedAdam on GPU). LAMB on GPU is DeepSpeed's FusedLamb (`"type": "Lamb"`:
+NVIDIA's fused kernel, the trust ratio clamped to [min_coeff, max_coeff] = [0.01, 10]);
+on CPU, where DeepSpeed has none, the client `Lamb` below. Either LAMB needs ZeRO stage 0:
+ZeRO hands the optimizer flat partitions, which would make the trust ratio one per
+partition instead of one per layer (pretrain_config refuses the combination).
+
 Learning rate: one schedule over the steps of all phases, linear warmup to
 `learning_rate` then linear decay to zero at the last step (`lr_multiplier`).
 """
@@ -91,9 +98,22 @@ def parameter_group_names(model: torch.nn.Module) -> list[list[str]]:
     return [decay, plain]
 
 
+FUSED_LAMB_TRUST_RANGE = (0.01, 10.0)
+"""DeepSpeed FusedLamb's min_coeff and max_coeff (its defaults, written out)."""
+
+
+def client_optimizer(cfg: PretrainConfig, groups: list[dict]) -> torch.optim.Optimizer | None:
+    """The optimizer handed to deepspeed.initialize, or None when the DeepSpeed JSON names
+    one: the client LAMB on CPU."""
+    if cfg.optimizer == "lamb" and not cfg.use_gpu:
+        return Lamb(groups, lr=cfg.learning_rate, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return None
+
+
 def deepspeed_config(cfg: PretrainConfig, micro_batch_size: int) -> dict:
-    """The DeepSpeed JSON for this section. The optimizer is DeepSpeed's AdamW, or absent
-    when LAMB is passed in as a client optimizer; the schedule is always a client LambdaLR."""
+    """The DeepSpeed JSON for this section. The optimizer is DeepSpeed's AdamW, its fused
+    LAMB on GPU, or absent when LAMB runs as a client optimizer on CPU; the schedule is
+    always a client LambdaLR."""
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
@@ -107,14 +127,17 @@ def deepspeed_config(cfg: PretrainConfig, micro_batch_size: int) -> dict:
         ds["bf16"] = {"enabled": True}
     elif cfg.precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    params: dict[str, Any] = {
+        "lr": cfg.learning_rate,
+        "betas": list(cfg.betas),
+        "eps": cfg.eps,
+        "weight_decay": cfg.weight_decay,
+    }
     if cfg.optimizer == "adamw":
-        params: dict[str, Any] = {
-            "lr": cfg.learning_rate,
-            "betas": list(cfg.betas),
-            "eps": cfg.eps,
-            "weight_decay": cfg.weight_decay,
-        }
         if cfg.torch_adam:
             params["torch_adam"] = True
         ds["optimizer"] = {"type": "AdamW", "params": params}
+    elif cfg.use_gpu:  # lamb
+        low, high = FUSED_LAMB_TRUST_RANGE
+        ds["optimizer"] = {"type": "Lamb", "params": {**params, "bias_correction": True, "min_coeff": low, "max_coeff": high}}
     return ds

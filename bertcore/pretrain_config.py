@@ -14,13 +14,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from bertcore.model import ModelConfig, SizeName
-from bertcore.section import Section
+from bertcore.section import Name, Section
+from bertcore.tracking import TrackingConfig
 
 
 class PretrainPhase(Section):
     """One sequence-length phase of pretraining; reads examples/<name>/train/."""
 
-    name: str
+    name: Name
     """Phase name; must be one of the examples stage's phases (examples.phases[*].name), e.g. seq128."""
     steps: int = Field(ge=1)
     """Optimizer steps spent in this phase."""
@@ -51,16 +52,24 @@ _RESUME_NEUTRAL = {
     "loader_processes",
     "max_failures",
     "validation_batches",
+    "eval_every",
+    "tracking",
 }
+
+
+INIT_OVERRIDABLE = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
+"""model_overrides that a model continued from pretrain.init_from may take (its shape is its own)."""
 
 
 class PretrainConfig(Section):
     """Pretraining with DeepSpeed on Ray Train workers (`pretrain:` in a run recipe)."""
 
+    init_from: str | None = None
+    """Continue pretraining a Hugging Face BERT folder (local path or s3://...; BertForPreTraining, BertForMaskedLM or BertModel weights): its config.json sets the shape (model_size is then not used), heads it lacks (NSP) start fresh. Needs its vocabulary: vocab.source: pretrained."""
     model_size: SizeName = "base"
     """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large (24x1024)."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
-    """Any bertcore.model.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage."""
+    """Any bertcore.model.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
     num_workers: int = Field(2, ge=1)
     """Data-parallel workers (Ray Train), one per GPU or one CPU process each."""
     use_gpu: bool = False
@@ -70,12 +79,12 @@ class PretrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision: fp32, bf16 (fp32 master weights), fp16 (GPU only, dynamic loss scaling)."""
     optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; a client optimizer, needs zero_stage 0)."""
+    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; DeepSpeed's fused LAMB on GPU, a client optimizer on CPU; needs zero_stage 0)."""
     torch_adam: bool = True
-    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's compiled Adam (gcc compiles it the first time, minutes)."""
+    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's fused Adam (on GPU FusedAdam, which nvcc compiles the first time; on CPU gcc compiles its CPU Adam, minutes)."""
     learning_rate: float = Field(1e-4, gt=0.0)
     """Peak learning rate, reached at the end of warmup."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), strict=False)  # a YAML or JSON list is a tuple here
     """Adam/LAMB moment decay rates (beta1, beta2)."""
     eps: float = Field(1e-6, gt=0.0)
     """Adam/LAMB epsilon (BERT: 1e-6)."""
@@ -100,7 +109,7 @@ class PretrainConfig(Section):
     time_budget_s: float | None = Field(None, gt=0.0)
     """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and exports."""
     log_every: int = Field(10, ge=1)
-    """Steps between console progress updates (metrics.jsonl gets every step)."""
+    """Steps between progress lines (rank 0 logs those steps' mean loss and MLM accuracy, tokens/s, MFU where known, ETA) and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
     peak_flops_per_device: float | None = Field(None, gt=0.0)
     """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is null)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
@@ -112,7 +121,11 @@ class PretrainConfig(Section):
     loader_processes: int = Field(0, ge=0)
     """DataLoader processes per worker that read and collate batches (0: in the training process)."""
     validation_batches: int = Field(20, ge=0)
-    """Batches of the last phase's validation examples evaluated at the end (per worker); 0 skips."""
+    """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps and at the end (validation.jsonl); 0 skips validation."""
+    eval_every: int | None = Field(1000, ge=1)
+    """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking: TensorBoard always, MLflow and W&B when enabled."""
     max_failures: int = Field(0, ge=0)
     """Times Ray Train restarts the workers after a failure; each restart resumes from the latest checkpoint."""
 
@@ -157,6 +170,14 @@ class PretrainConfig(Section):
                 )
         if "vocab_size" in self.model_overrides:
             raise ValueError("pretrain.model_overrides.vocab_size: the vocabulary size comes from the vocab stage")
+        if self.init_from is not None:
+            fixed = sorted(set(self.model_overrides) - set(INIT_OVERRIDABLE))
+            if fixed:
+                raise ValueError(
+                    f"pretrain.model_overrides.{fixed[0]}: the shape of a model continued from pretrain.init_from is its "
+                    f"config.json's; only {', '.join(INIT_OVERRIDABLE)} may be overridden"
+                )
+            return self  # its positions are known once config.json is read
         try:
             shape = ModelConfig.named(self.model_size, 30522, **self.model_overrides)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -185,7 +206,19 @@ class PretrainConfig(Section):
         """Sequences per forward pass on one worker."""
         return phase.batch_size // (self.num_workers * self.gradient_accumulation_steps)
 
-    def build_model_config(self, vocab_size: int, pad_token_id: int = 0) -> ModelConfig:
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """The longest sequence the configured model can take; None with init_from (the
+        folder's config.json decides, read when the stage runs)."""
+        if self.init_from is not None:
+            return None
+        return self.build_model_config(30522).max_position_embeddings
+
+    def build_model_config(self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None) -> ModelConfig:
+        """The model: model_size (or `base`, the config of init_from's model) with the
+        vocabulary size, pad id and model_overrides."""
+        if base is not None:
+            return ModelConfig.model_validate({**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides})
         return ModelConfig.named(self.model_size, vocab_size, **{"pad_token_id": pad_token_id, **self.model_overrides})
 
     def phase_at(self, step: int) -> int:

@@ -2,7 +2,8 @@
 
 gensim ships an English Wikipedia pages-articles dump, news text and a sentiment file under
 gensim/test/test_data/; konlpy ships Korean law and bill text under konlpy/data/corpus/.
-Both are installed by the `demo` extra. Nothing is downloaded at run time.
+Both are installed by the `demo` extra. bertpipe ships a few small evaluation task files of
+its own in bertcore/task_data/ (see the README there). Nothing is downloaded at run time.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def konlpy_corpus_dir() -> Path:
 
 
 
+TASK_DATA = Path(__file__).resolve().parent / "task_data"
+"""bertpipe's own small evaluation task files (`{task_data}` in recipes)."""
+
+
 def expand_placeholders(uri: str) -> str:
-    """`{demo_data}` and `{korean_data}` in a path or URI become the folders of the bundled
-    sample data (the package is looked up only when a placeholder is there)."""
+    """`{demo_data}`, `{korean_data}` and `{task_data}` in a path or URI become the folders
+    of the bundled sample data (a package is looked up only when its placeholder is there)."""
     if "{demo_data}" in uri:
         uri = uri.replace("{demo_data}", str(gensim_data_dir()))
     if "{korean_data}" in uri:
         uri = uri.replace("{korean_data}", str(konlpy_corpus_dir()))
-    return uri
+    return uri.replace("{task_data}", str(TASK_DATA))

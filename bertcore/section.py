@@ -1,12 +1,16 @@
 """Base class for configuration sections, and the field types they share.
 
 One pydantic model per section; each field's description is the CLI and Prefect UI help.
-Unknown keys are errors, so a typo never silently falls back to a default.
+Unknown keys are errors, so a typo never silently falls back to a default. Types are
+strict: `true` is not an integer and `2.0` is not a count, wherever the recipe comes from
+(YAML, `--set`, a Prefect form). Names that become file or folder names (phases, tasks,
+input labels) are checked against one pattern, `NAME_PATTERN`.
 """
 
 from __future__ import annotations
 
 import codecs
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
@@ -15,7 +19,21 @@ from bertcore.sample_data import expand_placeholders
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, strict=True)
+
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+"""What a name that becomes part of a path may look like: a letter or digit, then up to 99
+letters, digits, '_', '.' or '-'. No '/', no '..' at the start, nothing hidden."""
+
+
+def safe_name(value: str) -> str:
+    """`value` if it may name a file or folder, else ValueError saying what a name may hold."""
+    if not NAME_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{value!r} cannot name a file or folder: use 1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+    return value
 
 
 def _expand(uri: Any) -> Any:
@@ -31,8 +49,10 @@ def _known_encoding(value: str) -> str:
 
 
 DataFile = Annotated[str, BeforeValidator(_expand)]
-"""A local path, glob or fsspec URI; `{demo_data}` and `{korean_data}` expand to the
+"""A local path, glob or fsspec URI; `{demo_data}`, `{korean_data}` and `{task_data}` expand to the
 folders of the bundled sample data, so a recipe, a `--set` override and a Prefect form all
 get the same paths."""
 Encoding = Annotated[str, AfterValidator(_known_encoding)]
 """A text encoding name Python knows (utf-8, cp1252, latin-1, ...)."""
+Name = Annotated[str, AfterValidator(safe_name)]
+"""A name that becomes part of a path (see `NAME_PATTERN`)."""

@@ -33,7 +33,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from pydantic import Field, model_validator
 from tokenizers import (
     AddedToken,
     Tokenizer,
@@ -45,17 +44,17 @@ from tokenizers import (
     trainers,
 )
 
-from bertcore.errors import ConfigError, InputDataError
-from bertcore.section import Section
-
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
-PREFIX = "##"
-# Google's BERT vocabularies: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101,
-# [SEP]=102, [MASK]=103. Tools hard-code these ids, so the layout keeps them.
-NUM_UNUSED = 99
-BERT_LAYOUT = (PAD, *(f"[unused{i}]" for i in range(NUM_UNUSED)), UNK, CLS, SEP, MASK)
-PLAIN_LAYOUT = SPECIAL_TOKENS
+from bertcore.errors import InputDataError
+from bertcore.vocab_config import (
+    CLS,
+    MASK,
+    PAD,
+    PREFIX,
+    SEP,
+    SPECIAL_TOKENS,
+    UNK,
+    VocabConfig,
+)
 
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
@@ -69,70 +68,8 @@ TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)
 _CHUNK_CHARS = 1 << 20
 
 
-class AlphabetTooLargeError(ConfigError, ValueError):
-    """vocab.vocab_size cannot hold the characters of the training text."""
-
-
 class VocabFilesMismatchError(InputDataError, ValueError):
     """vocab.txt and tokenizer.json in one directory describe different vocabularies."""
-
-
-class VocabConfig(Section):
-    """WordPiece vocabulary trained on a sample of the corpus (`vocab:` in a run recipe)."""
-
-    vocab_size: int = Field(30522, gt=0)
-    """Entries in vocab.txt, special tokens and [unusedN] included (BERT-base: 30522). Training may stop short of it when no pair is frequent enough."""
-    lowercase: bool = True
-    """Lowercase text before WordPiece (an "uncased" model)."""
-    strip_accents: bool | None = None
-    """Drop combining accents (café -> cafe); None follows `lowercase`, as BERT does. Hangul syllables stay intact either way."""
-    tokenize_chinese_chars: bool = True
-    """Put spaces around every CJK ideograph so each one is a word of its own, as BERT does."""
-    min_frequency: int = Field(2, ge=1)
-    """A pair of pieces must occur at least this often in the sample to be merged into a new piece."""
-    limit_alphabet: int | None = Field(1000, ge=1)
-    """Keep at most this many distinct characters (the most frequent; ties by code point); words with any other character become [UNK]. None keeps all. Korean needs a few thousand (one per syllable)."""
-    max_input_chars_per_word: int = Field(100, ge=1)
-    """Words longer than this (in characters, after normalization) become a single [UNK]. Hugging Face uses 100, Google's original code 200."""
-    bert_layout: bool = True
-    """Put [PAD] [UNK] [CLS] [SEP] [MASK] at Google's ids 0/100/101/102/103 with [unused0]..[unused98] at 1-99; false puts them at 0-4."""
-    max_sentences: int = Field(10_000_000, ge=1)
-    """Sentences sampled from the corpus for training; train_wordpiece reads no more than this."""
-
-    @property
-    def strip_accents_effective(self) -> bool:
-        """Whether accents are stripped once None is resolved against `lowercase`."""
-        return self.lowercase if self.strip_accents is None else self.strip_accents
-
-    @property
-    def reserved_tokens(self) -> tuple[str, ...]:
-        """The entries that precede every learned piece, in id order."""
-        return BERT_LAYOUT if self.bert_layout else PLAIN_LAYOUT
-
-    @model_validator(mode="after")
-    def _room_for_pieces(self):
-        reserved = len(self.reserved_tokens)
-        if self.vocab_size <= reserved:
-            what = "5 special tokens and 99 [unusedN] entries" if self.bert_layout else "5 special tokens"
-            raise ValueError(
-                f"vocab.vocab_size={self.vocab_size} leaves no room for learned pieces: "
-                f"the {what} already take {reserved} entries; use a larger vocab.vocab_size"
-                + (" or vocab.bert_layout=false" if self.bert_layout else "")
-            )
-        return self
-
-    def check_alphabet(self, alphabet_size: int, continuation_size: int = 0) -> None:
-        """Raise if the characters alone (`alphabet_size` plain and `continuation_size`
-        `##` single-character entries, which WordPiece must all keep so that every word
-        is spellable) do not fit in vocab_size beside the reserved entries."""
-        needed = len(self.reserved_tokens) + alphabet_size + continuation_size
-        if self.vocab_size < needed:
-            raise AlphabetTooLargeError(
-                f"vocab.vocab_size={self.vocab_size} is smaller than the alphabet: "
-                f"{alphabet_size} characters + {continuation_size} '##' continuations + "
-                f"{len(self.reserved_tokens)} reserved entries = {needed}; raise vocab.vocab_size "
-                f"or lower vocab.limit_alphabet"
-            )
 
 
 # -- pipeline pieces -------------------------------------------------------------------
@@ -140,18 +77,15 @@ class VocabConfig(Section):
 
 def build_normalizer(cfg: VocabConfig) -> normalizers.Normalizer:
     """BERT's normalizer (clean text, space CJK, strip accents, lowercase), then NFC so
-    that what NFD split apart without a mark to drop (Hangul jamo) is whole again."""
-    return normalizers.Sequence(
-        [
-            normalizers.BertNormalizer(
-                clean_text=True,
-                handle_chinese_chars=cfg.tokenize_chinese_chars,
-                strip_accents=cfg.strip_accents_effective,
-                lowercase=cfg.lowercase,
-            ),
-            normalizers.NFC(),
-        ]
+    that what NFD split apart without a mark to drop (Hangul jamo) is whole again (unless
+    cfg.recompose_nfc is off: then exactly BERT's)."""
+    bert = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=cfg.tokenize_chinese_chars,
+        strip_accents=cfg.strip_accents_effective,
+        lowercase=cfg.lowercase,
     )
+    return normalizers.Sequence([bert, normalizers.NFC()] if cfg.recompose_nfc else [bert])
 
 
 def tokenizer_from_vocab(vocab: list[str], cfg: VocabConfig) -> Tokenizer:
@@ -406,7 +340,7 @@ def _normalizer_state(cfg: VocabConfig) -> dict:
     return json.loads(probe.to_str())["normalizer"]
 
 
-def _options(state: dict) -> dict:
+def tokenizer_options(state: dict) -> dict:
     """What decides which entries a text maps to, from a tokenizer's JSON: the casing
     options when the normalizer is ours (named fields, so the value survives changes to
     the library's JSON), else the normalizer as serialized."""
@@ -444,7 +378,7 @@ def vocab_fingerprint(source: str | Tokenizer) -> str:
     h = hashlib.sha256()
     h.update("".join(p + "\n" for p in vocab_list(tok)).encode())
     h.update(b"\x00")
-    h.update(json.dumps(_options(json.loads(tok.to_str())), sort_keys=True).encode())
+    h.update(json.dumps(tokenizer_options(json.loads(tok.to_str())), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 

@@ -8,6 +8,11 @@ killed run, started again, finishes with the same steps on the same data.
 Ray is not imported here: the caller (pipelines/pretrain.py) starts the workers, sets up
 torch.distributed, and hands over a `StageFiles` that knows where the stage directory
 lives (a local folder, or a local mirror of an object-store prefix).
+
+Every pretrain.eval_every steps it scores a fixed held-out sample (validation.jsonl), and
+rank 0 reports to the trackers (bertcore.tracking). The module is over 500 lines because
+it is one class whose set-up, steps, validation and checkpoints share the engine, the
+loader and the counters; the pieces that need none of them live in the modules it imports.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import torch
 
@@ -28,25 +34,33 @@ from bertcore.checkpoint import (
     CHECKPOINTS,
     COMPLETE,
     StageFiles,
+    check_pickles,
     checkpoint_tag,
     latest_checkpoint,
+    load_rank_state,
     prune,
+    save_rank_state,
 )
 from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.loss_watch import LossWatch
 from bertcore.masking import MaskConfig
-from bertcore.metrics_log import METRICS, MetricsLog
+from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, MetricsLog
 from bertcore.mfu import peak_flops
 from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
-from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
+from bertcore.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.pretrain_config import PretrainConfig, PretrainPhase
+from bertcore.pretrained import load_into
 from bertcore.rng import keyed_seed
+from bertcore.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
+TRACKED = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm", "tokens_per_s",
+           "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
+"""Fields of a step's record that the trackers get (train/<field>), every log_every steps."""
 
 
 class TrainingDiverged(BertpipeError):
@@ -65,14 +79,6 @@ class PhaseData:
     pad_id: int = 0
     length_bins: list[int] | None = None
     validation_paths: list[str] = field(default_factory=list)
-
-
-class Progress(Protocol):
-    def update(self, n: int = 1) -> Any: ...
-
-    def set_description(self, desc: str) -> Any: ...
-
-    def close(self) -> Any: ...
 
 
 @dataclass
@@ -104,7 +110,9 @@ def _loader(cfg: PretrainConfig, data: PhaseData, phase: PretrainPhase, seed: in
         mask_config=data.mask_config,
         pad_id=data.pad_id,
         max_length=phase.max_seq_length,
-        shuffle=not validation,
+        # validation: the first batches of one keyed shuffle are the same sample at every
+        # call, drawn from every length bin
+        shuffle=True,
         # every step gets exactly the configured global batch; what a length bin leaves
         # over differs from epoch to epoch, as the order is reshuffled
         drop_last=not validation,
@@ -180,23 +188,28 @@ class Trainer:
         seed: int,
         resume_key: str,
         ctx: WorkerContext | None = None,
-        progress: Callable[[int, int], Progress] | None = None,
+        on_step: Callable[[dict], None] | None = None,
         device_name: str | None = None,
         init_state_dict: dict[str, torch.Tensor] | None = None,
     ):
-        """`init_state_dict`: start from these weights (bertcore.model names) instead of a
-        fresh initialisation, e.g. to continue pretraining an exported model."""
+        """`init_state_dict`: start from these weights (bertcore.model names, e.g. an existing
+        model's, see bertcore.pretrained) instead of a fresh initialisation; entries it
+        lacks (the heads) keep the seeded initialisation. `on_step` receives each step's
+        metrics record on rank 0 (the caller reports progress)."""
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
             raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
         self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
         self.seed, self.resume_key = seed, resume_key
         self.ctx = ctx or WorkerContext()
-        self.progress_factory = progress
+        self.on_step = on_step
         self.init_state_dict = init_state_dict
+        self.init_report: dict | None = None
         self.peak = peak_flops(cfg, device_name)
         self.rank0 = self.ctx.rank == 0
         self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
         self.metrics = MetricsLog(files.local_path(METRICS))
+        self.validation_log = MetricsLog(files.local_path(VALIDATION))
+        self.trackers = Trackers.disabled()
         self.step = 0  # optimizer steps completed
         self.tokens_seen = 0
         self.train_time_s = 0.0  # summed over invocations
@@ -216,11 +229,10 @@ class Trainer:
         init = torch.Generator().manual_seed(keyed_seed(self.seed, "pretrain", "init"))
         model = BertForPreTraining(self.model_cfg, generator=init)
         if self.init_state_dict is not None:
-            model.load_state_dict(self.init_state_dict)
+            plan = load_into(model, self.init_state_dict)
+            self.init_report = {"fresh": plan.fresh, "ignored": plan.ignored}
         groups = parameter_groups(model, self.cfg.weight_decay)
-        optimizer = None
-        if self.cfg.optimizer == "lamb":
-            optimizer = Lamb(groups, lr=self.cfg.learning_rate, betas=self.cfg.betas, eps=self.cfg.eps, weight_decay=self.cfg.weight_decay)
+        optimizer = client_optimizer(self.cfg, groups)
         warmup, total = self.cfg.warmup, self.cfg.total_steps
 
         def schedule(opt):
@@ -259,9 +271,6 @@ class Trainer:
         self.stream = _batches(self.loader, phase.name)
 
     # -- checkpoints -------------------------------------------------------------------
-    def _rank_state_name(self, rank: int) -> str:
-        return f"trainer-rank-{rank:05d}.pt"
-
     def _resume(self) -> dict | None:
         marker = latest_checkpoint(self.files)
         if marker is None:
@@ -273,15 +282,17 @@ class Trainer:
             )
         tag = checkpoint_tag(marker["step"])
         self.files.download(f"{CHECKPOINTS}/{tag}")
+        folder = self.files.local_path(f"{CHECKPOINTS}/{tag}")
+        check_pickles(folder)  # DeepSpeed unpickles its files: nothing but its own classes may be in them
         load_dir, _ = self.engine.load_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag)
         if load_dir is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag}")
-        state = torch.load(self.files.local_path(f"{CHECKPOINTS}/{tag}/{self._rank_state_name(self.ctx.rank)}"), weights_only=False)
+        state, rng = load_rank_state(folder, self.ctx.rank)
         self.step, self.tokens_seen, self.train_time_s = state["step"], state["tokens_seen"], state["train_time_s"]
         self.watch.load_state_dict(state["watch"])
-        torch.set_rng_state(state["torch_rng"])
-        if self.cfg.use_gpu and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"])
+        torch.set_rng_state(rng["torch_rng"])
+        if self.cfg.use_gpu and "cuda_rng" in rng:
+            torch.cuda.set_rng_state(rng["cuda_rng"])
         if self.step < self.cfg.total_steps:
             index = self.cfg.phase_at(self.step)
             same_phase = state["phase"] == self.cfg.phases[index].name
@@ -308,11 +319,9 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "train_time_s": self.train_time_s,
             "watch": self.watch.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state() if self.cfg.use_gpu else None,
         }
-        os.makedirs(self.files.local_path(relative), exist_ok=True)
-        torch.save(state, self.files.local_path(f"{relative}/{self._rank_state_name(self.ctx.rank)}"))
+        rng = {"torch_rng": torch.get_rng_state(), **({"cuda_rng": torch.cuda.get_rng_state()} if self.cfg.use_gpu else {})}
+        save_rank_state(self.files.local_path(relative), self.ctx.rank, state, rng)
         for name in sorted(os.listdir(self.files.local_path(relative))):
             self.files.upload(f"{relative}/{name}")
         self._barrier()
@@ -332,7 +341,10 @@ class Trainer:
             **(extra or {}),
         }
         if self.rank0:
-            self.files.upload(METRICS)
+            self.trackers.flush()
+            for name in (METRICS, VALIDATION, TENSORBOARD):
+                if os.path.exists(self.files.local_path(name)):
+                    self.files.upload(name)
             self.files.write_text(f"{relative}/{COMPLETE}", json.dumps(marker, indent=2) + "\n")
             prune(self.files, self.cfg.keep_checkpoints)
         self.files.drop_local(relative)
@@ -415,12 +427,14 @@ class Trainer:
 
     @torch.no_grad()
     def _validate(self) -> dict | None:
-        """MLM/NSP loss and accuracy over up to validation_batches batches per worker of
-        the last phase's validation examples (all ranks, summed)."""
-        index = len(self.cfg.phases) - 1
+        """MLM/NSP loss and accuracy on a fixed sample of the current phase's validation
+        examples: the first validation_batches batches per worker of one keyed shuffle,
+        summed over the ranks. Every rank calls it (ZeRO-3 gathers weights collectively)."""
+        index = self.phase_index
         data = self.phases[index]
         if self.cfg.validation_batches == 0 or not data.validation_paths:
             return None
+        started = time.perf_counter()
         loader = _loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
         sums = _StepSums()
         self.engine.eval()
@@ -433,14 +447,29 @@ class Trainer:
         s = _StepSums
         if not t[s.MICRO]:
             return None
+        micro = float(t[s.MICRO])
         return {
+            "step": self.step,
             "phase": self.cfg.phases[index].name,
             "sequences": int(t[s.SEQS]),
-            "loss": float(t[s.LOSS]) / float(t[s.MICRO]),
-            "mlm_loss": float(t[s.MLM]) / float(t[s.MICRO]),
+            "loss": float(t[s.LOSS]) / micro,
+            "mlm_loss": float(t[s.MLM]) / micro,
+            "nsp_loss": float(t[s.NSP]) / micro if t[s.NSP_N] else None,
             "mlm_accuracy": _ratio(float(t[s.MLM_OK]), float(t[s.MLM_N])),
             "nsp_accuracy": _ratio(float(t[s.NSP_OK]), float(t[s.NSP_N])),
+            "time_s": time.perf_counter() - started,
         }
+
+    def _validate_if_due(self, final: bool) -> dict | None:
+        """Validate at the end and every eval_every steps; rank 0 logs the result."""
+        every = self.cfg.eval_every
+        if not (final or (every is not None and self.step % every == 0)):
+            return None
+        record = self._validate()
+        if record is not None and self.rank0:
+            self.validation_log.append(record)
+            self.trackers.log(self.step, {k: record[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}, "validation")
+        return record
 
     def run(self) -> dict:
         """Train to the end of the last phase (or the time budget); returns the marker of
@@ -449,15 +478,18 @@ class Trainer:
         self._engine()
         marker = self._resume()
         if self.rank0:
-            if self.files.exists(METRICS):
-                self.files.download(METRICS)
-            self.metrics.truncate(self.step)
+            for name, log_file in ((METRICS, self.metrics), (VALIDATION, self.validation_log)):
+                if self.files.exists(name):
+                    self.files.download(name)
+                log_file.truncate(self.step)
         total = self.cfg.total_steps
         if self.step >= total and marker is not None:
             return marker
         if self.loader is None:
             self._enter_phase(self.cfg.phase_at(self.step))
-        bar = self.progress_factory(total, self.step) if (self.rank0 and self.progress_factory) else None
+        if self.rank0:
+            params = {"pretrain": self.cfg.model_dump(mode="json"), "model": self.model_cfg.model_dump(mode="json")}
+            self.trackers = open_trackers(self.cfg.tracking, self.files, step=self.step, run_name=f"pretrain-{self.resume_key[:8]}", params=params)
         stopped_by = None
         try:
             while self.step < total:
@@ -477,19 +509,19 @@ class Trainer:
                     if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
                         stopped_by = "time_budget"
                 if self.rank0:
-                    self._log(record, data_hash, elapsed, bar)
-                if stopped_by or self.step == total or self.step % self.cfg.checkpoint_every == 0:
-                    extra = {"validation": self._validate()} if (stopped_by or self.step == total) else None
-                    marker = self._save(stopped_by, extra)
+                    self._log(record, data_hash, elapsed)
+                final = stopped_by is not None or self.step == total
+                validation = self._validate_if_due(final)
+                if final or self.step % self.cfg.checkpoint_every == 0:
+                    marker = self._save(stopped_by, {"validation": validation, "init": self.init_report} if final else None)
                 if stopped_by:
                     log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
                     break
         finally:
-            if bar is not None:
-                bar.close()
+            self.trackers.close(failed=sys.exc_info()[0] is not None)
         return marker
 
-    def _log(self, record: dict, data_hash: str, elapsed: float, bar: Progress | None) -> None:
+    def _log(self, record: dict, data_hash: str, elapsed: float) -> None:
         world = self.ctx.world_size
         flops = record.pop("flops")
         out = {
@@ -507,7 +539,7 @@ class Trainer:
             "data_hash": data_hash,
         }
         self.metrics.append(out)
-        if bar is not None:
-            bar.update(1)
-            if self.step % self.cfg.log_every == 0:
-                bar.set_description(f"pretrain {out['phase']} loss {out['loss']:.3f} mlm_acc {out['mlm_accuracy'] or 0:.3f}")
+        if self.step % self.cfg.log_every == 0:
+            self.trackers.log(self.step, {k: out[k] for k in TRACKED}, "train")
+        if self.on_step is not None:
+            self.on_step(out)

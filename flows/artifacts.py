@@ -1,19 +1,25 @@
-"""Prefect artifacts of a stage run: its statistics as a table, its markdown report and
-its small tables (evaluate: the scores against random init). Outside a Prefect run there
-is nowhere to attach them, and nothing is published."""
+"""Prefect artifacts of a stage run: its statistics as a table, its markdown report, its
+small tables (evaluate: the scores against random init) and, for a stage that logs
+training steps (pretrain: metrics.jsonl, validation.jsonl), its training curves. Outside a
+Prefect run there is nowhere to attach them, and nothing is published."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
 from prefect.exceptions import MissingContextError
 
+from bertcore.metrics_log import METRICS, VALIDATION
 from pipelines.stage import Manifest, StageDir
 
 MAX_STATISTICS = 200
 """Rows of the statistics table at most (nested statistics are flattened to dotted keys)."""
+CURVE_ROWS = 20
+"""Rows of each table of the training-curves artifact at most (evenly spaced steps)."""
+SPARKS = "▁▂▃▄▅▆▇█"
 
 
 def in_a_run() -> bool:
@@ -39,7 +45,70 @@ def publish_stage(name: str, manifest: Manifest, directory: StageDir, computed: 
     for key, rows in manifest.tables.items():
         if rows:
             create_table_artifact(table=rows, key=key, description=f"{name}: {key}")
+    logs = {s.path for s in manifest.shards}
+    if METRICS in logs:
+        steps = _records(directory, METRICS)
+        validations = _records(directory, VALIDATION) if VALIDATION in logs else []
+        create_markdown_artifact(markdown=training_curves(steps, validations), key=f"{name}-curves",
+                                 description=f"{name} training curves ({directory.path(METRICS)})")
     return True
+
+
+def _records(directory: StageDir, name: str) -> list[dict]:
+    text = directory.storage.read_text(directory.path(name))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def training_curves(steps: list[dict], validations: list[dict]) -> str:
+    """Markdown with the training loss as a sparkline and two tables at evenly spaced
+    steps: the training metrics (metrics.jsonl) and the held-out ones (validation.jsonl)."""
+    lines = ["# Training curves", ""]
+    if steps:
+        lines += [f"Training loss, steps {steps[0]['step']}-{steps[-1]['step']}: `{sparkline([r['loss'] for r in steps])}`", ""]
+    if validations:
+        lines += [f"Validation MLM loss: `{sparkline([r['mlm_loss'] for r in validations])}`", ""]
+    lines += _table(
+        "Training (metrics.jsonl)", steps,
+        [("step", "step"), ("phase", "phase"), ("loss", "loss"), ("MLM loss", "mlm_loss"), ("MLM acc.", "mlm_accuracy"),
+         ("NSP acc.", "nsp_accuracy"), ("learning rate", "lr"), ("tokens/s", "tokens_per_s")],
+    )
+    lines += _table(
+        "Validation (validation.jsonl: a fixed held-out sample)", validations,
+        [("step", "step"), ("phase", "phase"), ("MLM loss", "mlm_loss"), ("MLM acc.", "mlm_accuracy"),
+         ("NSP loss", "nsp_loss"), ("NSP acc.", "nsp_accuracy")],
+    )
+    return "\n".join(lines) + "\n"
+
+
+def sparkline(values: list[float | None], width: int = 60) -> str:
+    """One block character per point (at most `width` points, means of equal runs)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    chunk = -(-len(values) // width)
+    means = [sum(values[i : i + chunk]) / len(values[i : i + chunk]) for i in range(0, len(values), chunk)]
+    low, high = min(means), max(means)
+    scale = (len(SPARKS) - 1) / (high - low) if high > low else 0.0
+    return "".join(SPARKS[round((v - low) * scale)] for v in means)
+
+
+def _table(title: str, records: list[dict], columns: list[tuple[str, str]]) -> list[str]:
+    if not records:
+        return []
+    rows = min(CURVE_ROWS, len(records))
+    picks = sorted({round(i * (len(records) - 1) / max(1, rows - 1)) for i in range(rows)})
+    lines = [f"## {title}", "", "| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for i in picks:
+        lines.append("| " + " | ".join(_cell(records[i].get(key)) for _, key in columns) + " |")
+    return [*lines, ""]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def flatten(stats: dict, prefix: str = "") -> dict[str, Any]:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from enum import Enum
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from bertcore.errors import BertpipeError, ConfigError
+from flows import logs
 
 app = typer.Typer(
     help="bertpipe: raw text to a pretrained, evaluated BERT-family encoder.",
@@ -23,7 +27,42 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run r
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set examples.max_seq_length=512 (repeatable).")]
 
 
+class LogFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def _versions(value: bool) -> None:
+    if not value:
+        return
+    found = {}
+    for package in ("bertpipe", "torch", "ray", "prefect", "deepspeed", "transformers"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed" if package != "bertpipe" else "0+unknown (source tree)"
+    others = ", ".join(f"{k} {v}" for k, v in found.items() if k != "bertpipe")
+    typer.echo(f"bertpipe {found['bertpipe']} (python {sys.version.split()[0]}, {others})")
+    raise typer.Exit()
+
+
+@app.callback()
+def options(
+    log_format: Annotated[
+        LogFormat, typer.Option("--log-format", envvar="BERTPIPE_LOG_FORMAT", help="text for people, or json: one JSON object per line (logs on stderr, `run`'s summary on stdout).")
+    ] = LogFormat.text,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="Also bertpipe's DEBUG lines (-vv: Prefect's too).")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors (and the command's result).")] = False,
+    show_version: Annotated[bool, typer.Option("--version", callback=_versions, is_eager=True, help="Print the versions and exit.")] = False,
+) -> None:
+    """bertpipe: raw text to a pretrained, evaluated BERT-family encoder."""
+    logs.setup(-1 if quiet else verbose, log_format.value)
+
+
 def _fail(message: str, hint: str | None = None) -> None:
+    if logs.configured() == "json":
+        typer.echo(json.dumps({"level": "ERROR", "event": "error", "message": message, "hint": hint}), err=True)
+        raise typer.Exit(code=2)
     typer.secho(f"bertpipe: error: {message}", err=True, fg="red")
     if hint:
         typer.echo(f"  {hint}", err=True)
@@ -48,6 +87,7 @@ def run(
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these stages (repeatable or comma-separated).")] = None,
     from_stage: Annotated[Optional[str], typer.Option("--from", help="Run this stage and every stage after it.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages even if their output is complete.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it (default: only shards whose size or mtime/ETag changed).")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run the pipeline (or some of its stages) as the Prefect flow `bert_pretraining`."""
@@ -58,23 +98,28 @@ def run(
         select(_split_names(only), from_stage)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
 
-        state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, return_state=True)
+        state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, verify=verify, return_state=True)
     except BertpipeError as exc:
         _fail(str(exc))
         return
     if state.is_failed():
         _fail(state.message or "the flow failed", hint=f"logs above; stage outputs under {cfg.run.root}")
     summaries = state.result()
-    for summary in summaries:
-        typer.echo(
-            f"{summary['stage']:<10} {summary['state']:<9} rows={summary['rows']:<9} "
-            f"fingerprint={summary['fingerprint']}  {summary['uri']}"
-        )
-    for summary in summaries:
-        for line in summary.get("verdicts", []):
-            typer.echo(f"{summary['stage']}: {line}")
-        if "report" in summary:
-            typer.echo(f"report: {summary['report']}")
+    from flows import summary
+
+    commands = summary.next_commands(summaries, cfg.run.root, str(config) if config else None, set_ or [])
+    if logs.configured() == "json":
+        typer.echo(json.dumps({"event": "summary", "stages": summaries, "next": commands}, default=str))
+        return
+    typer.echo("")
+    for line in summary.table(summaries):
+        typer.echo(line)
+    for s in summaries:
+        for line in s.get("verdicts", []):
+            typer.echo(f"{s['stage']}: {line}")
+    typer.echo("next:")
+    for line in commands:
+        typer.echo(f"  {line}")
 
 
 @app.command()
@@ -88,14 +133,18 @@ def export(
     try:
         cfg = _load(config, set_)
         from pipelines import pretrain
+        from pipelines.lease import RootLease
         from pipelines.ray_runtime import ensure_ray
         from pipelines.registry import REGISTRY
-        from pipelines.runner import Pipeline, upstream
+        from pipelines.runner import Pipeline, export_target, upstream
 
         pipeline = Pipeline(cfg)
-        vocab = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)["vocab"]
-        ensure_ray(cfg.ray)
-        written = pretrain.export_model(pipeline.dir("pretrain"), vocab, step=step, out=out)
+        inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
+        out = export_target(cfg.run.root, out)
+        with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
+            ensure_ray(cfg.ray)
+            logs.route_ray_output()
+            written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -104,13 +153,18 @@ def export(
 
 
 @app.command()
-def status(config: ConfigOpt = None, set_: SetOpt = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Per stage: complete / stale (inputs or config changed) / incomplete / missing, with fingerprint, rows, size, duration and location."""
+def status(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard (default: only shards whose size or mtime/ETag changed).")] = False,
+) -> None:
+    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, duration and location."""
     try:
         cfg = _load(config, set_)
         from pipelines.runner import Pipeline
 
-        rows = Pipeline(cfg).status()
+        rows = Pipeline(cfg, verify=verify).status()
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -123,6 +177,116 @@ def status(config: ConfigOpt = None, set_: SetOpt = None, as_json: Annotated[boo
         seconds = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "-"
         rows_text = str(r["rows"]) if r["rows"] is not None else "-"
         typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
+        for reason in r.get("changed") or []:
+            typer.echo(f"{'':<10} changed: {reason}")
+
+
+@app.command("inspect")
+def inspect_stage(
+    stage: Annotated[str, typer.Argument(help="corpus, vocab, examples, pretrain or evaluate.")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    root: Annotated[Optional[str], typer.Option("--root", help="Run root to read (default: run.root of the recipe, or runs/demo without one).")] = None,
+    n: Annotated[int, typer.Option("--n", min=1, help="Documents or examples to show.")] = 3,
+    split: Annotated[str, typer.Option("--split", help="train or validation (corpus, examples).")] = "train",
+    phase: Annotated[Optional[str], typer.Option("--phase", help="Examples phase, e.g. seq128 (default: the first).")] = None,
+    text: Annotated[Optional[str], typer.Option("--text", help="vocab: how this text tokenizes.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Look at what a stage produced: corpus documents, the vocabulary (and how --text tokenizes), examples decoded with their masks, segments and NSP label, pretraining checkpoints, evaluation scores."""
+    try:
+        from flows.inspect import Options, inspect
+        from pipelines.storage import Storage
+
+        if config is not None:
+            cfg = _load(config, set_)
+            storage, run_root = Storage(cfg.storage), root or cfg.run.root
+        else:  # no recipe: the root given, or the default one (runs/demo)
+            from bertcore.config import RunConfig, StorageConfig
+
+            storage, run_root = Storage(StorageConfig()), RunConfig(**({"root": root} if root else {})).root
+        data, lines = inspect(storage, run_root, stage, Options(n=n, split=split, phase=phase, text=text))
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+        return
+    for line in lines:
+        typer.echo(line)
+
+
+config_app = typer.Typer(help="The run recipe.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]+):[^/@\s]+@")
+
+
+def masked(value: Any) -> Any:
+    """A password inside a URI (scheme://user:password@host) replaced by ****."""
+    if isinstance(value, dict):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\g<scheme>:****@", value)
+    return value
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
+) -> None:
+    """Print the recipe as a run would use it: `extends` merged, `--set` applied, `{demo_data}` expanded, every default filled in; credentials masked."""
+    try:
+        cfg = _load(config, set_)
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    data = masked(cfg.model_dump(mode="json"))
+    for name in ("key", "secret"):  # never written out; shown only as set or not
+        if getattr(cfg.storage, name) is not None:
+            data["storage"][name] = "****"
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    import yaml
+
+    typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
+
+
+@app.command()
+def verify(
+    stages: Annotated[Optional[list[str]], typer.Argument(help="Stages to check (default: all).")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Re-hash every shard of the stages against their manifests; exit 1 when any is damaged or missing."""
+    try:
+        cfg = _load(config, set_)
+        from pipelines.registry import select
+        from pipelines.runner import Pipeline
+
+        names = select(_split_names(stages), None) if stages else None
+        rows = Pipeline(cfg).verify_outputs(names)
+    except BertpipeError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            checked = f"{r['shards']} shards" if "shards" in r else "-"
+            typer.echo(f"{r['stage']:<10} {r['state']:<11} {checked:>12}  {r['uri']}")
+            for path, state in sorted(r["problems"].items()):
+                typer.echo(f"  {state:<8} {path}")
+            if r["note"]:
+                typer.echo(f"  {r['note']}")
+    if any(r["state"] in ("damaged", "incomplete") for r in rows):
+        raise typer.Exit(code=1)
 
 
 @app.command()
@@ -172,7 +336,7 @@ def save_recipe(
 
 @app.command("demo-data")
 def demo_data() -> None:
-    """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels)."""
+    """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels, and bertpipe's own task files)."""
     from bertcore import sample_data
 
     try:
@@ -187,11 +351,13 @@ def demo_data() -> None:
         typer.echo(f"Korean text (kolaw/, kobill/): {sample_data.konlpy_corpus_dir()}")
     except BertpipeError as exc:
         typer.echo(f"Korean text: not installed ({exc})")
+    typer.echo(f"Korean review sentiment (120 sentences written for bertpipe): {sample_data.TASK_DATA / 'korean_reviews.tsv'}")
 
 
 def main() -> None:
-    # Stage modules log through the standard logging module; show them in Prefect's logs.
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "pipelines,bertcore,flows")
+    # Stage modules log through the standard logging module; show them in Prefect's logs
+    # (flows/logs.py sets up the rest when the command's options are parsed).
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(logs.PROJECT_LOGGERS))
     # no network here or on most clusters: the temporary API server must not phone home
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     app()

@@ -179,6 +179,17 @@ def ensure_work_pool(name: str) -> None:
         )
 
 
+def _share_root_limit(root: str) -> None:
+    """One slot for every deployment of this run root (flows/pipeline.py `one_writer` takes it),
+    so a corpus refresh waits for a full run on the same root instead of colliding with it."""
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import root_limit
+
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(root_limit(root), 1)
+
+
 def _require_api() -> None:
     from prefect.settings import get_current_settings
 
@@ -222,6 +233,7 @@ def deploy(
         return []
     _require_api()
     ensure_work_pool(pool)
+    _share_root_limit(cfg.run.root)
 
     flow = Flow.from_source(source=str(source), entrypoint=ENTRYPOINT)
     job_variables = {"env": {**FLOW_RUN_ENV, **dict(env or {})}}

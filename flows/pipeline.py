@@ -7,26 +7,38 @@ pydantic run config, so the Prefect UI shows a typed form.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Failed
+from prefect.client.schemas.objects import StateDetails
+from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
+from flows import logs
 from flows.artifacts import publish_stage
+from flows.failures import describe, is_transient, write_traceback
+from pipelines.lease import RootLease
 from pipelines.ray_runtime import ensure_ray
 from pipelines.registry import PipelineConfig, select
 from pipelines.runner import Pipeline
 
 USER_ERROR = "UserError"
+PERMANENT_ERROR = "PermanentError"
+CACHED = "Cached"
+"""Name of the state of a stage whose complete output has its fingerprint (Prefect shows it as cached)."""
 
 
-def _retry_unless_user_error(task, task_run, state) -> bool:
-    # a user's mistake (bad config, missing input) fails the same way every time; a lost
-    # Ray node or a flaky object store does not, and a retried stage redoes only the
+def _retry_transient_only(task, task_run, state) -> bool:
+    # a user's mistake (bad config, missing input) or a permanent failure (disk full, no
+    # permission, a missing bucket, a damaged manifest) fails the same way every time; a
+    # lost Ray node or a flaky object store does not, and a retried stage redoes only the
     # units that are not finished
-    return state.name != USER_ERROR
+    return state.name not in (USER_ERROR, PERMANENT_ERROR)
 
 
 @task(
@@ -35,15 +47,21 @@ def _retry_unless_user_error(task, task_run, state) -> bool:
     task_run_name="{name}",
     retries=2,
     retry_delay_seconds=[30, 120],
-    retry_condition_fn=_retry_unless_user_error,
+    retry_condition_fn=_retry_transient_only,
 )
 def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     logger = get_run_logger()
+    started = time.perf_counter()
     try:
         manifest, computed = pipeline.run(name, force=force)
     except BertpipeError as exc:
         # A user's mistake: fail with one clear line instead of a traceback.
         return Failed(name=USER_ERROR, message=f"{name}: {exc}")
+    except Exception as exc:
+        logger.error("%s failed; full traceback in %s", name, write_traceback(name, exc), exc_info=exc)
+        if is_transient(exc):
+            raise  # Prefect tries the stage again; finished units are kept
+        return Failed(name=PERMANENT_ERROR, message=describe(name, exc, pipeline.cfg.run.root))
     directory = pipeline.dir(name)
     summary = {
         "stage": name,
@@ -54,16 +72,25 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
         "seconds": manifest.timings.get("total_s"),
         "skipped_inputs": len(manifest.skipped),
         "uri": directory.uri,
+        "elapsed_s": round(time.perf_counter() - started, 3),
+        "headline": manifest.headline,
     }
     if manifest.report:
         summary["report"] = directory.path(manifest.report)
     if manifest.stats.get("verdicts"):
         summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)
-    logger.info("%s: %s (%s rows, fingerprint %s) -> %s", name, summary["state"], summary["rows"], manifest.fingerprint, directory.uri)
     for skipped in manifest.skipped:
         logger.warning("%s: skipped input %s: %s", name, skipped["file"], skipped["reason"])
     publish_stage(name, manifest, directory, computed)
-    return summary
+    if computed:
+        return summary
+    # skipped on a matching fingerprint: a Completed state named Cached, keyed by the fingerprint
+    return Completed(
+        name=CACHED,
+        data=summary,
+        message=f"{name}: output complete with fingerprint {manifest.fingerprint}",
+        state_details=StateDetails(cache_key=f"bertpipe-{name}-{manifest.fingerprint}"),
+    )
 
 
 @flow(name="bert_pretraining", log_prints=True)
@@ -72,16 +99,60 @@ def bert_pretraining(
     only: list[str] | None = None,
     from_stage: str | None = None,
     force: bool = False,
+    verify: bool = False,
 ) -> list[dict[str, Any]]:
     """Raw text to a pretrained, evaluated BERT encoder: corpus -> vocab -> examples ->
-    pretrain -> evaluate. Stages already complete with the same fingerprint are cached."""
+    pretrain -> evaluate. Stages already complete with the same fingerprint are cached;
+    `verify` re-hashes every shard before trusting it."""
+    logs.default_levels()
     stages = select(only, from_stage)
-    ensure_ray(config.ray)
-    pipeline = Pipeline(config)
+    pipeline = Pipeline(config, verify=verify)
     summaries = []
-    for name in stages:
-        state = run_stage(name, pipeline, force, return_state=True)
-        if state.is_failed():
-            return Failed(message=state.message)
-        summaries.append(state.result())
+    try:
+        with one_writer(pipeline) as lease:
+            ensure_ray(config.ray)
+            logs.route_ray_output()
+            for name in stages:
+                lease.check()
+                state = run_stage(name, pipeline, force, return_state=True)
+                if state.is_failed():
+                    return Failed(message=_one_line(name, state, pipeline))
+                summaries.append(state.result())
+    except BertpipeError as exc:  # the root is held by another writer, or was taken over
+        return Failed(message=str(exc))
+    except Exception as exc:  # e.g. the lease cannot be written: a read-only root, a missing bucket
+        get_run_logger().error("the run failed; full traceback in %s", write_traceback("run", exc), exc_info=exc)
+        return Failed(message=describe("run", exc, config.run.root))
     return summaries
+
+
+def _one_line(name: str, state, pipeline: Pipeline) -> str:
+    """The failed stage's message: ours already is one line; an error that Prefect retried
+    until it gave up is described from the exception itself."""
+    if state.name in (USER_ERROR, PERMANENT_ERROR):
+        return state.message
+    error = state.result(raise_on_failure=False)
+    if isinstance(error, BaseException):
+        return describe(name, error, pipeline.cfg.run.root) + " (after retries)"
+    return f"{name}: {' '.join(str(state.message).split())}"
+
+
+def root_limit(root: str) -> str:
+    """The Prefect global concurrency limit that deployments of one run root share."""
+    return "bertpipe-root-" + hashlib.sha256(root.encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def one_writer(pipeline: Pipeline) -> Iterator[RootLease]:
+    """Hold the run root for this flow run: in a deployment, first a slot of the root's
+    concurrency limit (other deployments of the root wait their turn), then the lease file
+    (any other writer, a CLI run included, is refused at once)."""
+    from prefect.runtime import deployment, flow_run
+
+    holder = f"flow run {flow_run.name or '?'} ({flow_run.id or 'no id'})"
+    with contextlib.ExitStack() as stack:
+        if deployment.id:
+            from prefect.concurrency.sync import concurrency
+
+            stack.enter_context(concurrency(root_limit(pipeline.cfg.run.root), occupy=1, strict=False))
+        yield stack.enter_context(RootLease(pipeline.storage, pipeline.cfg.run.root, holder))

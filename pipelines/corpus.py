@@ -1,24 +1,28 @@
 """Corpus stage: raw files -> cleaned, sentence-split, deduplicated Arrow shards.
 
-Ray shape: one task per work unit (a file, or one of the `ceil(size / split_bytes)` parts
-that share a large file), each writing its cleaned documents to `_work/`; the driver then
-decides duplicates, the train/validation split and the shard boundaries from small
-per-document metadata, and one task per output shard gathers the documents and writes
-`{train,validation}/part-NNNNN.arrow`.
+Ray shape: the inputs are planned into work units (pipelines/corpus_inputs.py: small
+files grouped, large ones cut into byte ranges or multistream-bz2 stream ranges, so every
+input byte is decompressed once). One task per unit cleans and sentence-splits its
+documents into `_work/`; a file that can only be read front to back (single-stream
+compression) is read by one `read_stream` task whose record batches `clean_batch` tasks
+clean as they come. The driver then decides duplicates, the train/validation split and
+the shard boundaries from small per-document metadata, and one task per output shard
+gathers the documents and writes `{train,validation}/part-NNNNN.arrow`.
 
 Output order and boundaries depend only on the inputs and the config, never on the number
-of workers: documents keep their input order (file, byte offset), exact duplicates keep
-the first occurrence, and shards are cut in that order at equal character counts.
+of workers or on how a file was cut: documents keep their input order (file, then a key
+that is the same whichever task read the record: its byte offset, or for a multistream
+dump its stream and offset inside it), exact duplicates keep the first occurrence, and
+shards are cut in that order at equal character counts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import posixpath
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,20 +30,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from bertcore.errors import InputDataError
+from bertcore.errors import BertpipeError, InputDataError
 from bertcore.rng import stable_fraction
-from bertcore.text.clean import Cleaned, clean_document
-from bertcore.text.config import CorpusConfig, InputSpec
+from bertcore.text.clean import Cleaned, Wiki, clean_document
+from bertcore.text.config import CorpusConfig
 from bertcore.text.dedup import content_hash, minhash_signature, near_duplicates
-from bertcore.text.records import InputError, detect_format, iter_raw_documents
-from pipelines.ray_runtime import run_tasks
+from bertcore.text.lengths import Lengths
+from bertcore.text.records import InputError, RawDocument, ReadStats, iter_raw_documents
+from pipelines.corpus_inputs import InputFile, Piece, Unit, input_location_free, list_inputs, open_piece, plan_units
+from pipelines.corpus_stats import statistics
+from pipelines.progress import Progress, size
+from pipelines.ray_runtime import run_tasks, unwrap
 from pipelines.shards import read_table, write_table
 from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun
-from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
+_BATCH_CHARS = 32 << 20  # most characters of raw text in one batch of a streamed file
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -52,33 +60,9 @@ DOCUMENT_SCHEMA = pa.schema(
 # What a work unit writes: the documents plus what the driver needs to place them.
 WORK_SCHEMA = pa.schema(
     list(DOCUMENT_SCHEMA)
-    + [("offset", pa.int64()), ("seq", pa.int64()), ("chars", pa.int64()), ("n_sentences", pa.int64()), ("content_hash", pa.binary(16))]
+    + [("file", pa.int64()), ("major", pa.int64()), ("minor", pa.int64()), ("seq", pa.int64()),
+       ("chars", pa.int64()), ("n_sentences", pa.int64()), ("content_hash", pa.binary(16))]
 )
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One Ray task's share of the input: part `part` of `n_parts` of one file."""
-
-    index: int
-    file_index: int
-    uri: str
-    spec: InputSpec
-    source: str
-    part: int
-    n_parts: int
-
-    @property
-    def work_path(self) -> str:
-        return f"_work/unit-{self.index:05d}.arrow"
-
-
-@dataclass
-class UnitResult:
-    unit: int
-    read: int = 0
-    dropped: Counter = field(default_factory=Counter)
-    skipped: str | None = None
 
 
 def doc_id(source: str, uri: str, title: str) -> str:
@@ -87,50 +71,15 @@ def doc_id(source: str, uri: str, title: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
 
 
-# -- planning --------------------------------------------------------------------------------
-
-
-def list_inputs(cfg: CorpusConfig, storage: Storage) -> tuple[list[tuple[InputSpec, str, str, dict]], list[dict]]:
-    """Expand the inputs: (spec, source label, uri, {size, version}) per file, plus the
-    inputs that matched nothing when `on_error: skip`."""
-    files, skipped = [], []
-    for position, spec in enumerate(cfg.inputs):
-        try:
-            matches = storage.glob(spec.uri)
-        except (FileNotFoundError, PermissionError, OSError) as exc:
-            matches, reason = [], f"cannot list {spec.uri}: {exc}"
-        else:
-            reason = f"no file matches {spec.uri}"
-        if not matches:
-            if cfg.on_error == "raise":
-                raise InputDataError(f"corpus.inputs[{position}]: {reason} (check the path, bucket and credentials)")
-            skipped.append({"file": spec.uri, "reason": reason})
-            continue
-        source = spec.name or posixpath.basename(spec.uri.rstrip("/")) or spec.uri
-        for uri in matches:
-            info = storage.info(uri)
-            version = info.get("ETag") or info.get("mtime") or info.get("LastModified")
-            files.append((spec, source, uri, {"size": int(info.get("size") or 0), "version": str(version)}))
-    return files, skipped
-
-
-def plan_units(cfg: CorpusConfig, files: list[tuple[InputSpec, str, str, dict]]) -> list[Unit]:
-    units = []
-    for file_index, (spec, source, uri, meta) in enumerate(files):
-        n_parts = max(1, math.ceil(meta["size"] / cfg.split_bytes))
-        for part in range(n_parts):
-            units.append(Unit(len(units), file_index, uri, spec, source, part, n_parts))
-    return units
-
-
 def cut_shards(chars: np.ndarray, shard_chars: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) ranges over documents in order, each holding about the same
-    number of characters: n = round(total / shard_chars) shards (at least one), boundary k
-    placed where the running total is nearest to k * total / n."""
-    total = int(chars.sum())
+    """Contiguous, non-empty [start, end) ranges covering the documents in order, each
+    holding about the same number of characters: n = round(total / shard_chars) shards
+    (at least one, at most one per document), boundary k placed where the running total
+    is nearest to k * total / n."""
     if len(chars) == 0:
         return []
-    n = max(1, round(total / shard_chars))
+    total = int(chars.sum())
+    n = min(len(chars), max(1, round(total / shard_chars)))
     cumulative = np.cumsum(chars)
     bounds = [0]
     for k in range(1, n):
@@ -139,84 +88,265 @@ def cut_shards(chars: np.ndarray, shard_chars: int) -> list[tuple[int, int]]:
         # choose the side of document `cut` whose running total is nearer the target
         if cut < len(chars) and abs(cumulative[cut] - target) < abs(cumulative[cut] - chars[cut] - target):
             cut += 1
-        cut = min(max(cut, bounds[-1] + 1), len(chars) - (n - k))
-        bounds.append(cut)
+        # leave at least one document for this shard and each one after it
+        bounds.append(min(max(cut, bounds[-1] + 1), len(chars) - (n - k)))
     bounds.append(len(chars))
-    return [(bounds[i], bounds[i + 1]) for i in range(n) if bounds[i + 1] > bounds[i]]
+    return [(bounds[i], bounds[i + 1]) for i in range(n)]
 
 
-# -- Ray tasks -------------------------------------------------------------------------------
+# -- what tasks report -----------------------------------------------------------------------
 
 
-def _open_decompressed(storage: Storage, uri: str):
-    return storage.open(uri, "rb", compression="infer")
+@dataclass
+class UnitResult:
+    """What cleaning one unit (or one batch of a streamed unit) found."""
+
+    unit: int
+    works: list[str] = field(default_factory=list)
+    read: Counter = field(default_factory=Counter)  # per file index
+    dropped: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    files: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    """Per file: compressed_bytes_read, decompressed_bytes, truncated_records, truncated_bytes,
+    long_sentences_split, boilerplate_chars."""
+    chars: Lengths = field(default_factory=Lengths)
+    words: Lengths = field(default_factory=lambda: Lengths(1024))
+    skipped: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "works": self.works, "read": dict(self.read), "dropped": {k: dict(v) for k, v in self.dropped.items()},
+            "files": {k: dict(v) for k, v in self.files.items()}, "chars": self.chars.to_json(), "words": self.words.to_json(),
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_json(cls, unit: int, data: dict) -> UnitResult:
+        out = cls(unit, works=data["works"], read=Counter({int(k): v for k, v in data["read"].items()}),
+                  chars=Lengths.from_json(data["chars"]), words=Lengths.from_json(data["words"]),
+                  skipped={int(k): v for k, v in data["skipped"].items()})
+        for name in ("dropped", "files"):
+            for k, v in data[name].items():
+                getattr(out, name)[int(k)].update(v)
+        return out
 
 
-def _format_of(storage: Storage, unit: Unit) -> str:
-    if unit.spec.format != "auto":
-        return unit.spec.format
-    with _open_decompressed(storage, unit.uri) as stream:
-        head = stream.read(4096)
-    return detect_format(posixpath.basename(unit.uri), head)
+class _Work:
+    """The cleaned documents of one task, as WORK_SCHEMA columns."""
+
+    def __init__(self):
+        self.columns: dict[str, list] = {name: [] for name in WORK_SCHEMA.names}
+
+    def add(self, file: InputFile, key: tuple[int, int], seq: int, cleaned: Cleaned) -> None:
+        c = self.columns
+        c["doc_id"].append(doc_id(file.source, file.uri, cleaned.title))
+        c["source"].append(file.source)
+        c["title"].append(cleaned.title)
+        c["sentences"].append(cleaned.sentences)
+        c["file"].append(file.index)
+        c["major"].append(key[0])
+        c["minor"].append(key[1])
+        c["seq"].append(seq)
+        c["chars"].append(cleaned.chars)
+        c["n_sentences"].append(len(cleaned.sentences))
+        c["content_hash"].append(content_hash(cleaned.sentences))
+
+    def publish(self, stage: StageDir, path: str, fp: str, result: UnitResult) -> UnitResult:
+        table = pa.table(self.columns, schema=WORK_SCHEMA)
+        work = stage.publish(path, lambda local: write_table(local, table), rows=table.num_rows)
+        result.works = [path]
+        stage.complete(path, fp, [work], result.to_json())
+        return result
+
+
+# -- cleaning ----------------------------------------------------------------------------------
+
+
+_USER_ERRORS = (InputError, EOFError, OSError, UnicodeDecodeError, ValueError)
+
+
+def _user_error(file: InputFile, exc: BaseException, cfg: CorpusConfig) -> str:
+    """The one-line reason a file cannot be read; raised as InputDataError unless skipping."""
+    text = " ".join((str(exc) or type(exc).__name__).split())
+    reason = f"{file.uri}: {text.removeprefix(posixpath.basename(file.uri) + ': ')}"
+    if cfg.on_error == "raise":
+        raise InputDataError(f"{reason} (or set corpus.on_error: skip to list the file in the manifest and go on)") from None
+    return reason
+
+
+def _clean_records(work: _Work, records, piece: Piece, key, header, cfg: CorpusConfig, result: UnitResult) -> None:
+    """Clean records of one piece into `work`, counting what was read and dropped."""
+    file = piece.file
+    language = file.spec.language
+    wiki = None
+    for seq, raw in enumerate(records):
+        result.read[file.index] += 1
+        if raw.markup == "wikitext" and wiki is None:
+            wiki = Wiki.of(cfg, language, header())
+        try:
+            outcome = clean_document(raw, cfg, language, wiki)
+        except Exception as exc:  # a record that breaks the cleaner must not become a retried crash
+            raise InputError(
+                f"cleaning the record at byte {raw.offset} ({raw.title[:80]!r}) failed ({type(exc).__name__}: {exc}); "
+                "this is a bertpipe bug, please report it with that record",
+                raw.offset,
+            ) from exc
+        if not isinstance(outcome, Cleaned):
+            result.dropped[file.index][outcome.reason] += 1
+            continue
+        work.add(file, key(raw.offset), seq, outcome)
+        result.chars.add(len(s) for s in outcome.sentences)
+        result.words.add(s.count(" ") + 1 for s in outcome.sentences)
+        counts = result.files[file.index]
+        counts["long_sentences_split"] += outcome.long_sentences_split
+        counts["boilerplate_chars"] += outcome.boilerplate_chars
+
+
+def _count_read(result: UnitResult, file: InputFile, stats: ReadStats, compressed: int) -> None:
+    counts = result.files[file.index]
+    counts["compressed_bytes_read"] += compressed
+    counts["decompressed_bytes"] += stats.decompressed_bytes
+    counts["truncated_bytes"] += stats.truncated_bytes
+    if stats.truncated_records:
+        counts["truncated_records"] += stats.truncated_records
+        result.read[file.index] += stats.truncated_records
+        result.dropped[file.index]["truncated"] += stats.truncated_records
 
 
 @ray.remote(num_cpus=1, max_retries=3)
 def clean_unit(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str) -> UnitResult:
-    """Read one work unit, clean and sentence-split its documents, write them to `_work/`."""
-    storage = stage.storage
-    result = UnitResult(unit=unit.index)
+    """Read one work unit's pieces, clean and sentence-split their documents into `_work/`."""
     done = stage.done(unit.work_path, fp)
     if done is not None:
-        result.read = done.result["read"]
-        result.dropped = Counter(done.result["dropped"])
-        return result
+        return UnitResult.from_json(unit.index, done.result)
+    result, work = UnitResult(unit.index), _Work()
+    for piece in unit.pieces:
+        stats = ReadStats()
+        try:
+            with open_piece(stage.storage, piece) as opened:
+                records = iter_raw_documents(opened.stream, piece.fmt, stats=stats, **opened.arguments)
+                _clean_records(work, records, piece, opened.key, lambda: piece.header or stats.header, cfg, result)
+                compressed = opened.compressed_bytes
+        except _USER_ERRORS as exc:
+            result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
+            continue
+        _count_read(result, piece.file, stats, compressed)
+    return work.publish(stage, unit.work_path, fp, result)
 
-    columns: dict[str, list] = {name: [] for name in WORK_SCHEMA.names}
+
+@dataclass(frozen=True)
+class Batch:
+    index: int
+    records: list[RawDocument]
+    header: object
+
+
+@ray.remote(num_cpus=0, max_retries=3)
+def read_stream(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str, batch_chars: int):
+    """Decompress one file once, front to back, yielding its records in batches of about
+    `batch_chars` characters; what was read is recorded under `unit.read_marker`. Takes no
+    CPU slot of its own, so it can never wait on the cleaning tasks it feeds."""
+    piece = unit.pieces[0]
+    stats, result = ReadStats(), UnitResult(unit.index)
+    batch: list[RawDocument] = []
+    size = n = 0
     try:
-        fmt = _format_of(storage, unit)
-        with _open_decompressed(storage, unit.uri) as stream:
-            records = iter_raw_documents(
-                stream,
-                fmt,
-                part=unit.part,
-                n_parts=unit.n_parts,
-                text_column=unit.spec.text_column,
-                title_column=unit.spec.title_column,
-                name=posixpath.basename(unit.uri),
-            )
-            for j, raw in enumerate(records):
-                result.read += 1
-                outcome = clean_document(raw, cfg, unit.spec.language)
-                if not isinstance(outcome, Cleaned):
-                    result.dropped[outcome.reason] += 1
-                    continue
-                columns["doc_id"].append(doc_id(unit.source, unit.uri, outcome.title))
-                columns["source"].append(unit.source)
-                columns["title"].append(outcome.title)
-                columns["sentences"].append(outcome.sentences)
-                # input order: by byte offset in the file, then by position within the unit
-                # (Parquet rows of one row group share the group's offset)
-                columns["offset"].append(raw.offset)
-                columns["seq"].append(j)
-                columns["chars"].append(outcome.chars)
-                columns["n_sentences"].append(len(outcome.sentences))
-                columns["content_hash"].append(content_hash(outcome.sentences))
-    except (InputError, EOFError, OSError, UnicodeDecodeError, ValueError) as exc:
-        message = _one_line(exc).removeprefix(f"{posixpath.basename(unit.uri)}: ")
-        reason = f"{unit.uri}: {message}"
-        if cfg.on_error == "raise":
-            raise InputDataError(f"{reason} (or set corpus.on_error: skip to list the file in the manifest and go on)") from None
-        return UnitResult(unit=unit.index, skipped=reason)
-
-    table = pa.table(columns, schema=WORK_SCHEMA)
-    work = stage.publish(unit.work_path, lambda path: write_table(path, table), rows=table.num_rows)
-    stage.complete(unit.work_path, fp, [work], {"read": result.read, "dropped": dict(result.dropped)})
-    return result
+        with open_piece(stage.storage, piece) as opened:
+            for raw in iter_raw_documents(opened.stream, piece.fmt, stats=stats, **opened.arguments):
+                batch.append(raw)
+                size += len(raw.text)
+                if size >= batch_chars:
+                    yield Batch(n, batch, stats.header)
+                    batch, size, n = [], 0, n + 1
+            if batch:
+                yield Batch(n, batch, stats.header)
+                n += 1
+            compressed = opened.compressed_bytes
+        _count_read(result, piece.file, stats, compressed)
+    except _USER_ERRORS as exc:
+        result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
+    stage.complete(unit.read_marker, fp, [], {"batches": n, **result.to_json()})
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return " ".join(text.split())
+@ray.remote(num_cpus=1, max_retries=3)
+def clean_batch(unit: Unit, batch: Batch, cfg: CorpusConfig, stage: StageDir, fp: str) -> UnitResult:
+    path = unit.batch_path(batch.index)
+    done = stage.done(path, fp)
+    if done is not None:
+        return UnitResult.from_json(unit.index, done.result)
+    piece, result, work = unit.pieces[0], UnitResult(unit.index), _Work()
+    try:
+        _clean_records(work, batch.records, piece, lambda offset: (offset, 0), lambda: batch.header, cfg, result)
+    except InputError as exc:
+        result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
+    return work.publish(stage, path, fp, result)
+
+
+def _raise_failed(exc: ray.exceptions.RayTaskError, pending) -> None:
+    """A task failed: cancel the others; a user's error comes out as itself (one line)."""
+    for other in pending:
+        ray.cancel(other)
+    error = unwrap(exc)
+    if isinstance(error, BertpipeError):
+        raise error from None
+    raise exc
+
+
+def _clean_all(units: list[Unit], cfg: CorpusConfig, stage: StageDir, fp: str, parallelism: int | None) -> list[UnitResult]:
+    """Run every unit: a clean_unit task each, and for a streamed unit its reader with a
+    clean_batch task per batch, at most `limit` cleaning tasks in flight (the readers feed
+    batches only into free slots, so their backlog stays bounded)."""
+    limit = parallelism or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    plain = deque(u for u in units if not u.streamed)
+    streamed = deque(u for u in units if u.streamed)
+    in_flight: dict = {}
+    readers: dict = {}
+    results: list[UnitResult] = []
+    total_bytes = sum(_unit_bytes(u) for u in units)
+    with Progress("corpus: clean", len(units), total_bytes=total_bytes) as progress:
+        while plain or streamed or in_flight or readers:
+            while streamed and len(readers) < max(1, limit // 4):
+                unit = streamed.popleft()
+                reader = read_stream.options(_generator_backpressure_num_objects=2).remote(unit, cfg, stage, fp, min(cfg.split_bytes, _BATCH_CHARS))
+                readers[reader] = unit
+            for reader, unit in list(readers.items()):
+                while len(in_flight) < limit and ray.wait([reader], timeout=0)[0]:
+                    try:
+                        ref = next(reader)
+                    except StopIteration:
+                        del readers[reader]
+                        marker = stage.done(unit.read_marker, fp)
+                        results.append(UnitResult.from_json(unit.index, marker.result))
+                        progress.advance(nbytes=_unit_bytes(unit))
+                        break
+                    except ray.exceptions.RayTaskError as exc:
+                        _raise_failed(exc, in_flight)
+                    in_flight[clean_batch.remote(unit, ref, cfg, stage, fp)] = unit
+            while plain and len(in_flight) < limit:
+                unit = plain.popleft()
+                in_flight[clean_unit.remote(unit, cfg, stage, fp)] = unit
+            waitables = list(in_flight) + (list(readers) if len(in_flight) < limit else [])
+            if not waitables:
+                continue
+            ready, _ = ray.wait(waitables, num_returns=1)
+            if ready[0] in in_flight:
+                unit = in_flight.pop(ready[0])
+                try:
+                    result = ray.get(ready[0])
+                except ray.exceptions.RayTaskError as exc:
+                    _raise_failed(exc, in_flight)
+                results.append(result)
+                rows = sum(result.read.values())
+                # a streamed unit counts once, when its reader ends; its batches add rows
+                progress.advance(0 if unit.streamed else 1, rows=rows, nbytes=0 if unit.streamed else _unit_bytes(unit))
+    return results
+
+
+def _unit_bytes(unit: Unit) -> int:
+    """Input bytes of a unit (its ranges, or whole files)."""
+    return sum((p.end if p.end is not None else p.file.size) - p.start for p in unit.pieces)
+
+
+# -- output shards -----------------------------------------------------------------------------
 
 
 @ray.remote(num_cpus=1, max_retries=3)
@@ -229,73 +359,71 @@ def write_output_shard(relative: str, pieces: list[tuple[str, np.ndarray]], stag
         read_table(stage.storage, stage.path(work), DOCUMENT_SCHEMA.names).take(pa.array(rows)) for work, rows in pieces
     ]
     table = pa.concat_tables(tables).combine_chunks()
-    chars = sum(len(s) for doc in table.column("sentences").to_pylist() for s in doc)
+    chars = int(pc.sum(pc.utf8_length(pc.list_flatten(table.column("sentences")))).as_py() or 0)
     sentences = int(pc.sum(pc.list_value_length(table.column("sentences"))).as_py() or 0)
-    return stage.write_shard(
-        relative,
-        fp,
-        lambda path: write_table(path, table),
-        rows=table.num_rows,
-        extra={"chars": chars, "sentences": sentences},
-    )
+    return stage.write_shard(relative, fp, lambda path: write_table(path, table), rows=table.num_rows, extra={"chars": chars, "sentences": sentences})
 
 
-# -- the stage -------------------------------------------------------------------------------
+# -- the stage ---------------------------------------------------------------------------------
 
 
-def identify(cfg: CorpusConfig, storage: Storage) -> External:
-    """The input files and what identifies their content; the files are listed once."""
-    files, skipped = list_inputs(cfg, storage)
-    identity = {"files": {uri: meta for _, _, uri, meta in files}, "missing": [s["file"] for s in skipped]}
-    return External(identity=identity, value=(files, skipped))
+def identify(cfg: CorpusConfig, storage) -> External:
+    """The input files and what identifies their content (names relative to their input,
+    sizes, content hashes or ETags; never where they are); the files are listed once."""
+    listing = list_inputs(cfg, storage)
+    summary = f"{len(listing.files)} input files ({size(sum(f.size for f in listing.files))})"
+    return External(identity=listing.identity, value=listing, summary=summary)
 
 
 def run(r: StageRun) -> Output:
     """Clean every work unit, decide duplicates and the split, write the output shards."""
     corpus: CorpusConfig = r.section
-    files, listed_skipped = r.external
-    skipped = list(listed_skipped)
-    units = plan_units(corpus, files)
-    log.info("corpus: %d files in %d work units", len(files), len(units))
+    listing = r.external
+    files = listing.files
+    skipped = list(listing.skipped)
     t0 = time.perf_counter()
-    results: list[UnitResult] = run_tasks(
-        lambda unit: clean_unit.remote(unit, corpus, r.dir, r.fingerprint), units, parallelism=r.parallelism, desc="corpus: clean"
-    )
+    plan = plan_units(corpus, files, r.storage)
+    log.info("corpus: %d files in %d work units", len(files), len(plan.units))
+    results = _clean_all(plan.units, corpus, r.dir, r.fingerprint, r.parallelism)
     t_clean = time.perf_counter() - t0
 
-    # A file with any failed part is skipped whole: nothing of it reaches the shards.
-    failed_files = {units[u.unit].file_index: u.skipped for u in results if u.skipped}
-    for file_index, reason in sorted(failed_files.items()):
-        skipped.append({"file": files[file_index][2], "reason": reason})
-    kept_units = [u for u in units if u.file_index not in failed_files]
+    # A file with any failed piece is skipped whole: nothing of it reaches the shards.
+    failed = {}
+    for result in results:
+        failed.update(result.skipped)
+    for file_index, reason in sorted(failed.items()):
+        skipped.append({"file": files[file_index].uri, "reason": reason})
 
     t0 = time.perf_counter()
-    meta = _gather_metadata(r.dir, kept_units)
-    decision, drop_counts = _decide(meta, corpus, r.seed, r.dir, kept_units)
+    works = sorted({w for result in results for w in result.works})
+    meta = _gather_metadata(r.dir, works, set(failed))
+    decision, drop_counts = _decide(meta, corpus, r.seed, r.dir, works)
     t_plan = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    jobs = _shard_jobs(meta, decision, kept_units, corpus.shard_chars)
+    jobs = _shard_jobs(meta, decision, works, corpus.shard_chars)
     shards: list[ShardInfo] = run_tasks(
-        lambda job: write_output_shard.remote(job[0], job[1], r.dir, r.fingerprint), jobs, parallelism=r.parallelism, desc="corpus: shards"
+        lambda job: write_output_shard.remote(job[0], job[1], r.dir, r.fingerprint),
+        jobs,
+        parallelism=r.parallelism,
+        desc="corpus: shards",
+        rows=lambda shard: shard.rows,
     )
     t_write = time.perf_counter() - t0
-    r.dir.remove_except([*SPLITS, "_work"], {s.path for s in shards} | {u.work_path for u in kept_units})
+    r.dir.remove_except([*SPLITS, "_work"], {s.path for s in shards} | set(works))
 
+    stats = statistics(files, plan, results, failed, meta, decision, drop_counts, shards)
     return Output(
         shards=shards,
-        stats=_statistics(results, units, failed_files, meta, decision, drop_counts, shards),
-        timings={
-            "clean_s": round(t_clean, 3),
-            "plan_s": round(t_plan, 3),
-            "write_s": round(t_write, 3),
-        },
+        stats=stats,
+        headline={"documents": stats["documents_kept"], "sentences": stats["sentences"], "dropped": sum(stats["dropped"].values())},
+        timings={"clean_s": round(t_clean, 3), "plan_s": round(t_plan, 3), "write_s": round(t_write, 3)},
         skipped=skipped,
-        inputs={"files": {uri: m for _, _, uri, m in files}},
+        inputs={"files": {f.uri: {"size": f.size, "content": f.content} for f in files}},
     )
 
 
-def _shard_jobs(meta, decision, units: list[Unit], shard_chars: int) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
+def _shard_jobs(meta, decision, works: list[str], shard_chars: int) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
     """Per output shard: its path and its rows as (work file, row indices) pieces in order."""
     jobs = []
     for split in SPLITS:
@@ -304,40 +432,42 @@ def _shard_jobs(meta, decision, units: list[Unit], shard_chars: int) -> list[tup
             chosen = rows[start:end]
             pieces = []
             # consecutive rows of the same work file form one piece (keeps document order)
-            boundaries = np.flatnonzero(np.diff(meta["unit"][chosen])) + 1
+            boundaries = np.flatnonzero(np.diff(meta["work"][chosen])) + 1
             for block in np.split(chosen, boundaries):
-                unit = units[meta["unit_pos"][block[0]]]
-                pieces.append((unit.work_path, meta["row"][block]))
+                pieces.append((works[meta["work"][block[0]]], meta["row"][block]))
             jobs.append((f"{split}/part-{shard_index:05d}.arrow", pieces))
     return jobs
 
 
-def _gather_metadata(stage: StageDir, units: list[Unit]) -> dict[str, np.ndarray]:
-    """Per kept document, in input order: work unit, row in its work file, chars, hash, id."""
+_META = ("work", "row", "file", "major", "minor", "seq", "chars", "sentences", "doc_id", "hash")
+
+
+def _gather_metadata(stage: StageDir, works: list[str], failed_files: set[int]) -> dict[str, np.ndarray]:
+    """Per kept document, in input order: work file, row in it, file, order key, chars,
+    sentences, id and content hash. Documents of failed files are left out."""
     parts = defaultdict(list)
-    for position, unit in enumerate(units):
-        table = read_table(stage.storage, stage.path(unit.work_path), ["doc_id", "offset", "seq", "chars", "n_sentences", "content_hash"])
+    for position, work in enumerate(works):
+        table = read_table(stage.storage, stage.path(work), ["doc_id", "file", "major", "minor", "seq", "chars", "n_sentences", "content_hash"])
         n = table.num_rows
-        parts["unit"].append(np.full(n, unit.index, dtype=np.int64))
-        parts["unit_pos"].append(np.full(n, position, dtype=np.int64))
-        parts["file"].append(np.full(n, unit.file_index, dtype=np.int64))
+        parts["work"].append(np.full(n, position, dtype=np.int64))
         parts["row"].append(np.arange(n, dtype=np.int64))
-        parts["offset"].append(table.column("offset").to_numpy())
-        parts["seq"].append(table.column("seq").to_numpy())
-        parts["chars"].append(table.column("chars").to_numpy())
+        for column in ("file", "major", "minor", "seq", "chars"):
+            parts[column].append(table.column(column).to_numpy())
         parts["sentences"].append(table.column("n_sentences").to_numpy())
         parts["doc_id"].append(np.array(table.column("doc_id").to_pylist(), dtype=object))
         parts["hash"].append(np.array(table.column("content_hash").to_pylist(), dtype=object))
     if not parts:
-        return {k: np.array([], dtype=np.int64) for k in ("unit", "unit_pos", "file", "row", "offset", "seq", "chars", "sentences", "doc_id", "hash")}
+        return {k: np.array([], dtype=np.int64) for k in _META}
     meta = {k: np.concatenate(v) for k, v in parts.items()}
-    order = np.lexsort((meta["seq"], meta["offset"], meta["file"]))  # input order
+    keep = ~np.isin(meta["file"], list(failed_files)) if failed_files else np.ones(len(meta["file"]), dtype=bool)
+    meta = {k: v[keep] for k, v in meta.items()}
+    order = np.lexsort((meta["seq"], meta["minor"], meta["major"], meta["file"]))  # input order
     return {k: v[order] for k, v in meta.items()}
 
 
-def _decide(meta, corpus: CorpusConfig, seed: int, stage: StageDir, units: list[Unit]):
+def _decide(meta, corpus: CorpusConfig, seed: int, stage: StageDir, works: list[str]):
     """Which documents survive deduplication, and their split. Returns index arrays into
-    `meta` per split (in input order) and the drop counts per source."""
+    `meta` per split (in input order) and the drop masks per reason."""
     n = len(meta["chars"])
     keep = np.ones(n, dtype=bool)
     seen: set[bytes] = set()
@@ -350,80 +480,32 @@ def _decide(meta, corpus: CorpusConfig, seed: int, stage: StageDir, units: list[
     near = np.zeros(n, dtype=bool)
     if corpus.near_dedup and keep.any():
         candidates = np.flatnonzero(keep)
-        signatures = _signatures(stage, units, meta, candidates, corpus, seed)
+        signatures = _signatures(stage, works, meta, candidates, corpus, seed)
         flagged = near_duplicates(list(range(len(candidates))), signatures, corpus.minhash_threshold, corpus.minhash_num_perm)
         near[candidates[sorted(flagged)]] = True
         keep &= ~near
     validation = np.array([stable_fraction("split", d) < corpus.validation_fraction for d in meta["doc_id"]], dtype=bool)
-    decision = {
-        "train": np.flatnonzero(keep & ~validation),
-        "validation": np.flatnonzero(keep & validation),
-    }
-    drops = {"duplicate": duplicate, "near_duplicate": near}
-    return decision, drops
+    decision = {"train": np.flatnonzero(keep & ~validation), "validation": np.flatnonzero(keep & validation)}
+    return decision, {"duplicate": duplicate, "near_duplicate": near}
 
 
-def _signatures(stage: StageDir, units, meta, candidates, corpus: CorpusConfig, seed: int) -> list:
+def _signatures(stage: StageDir, works: list[str], meta, candidates, corpus: CorpusConfig, seed: int) -> list:
     """MinHash signatures of the candidate documents (computed from the work files)."""
     signatures = []
     cache: dict[int, pa.Table] = {}
     for i in candidates:
-        position = int(meta["unit_pos"][i])
+        position = int(meta["work"][i])
         if position not in cache:
             cache.clear()
-            cache[position] = read_table(stage.storage, stage.path(units[position].work_path), ["sentences"])
+            cache[position] = read_table(stage.storage, stage.path(works[position]), ["sentences"])
         sentences = cache[position].column("sentences")[int(meta["row"][i])].as_py()
         signatures.append(minhash_signature(sentences, corpus.minhash_num_perm, corpus.shingle_words, seed))
     return signatures
 
 
-def _statistics(results, units, failed_files, meta, decision, drop_counts, shards) -> dict:
-    per_source: dict[str, dict] = defaultdict(lambda: {"read": 0, "kept": 0, "dropped": Counter(), "sentences": 0, "characters": 0})
-    for r in results:
-        unit = units[r.unit]
-        if unit.file_index in failed_files:
-            continue
-        entry = per_source[unit.source]
-        entry["read"] += r.read
-        entry["dropped"].update(r.dropped)
-    source_of_unit = {u.index: u.source for u in units}
-    for reason, mask in drop_counts.items():
-        for i in np.flatnonzero(mask):
-            per_source[source_of_unit[int(meta["unit"][i])]]["dropped"][reason] += 1
-    kept_rows = np.concatenate([decision[s] for s in SPLITS]) if len(meta["chars"]) else np.array([], dtype=np.int64)
-    for i in kept_rows:
-        entry = per_source[source_of_unit[int(meta["unit"][i])]]
-        entry["kept"] += 1
-        entry["sentences"] += int(meta["sentences"][i])
-        entry["characters"] += int(meta["chars"][i])
-    splits = {}
-    for split in SPLITS:
-        split_shards = [s for s in shards if s.path.startswith(split + "/")]
-        splits[split] = {
-            "documents": sum(s.rows for s in split_shards),
-            "sentences": sum(s.extra["sentences"] for s in split_shards),
-            "characters": sum(s.extra["chars"] for s in split_shards),
-            "shards": len(split_shards),
-        }
-    dropped_total = Counter()
-    for entry in per_source.values():
-        dropped_total.update(entry["dropped"])
-        entry["dropped"] = dict(sorted(entry["dropped"].items()))
-    return {
-        "documents_read": sum(e["read"] for e in per_source.values()),
-        "documents_kept": sum(e["kept"] for e in per_source.values()),
-        "dropped": dict(sorted(dropped_total.items())),
-        "splits": splits,
-        "sentences": sum(v["sentences"] for v in splits.values()),
-        "characters": sum(v["characters"] for v in splits.values()),
-        "per_source": dict(sorted(per_source.items())),
-        "files": len({u.file_index for u in units}),
-        "work_units": len(units),
-    }
-
-
 # The split hashes document ids; only MinHash near-deduplication draws from the seed.
 STAGE = Stage(
-    "corpus", CorpusConfig, run, code_version="2", identify=identify, seeded=lambda cfg: cfg.near_dedup,
+    "corpus", CorpusConfig, run, code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
+    fingerprint_config=input_location_free,
     writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
 )

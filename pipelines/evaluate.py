@@ -236,16 +236,6 @@ def _absolute(uri: str) -> str:
     return os.path.abspath(os.path.expanduser(uri)) if is_local(uri) and "://" not in uri else uri
 
 
-def _file_signature(storage: Storage, uri: str) -> str:
-    """What identifies a file's content: its sha256 when local, the object store's ETag
-    (or size and modification time) when remote."""
-    if is_local(uri):
-        return storage.sha256(uri)[:20]
-    info = storage.info(uri)
-    tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("crc32c")
-    return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
-
-
 def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
     """The task and STS files: {file URI: content signature} is their identity; the value
     is (the section with absolute local paths, the signatures). A file that does not exist
@@ -260,7 +250,7 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
             raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
         if not found:
             raise ConfigError(f"{key}: {uri} does not exist (or is a folder); fix the path in the evaluate section")
-        signatures[uri] = _file_signature(storage, uri)
+        signatures[uri] = storage.signature(uri)
         return uri
 
     tasks = []
@@ -272,7 +262,7 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
     if eval_cfg.embeddings.enabled and sts is not None:
         sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
         resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return External(identity=signatures, value=(resolved, signatures))
+    return External(identity=signatures, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
 
 
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
@@ -305,6 +295,23 @@ def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dic
     if records:
         summary["first"], summary["last"] = records[0], records[-1]
     return records, summary
+
+
+def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
+    """What can be checked before anything runs: intrinsic phases are examples phases, and
+    no task or embedding input is longer than the pretrained model's positions."""
+    phases = [p.name for p in reads["examples"].phases]
+    unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
+    if unknown:
+        raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
+    pretrain = reads["pretrain"]
+    positions = pretrain.max_position_embeddings
+    lengths = [(f"evaluate.tasks[{i}].max_seq_length", t.max_seq_length) for i, t in enumerate(cfg.tasks)]
+    if cfg.embeddings.enabled:
+        lengths.append(("evaluate.embeddings.max_seq_length", cfg.embeddings.max_seq_length))
+    for key, length in lengths:
+        if length > positions:
+            raise ValueError(f"{key} ({length}) exceeds the pretrained model's {positions} positions (pretrain.model_size {pretrain.model_size})")
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -350,13 +357,15 @@ def run(r: StageRun) -> Output:
     metrics = _metrics(plan, results, model_cfg, log_summary, r.seed, r.fingerprint)
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
+    stats = summary.stats(metrics)
     return Output(
         shards=_write_outputs(r.dir, metrics, records),
-        stats=summary.headline(metrics),
+        stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
         report="report.md",
         tables={"evaluation-scores": report.score_rows(metrics)},
+        headline=report.headline(stats),
     )
 
 
@@ -422,11 +431,17 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         if (done := r.dir.done(job.key, r.fingerprint)) is not None:
             results[job.key] = done.result
     todo = [job for job in plan.jobs if job.key not in results]
+    kinds = Counter(job.kind for job in todo)
+    log.info(
+        "evaluate: %d jobs to run (%s)%s, %d thread(s) each",
+        len(todo), ", ".join(f"{n} {kind}" for kind, n in kinds.items()) or "none",
+        f", {len(results)} kept from an interrupted attempt" if results else "", cfg.num_threads,
+    )
 
     def finished(index: int, result: Any) -> None:
         r.dir.complete(todo[index].key, r.fingerprint, [], result)
 
-    for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished)):
+    for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished, unit="jobs")):
         results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 
@@ -499,10 +514,10 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     metrics_bytes = report.json_dumps(metrics).encode()
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode())))
-    return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256) for relative, w in written]
+    return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]
 
 
 STAGE = Stage(
-    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify,
+    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify, check=check,
     writes="metrics.json, report.md, plots/*.png",
 )

@@ -40,6 +40,7 @@ from bertcore.examples import ExampleStats, arrow_schema, example_batches, id_ty
 from bertcore.examples_config import ExamplesConfig, PhaseConfig, length_bin
 from bertcore.masking import VocabTables
 from bertcore.pairs import FlatDocument
+from bertcore.text.lengths import Lengths
 from bertcore.tokenizer import (
     TOKENIZER_FILES,
     load_tokenizer,
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 
 CODE_VERSION = "1"
 SPLITS = ("train", "validation")
+_TOKEN_LENGTH_CAP = 4096  # tokens per sentence counted exactly up to this
 FLUSH_ROWS = 4096
 """Records buffered per length bin before they are written as one record batch (at least)."""
 
@@ -173,8 +175,9 @@ def _one_thread() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType) -> pa.Array:
-    """A batch's documents as list<list<id>>: each document's non-empty sentences' ids."""
+def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType, lengths_seen: Lengths) -> pa.Array:
+    """A batch's documents as list<list<id>>: each document's non-empty sentences' ids
+    (their token counts are added to `lengths_seen`)."""
     documents = batch.column("sentences")
     sentences = documents.flatten().to_pylist()
     sentence_bounds = numpy_view(documents.offsets)
@@ -184,6 +187,7 @@ def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     values = np.fromiter(chain.from_iterable(ids), dtype=numpy_dtype(ids_type), count=int(lengths.sum()))
     kept = lengths > 0  # Google drops lines that tokenize to nothing; so do we, here
+    lengths_seen.add(lengths[kept])
     segment_bounds = offsets_of(lengths[kept])
     document_bounds = offsets_of(kept)[sentence_bounds]  # kept sentences before each bound
     segments = list_array(segment_bounds, values, ids_type)
@@ -194,21 +198,25 @@ def _tokenize(tokenizer: Tokenizer, batch: pa.RecordBatch, ids_type: pa.DataType
 
 
 @ray.remote(num_cpus=1, max_retries=3)
-def tokenize_shard(corpus_uri: str, relative: str, vocab: VocabSource, stage: StageDir, fp: str) -> int:
-    """Tokenize one corpus shard's documents; returns the number of documents."""
+def tokenize_shard(corpus_uri: str, relative: str, vocab: VocabSource, stage: StageDir, fp: str) -> tuple[int, dict]:
+    """Tokenize one corpus shard's documents; returns the number of documents and the
+    distribution of tokens per sentence (Lengths as JSON)."""
     done = stage.done(relative, fp)
-    if done is not None:
-        return done.shards[0].rows
+    if done is not None and done.result is not None:
+        return done.shards[0].rows, done.result
     tokenizer, tables = _vocabulary(vocab.local(stage.storage))
     ids_type = id_type(tables.vocab_size)
     schema = pa.schema([("doc_id", pa.string()), ("segments", pa.list_(pa.list_(ids_type)))])
+    lengths = Lengths(_TOKEN_LENGTH_CAP)
     with _one_thread():
         parts = [
-            pa.table({"doc_id": batch.column("doc_id"), "segments": _tokenize(tokenizer, batch, ids_type)}, schema=schema)
+            pa.table({"doc_id": batch.column("doc_id"), "segments": _tokenize(tokenizer, batch, ids_type, lengths)}, schema=schema)
             for batch in read_batches(stage.storage, corpus_uri)
         ]
     table = pa.concat_tables(parts) if parts else schema.empty_table()
-    return stage.write_shard(relative, fp, lambda path: write_table(path, table), rows=table.num_rows).rows
+    shard = stage.publish(relative, lambda path: write_table(path, table), rows=table.num_rows)
+    stage.complete(relative, fp, [shard], lengths.to_json())
+    return shard.rows, lengths.to_json()
 
 
 @ray.remote(num_cpus=1, max_retries=3)
@@ -286,17 +294,22 @@ def run(r: StageRun) -> Output:
 
     # step 1: tokens, keyed by corpus and vocab only (changing masking settings reuses them)
     t0 = time.perf_counter()
-    indexes = _tokenize_corpus(r, corpus, vocab)
+    indexes, token_lengths = _tokenize_corpus(r, corpus, vocab)
     t_tokens = time.perf_counter() - t0
 
     # step 2: examples per (phase, split, corpus shard)
     t0 = time.perf_counter()
     tasks = [(phase, split, n) for phase in cfg.phases for split in SPLITS for n in range(len(indexes[split].shard_uris))]
+    log.info(
+        "examples: %s, %s masking, phases %s, dupe_factor %d: %d build tasks",
+        cfg.objective, cfg.masking, ", ".join(p.name for p in cfg.phases), cfg.dupe_factor, len(tasks),
+    )
     results = run_tasks(
         lambda t: build_shard.remote(t[0], t[1], t[2], indexes[t[1]], cfg, r.seed, vocab, r.dir, r.fingerprint),
         tasks,
         parallelism=r.parallelism,
         desc="examples: build",
+        rows=lambda result: sum(s.rows for s in result[0]),
     )
     t_build = time.perf_counter() - t0
 
@@ -312,10 +325,16 @@ def run(r: StageRun) -> Output:
         "vocab_size": _vocabulary(vocab.local(r.storage))[1].vocab_size,
         "vocab_fingerprint": actual,
         "documents": {split: indexes[split].num_documents for split in SPLITS},
+        # tokens per (non-empty) corpus sentence: how much of the text long sentences hold,
+        # which sequence lengths truncate
+        "sentence_tokens": token_lengths.summary(over=(64, 128, 256, 512)),
         "phases": {name: {split: s.to_dict() for split, s in by_split.items()} for name, by_split in merged.items()},
     }
     timings = {"tokenize_s": round(t_tokens, 3), "build_s": round(t_build, 3)}
-    return Output(shards=shards, stats=stats, timings=timings)
+    headline = {"examples": sum(s.rows for s in shards)}
+    for phase in cfg.phases:
+        headline[phase.name] = sum(s.rows for s in shards if s.path.startswith(f"{phase.name}/"))
+    return Output(shards=shards, stats=stats, timings=timings, headline=headline)
 
 
 def _checked_vocab_fingerprint(storage: Storage, stage: Upstream, vocab: VocabSource) -> str:
@@ -330,22 +349,30 @@ def _checked_vocab_fingerprint(storage: Storage, stage: Upstream, vocab: VocabSo
     return actual
 
 
-def _tokenize_corpus(r: StageRun, corpus: Upstream, vocab: VocabSource) -> dict[str, DocumentIndex]:
-    """Token shards of every corpus shard (`_tokens/`), and the document index of each split."""
+def _tokenize_corpus(r: StageRun, corpus: Upstream, vocab: VocabSource) -> tuple[dict[str, DocumentIndex], Lengths]:
+    """Token shards of every corpus shard (`_tokens/`), the document index of each split,
+    and the tokens per sentence over the whole corpus."""
     tokens_fp = fingerprint("examples-tokens", CODE_VERSION, {}, {"corpus": corpus.fingerprint, "vocab": vocab.key})
     jobs = [(s.path, f"_tokens/{s.path}") for s in corpus.manifest.shards]
-    counts = run_tasks(
+    shard_bytes = {s.path: s.bytes for s in corpus.manifest.shards}
+    results = run_tasks(
         lambda job: tokenize_shard.remote(corpus.path(job[0]), job[1], vocab, r.dir, tokens_fp),
         jobs,
         parallelism=r.parallelism,
         desc="examples: tokenize",
+        sizes=[shard_bytes[path] for path, _ in jobs],
+        rows=lambda result: result[0],
     )
+    counts = [n for n, _ in results]
+    lengths = Lengths(_TOKEN_LENGTH_CAP)
+    for _, seen in results:
+        lengths.merge(Lengths.from_json(seen))
     indexes = {}
     for split in SPLITS:
         uris = [r.dir.path(tok) for (path, tok), _ in zip(jobs, counts) if path.startswith(split + "/")]
         sizes = [n for (path, _), n in zip(jobs, counts) if path.startswith(split + "/")]
         indexes[split] = DocumentIndex(uris, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]))
-    return indexes
+    return indexes, lengths
 
 
 def _remove_leftovers(stage: StageDir, keep: set[str]) -> None:

@@ -15,12 +15,14 @@ completion marker.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,6 @@ import ray
 
 from bertcore.checkpoint import (
     CHECKPOINTS,
-    LocalStageFiles,
     checkpoint_tag,
     clear_checkpoints,
     complete_checkpoints,
@@ -39,14 +40,19 @@ from bertcore.errors import BertpipeError, ConfigError
 from bertcore.examples_config import ExamplesConfig
 from bertcore.export import MODEL_DIR, consolidate_checkpoint, export_checkpoint
 from bertcore.masking import VocabTables
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.model import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
+from bertcore.pretrained import CONFIG_FILE, model_config, read_weights
 from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
+from bertcore.tracking import TRACKING_ENV
 from bertcore.trainer import PhaseData, Trainer, WorkerContext
-from pipelines.ray_runtime import unwrap
+from pipelines.external import ExternalFolder, model_folder
+from pipelines.pretrain_progress import StepReporter, relay_progress
+from pipelines.ray_runtime import quiet_known_warnings, unwrap
 from pipelines.shards import local_copy, local_folder
 from pipelines.stage import (
+    External,
     Output,
     ShardInfo,
     Stage,
@@ -55,86 +61,10 @@ from pipelines.stage import (
     Upstream,
     UpstreamMissing,
 )
+from pipelines.stage_files import stage_files
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
-
-
-# -- stage files over Storage --------------------------------------------------------------
-
-
-class StorageStageFiles:
-    """bertcore.checkpoint.StageFiles for a remote stage directory: files are written to a
-    local mirror and uploaded one object at a time (an object appears whole or not at all)."""
-
-    def __init__(self, storage: Storage, uri: str, mirror: str):
-        self.storage, self.uri, self.mirror = storage, uri.rstrip("/"), mirror
-
-    def _remote(self, relative: str) -> str:
-        return join(self.uri, relative)
-
-    def local_path(self, relative: str) -> str:
-        return os.path.join(self.mirror, relative)
-
-    def upload(self, relative: str) -> None:
-        local = self.local_path(relative)
-        fs, path = self.storage.fs(self._remote(relative))
-        if os.path.isdir(local):
-            for name in sorted(os.listdir(local)):
-                self.upload(f"{relative}/{name}")
-        else:
-            fs.put_file(local, path)
-
-    def download(self, relative: str) -> None:
-        fs, path = self.storage.fs(self._remote(relative))
-        local = self.local_path(relative)
-        if fs.isdir(path):
-            for name in self.storage.listdir(self._remote(relative)):
-                self.download(f"{relative}/{name}")
-        else:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            fs.get_file(path, local)
-
-    def drop_local(self, relative: str) -> None:
-        local = self.local_path(relative)
-        if os.path.isdir(local):
-            shutil.rmtree(local, ignore_errors=True)
-        elif os.path.exists(local):
-            os.unlink(local)
-
-    def exists(self, relative: str) -> bool:
-        return self.storage.exists(self._remote(relative))
-
-    def listdir(self, relative: str) -> list[str]:
-        return self.storage.listdir(self._remote(relative))
-
-    def read_text(self, relative: str) -> str:
-        return self.storage.read_text(self._remote(relative))
-
-    def write_text(self, relative: str, text: str) -> None:
-        self.storage.write_bytes(self._remote(relative), text.encode())
-
-    def remove(self, relative: str) -> None:
-        self.storage.remove(self._remote(relative), recursive=True)
-        self.drop_local(relative)
-
-
-def _scratch(uri: str, who: str) -> str:
-    """A local folder for one process's copies of a remote URI's files."""
-    key = hashlib.sha256(uri.encode()).hexdigest()[:12]
-    path = os.path.join(tempfile.gettempdir(), "bertpipe-pretrain", key, who)
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def stage_files(storage: Storage, stage_uri: str, who: str):
-    """The stage directory as StageFiles: the folder itself when local (or a shared
-    filesystem), else a local mirror per process `who` ('rank-0', 'driver', ...)."""
-    local = storage.local_path(stage_uri)
-    if local is not None:
-        os.makedirs(local, exist_ok=True)
-        return LocalStageFiles(local)
-    return StorageStageFiles(storage, stage_uri, _scratch(stage_uri, who))
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -142,11 +72,11 @@ def stage_files(storage: Storage, stage_uri: str, who: str):
 
 def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
     """pretrain.phases against the examples section: every phase names an examples phase,
-    is at least as long as its sequences, and fits the model's positions. Run when the
-    config loads, and again against what the examples stage recorded before training."""
+    is at least as long as its sequences, and fits the model's positions; init_from needs
+    an adopted vocabulary. Run when the config loads, and again against what the examples
+    and vocab stages recorded before training."""
     examples: ExamplesConfig = reads["examples"]
     produced = {p.name: p for p in examples.phases}
-    positions = cfg.build_model_config(30522).max_position_embeddings
     for i, phase in enumerate(cfg.phases):
         source = produced.get(phase.name)
         if source is None:
@@ -159,12 +89,51 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
                 f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
                 f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
             )
-        length = phase.max_seq_length or source.max_seq_length
+    if cfg.init_from is not None and reads["vocab"].source != "pretrained":
+        raise ValueError(
+            "pretrain.init_from: a model continues pretraining on its own vocabulary; set vocab.source: pretrained "
+            "(vocab.pretrained then defaults to pretrain.init_from)"
+        )
+    if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
+        lengths = [phase.max_seq_length or produced[phase.name].max_seq_length for phase in cfg.phases]
+        check_positions(cfg, lengths, cfg.max_position_embeddings,
+                        "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
+
+
+def check_positions(cfg: PretrainConfig, lengths: list[int], positions: int, remedy: str) -> None:
+    """Every phase's sequences (`lengths`, phase by phase) fit the model's positions."""
+    for i, (phase, length) in enumerate(zip(cfg.phases, lengths)):
         if length > positions:
             raise ValueError(
-                f"pretrain.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has "
-                f"{positions} positions; raise pretrain.model_overrides.max_position_embeddings or shorten the phase"
+                f"pretrain.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
             )
+
+
+# -- continued pretraining --------------------------------------------------------------------
+
+
+def identify(cfg: PretrainConfig, storage: Storage) -> External | None:
+    """The content identity of pretrain.init_from's config.json and weights (None without it)."""
+    if cfg.init_from is None:
+        return None
+    init = model_folder(storage, cfg.init_from, "pretrain.init_from")
+    return External(identity={"init_from": init.identity}, value=init)
+
+
+def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage) -> ModelConfig:
+    """The model of a continued run: init_from's shape, checked against the vocabulary and
+    the phases' sequence lengths."""
+    base = model_config(os.path.dirname(local_copy(storage, join(init.uri, CONFIG_FILE), init.cache_key)))
+    if base.vocab_size != inputs.vocab.vocab_size:
+        raise ConfigError(
+            f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the vocab stage's vocabulary "
+            f"has {inputs.vocab.vocab_size} entries; adopt the model's vocabulary (vocab.source: pretrained, vocab.pretrained unset)"
+        )
+    try:
+        check_positions(cfg, [p.max_seq_length for p in cfg.phases], base.max_position_embeddings, "shorten the phase")
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (pretrain.init_from: {init.uri})") from None
+    return cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad, base=base)
 
 
 @dataclass
@@ -219,6 +188,7 @@ class WorkerJob:
     stage_uri: str
     inputs: Inputs
     env: dict[str, str] = field(default_factory=dict)
+    init: ExternalFolder | None = None
 
     def phase_data(self) -> list[PhaseData]:
         vocab = self.inputs.vocab
@@ -232,7 +202,7 @@ class WorkerJob:
                     name=phase.name,
                     paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
                     validation_paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]]
-                    if phase is self.cfg.phases[-1] and self.cfg.validation_batches
+                    if self.cfg.validation_batches
                     else [],
                     masking=masking,
                     mask_config=self.inputs.examples.mask_config(examples_phase, vocab) if masking == "dynamic" else None,
@@ -243,25 +213,39 @@ class WorkerJob:
         return out
 
 
+def _quiet_deepspeed_comm() -> None:
+    """Set up DeepSpeed's communication backend on the process group Ray Train made, now,
+    without the line each rank prints about the op it builds (on CPU its shared-memory
+    all-reduce); `deepspeed.initialize` then reuses it. Ray Train turns print() in a
+    worker into a log record, so only muting print itself, for this call, reaches it."""
+    import builtins
+
+    import deepspeed
+    import torch
+
+    saved = builtins.print
+    builtins.print = lambda *args, **kwargs: None
+    try:
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, verbose=False)
+    finally:
+        builtins.print = saved
+
+
 def _train_worker(config: dict) -> None:
     """Body of one Ray Train worker: torch.distributed is set up by TorchTrainer."""
     job: WorkerJob = config["job"]
     import ray.train.torch
     import torch
-    from ray.experimental.tqdm_ray import tqdm
 
+    quiet_known_warnings()
+    _quiet_deepspeed_comm()
     context = ray.train.get_context()
     device = str(ray.train.torch.get_device()) if job.cfg.use_gpu else "cpu"
     ctx = WorkerContext(rank=context.get_world_rank(), world_size=context.get_world_size(), device=device)
     if job.cfg.torch_threads:
         torch.set_num_threads(job.cfg.torch_threads)
     who = f"rank-{ctx.rank}"
-
-    def progress(total: int, initial: int):
-        bar = tqdm(total=total, desc="pretrain", unit="step")
-        bar.n = initial
-        return bar
-
+    queue = config.get("progress")
     trainer = Trainer(
         job.cfg,
         ModelConfig.model_validate(job.model_config),
@@ -270,8 +254,9 @@ def _train_worker(config: dict) -> None:
         seed=job.seed,
         resume_key=job.resume_key,
         ctx=ctx,
-        progress=progress,
+        on_step=StepReporter(queue, job.cfg.total_steps, job.cfg.log_every) if (ctx.rank == 0 and queue is not None) else None,
         device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
+        init_state_dict=read_weights(job.init.local(job.storage)) if job.init is not None else None,
     )
     trainer.run()
 
@@ -279,11 +264,13 @@ def _train_worker(config: dict) -> None:
 def _fit(job: WorkerJob) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Queue
 
     cfg = job.cfg
+    queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"job": job},
+        train_loop_config={"job": job, "progress": queue},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
         torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
         run_config=RunConfig(
@@ -293,6 +280,11 @@ def _fit(job: WorkerJob) -> None:
             worker_runtime_env={"env_vars": job.env} if job.env else None,
         ),
     )
+    # fit() stays on this thread (it handles Ctrl-C there); the progress lines are logged
+    # from another one, in this thread's context (Prefect's flow-run log needs the run's)
+    stop = threading.Event()
+    relay = threading.Thread(target=contextvars.copy_context().run, args=(relay_progress, queue, stop), daemon=True)
+    relay.start()
     try:
         trainer.fit()
     except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
@@ -302,15 +294,19 @@ def _fit(job: WorkerJob) -> None:
             if isinstance(error, BertpipeError):
                 raise error from None
         raise
+    finally:
+        stop.set()
+        relay.join(timeout=30)
+        queue.shutdown()
 
 
 # -- export ---------------------------------------------------------------------------------
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, model_config: dict, out_uri: str) -> list[dict]:
-    """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri`;
-    returns [{name, bytes, sha256}] of the files written."""
+def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, model_config: dict, out_uri: str, nsp: bool) -> list[dict]:
+    """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri` (a
+    BertForMaskedLM when not `nsp`); returns [{name, bytes, sha256}] of the files written."""
     storage = stage.storage
     with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
         files = stage_files(storage, stage.uri, f"export-{uuid.uuid4().hex[:8]}")
@@ -319,19 +315,20 @@ def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, mode
         state = consolidate_checkpoint(files.local_path(f"{CHECKPOINTS}/{tag}"), model_cfg)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
         out_local = os.path.join(tmp, "model")
-        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local)
+        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local, nsp=nsp)
         written = []
         for name in names:
             local = os.path.join(out_local, name)
             info = storage.write_file(join(out_uri, name), lambda path, local=local: shutil.copyfile(local, path))
-            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256})
+            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256, "stamp": info.stamp})
         return written
 
 
-def export_model(stage: StageDir, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
+def export_model(stage: StageDir, inputs: dict[str, Upstream], *, step: int | None = None, out: str | None = None) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
-    one) to `out` (default: <root>/pretrain/model/); returns the files written. Needs Ray
-    (ensure_ray) for the one task that does the work."""
+    one) to `out` (default: <root>/pretrain/model/); returns the files written. `inputs`:
+    the examples and vocab outputs it was trained on (an objective without NSP exports a
+    BertForMaskedLM). Needs Ray (ensure_ray) for the one task that does the work."""
     files = stage_files(stage.storage, stage.uri, "driver")
     markers = complete_checkpoints(files)
     if step is not None:
@@ -340,8 +337,10 @@ def export_model(stage: StageDir, vocab: Upstream, *, step: int | None = None, o
         what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
         raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the pretrain stage first")
     marker = markers[-1]
+    vocab = inputs["vocab"]
+    nsp = ExamplesConfig.model_validate(inputs["examples"].manifest.config).has_nsp
     ref = _export_task.remote(
-        stage, vocab.dir.uri, f"pretrain-{vocab.fingerprint}", checkpoint_tag(marker["step"]), marker["model_config"], out or stage.path(MODEL_DIR)
+        stage, vocab.dir.uri, f"pretrain-{vocab.fingerprint}", checkpoint_tag(marker["step"]), marker["model_config"], out or stage.path(MODEL_DIR), nsp
     )
     try:
         return ray.get(ref)
@@ -361,10 +360,15 @@ def run(r: StageRun) -> Output:
     finished checkpoint is re-exported rather than retrained (resume=never retrains).
     Ray must be running (pipelines.ray_runtime.ensure_ray)."""
     cfg, inputs = read_inputs(r.section, r.inputs["examples"], r.inputs["vocab"], r.storage)
+    init: ExternalFolder | None = r.external
     files = stage_files(r.storage, r.dir.uri, "driver")
-    resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed})
+    trajectory = {"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed}
+    resume_key = cfg.resume_key({**trajectory, **({"init": init.identity} if init else {})})
+    if init is not None:
+        model_cfg = _init_model_config(cfg, init, inputs, r.storage)
+    else:
+        model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
     _prepare_checkpoints(cfg, files, resume_key, r.dir)
-    model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
     job = WorkerJob(
         cfg=cfg,
         model_config=model_cfg.model_dump(mode="json"),
@@ -373,19 +377,49 @@ def run(r: StageRun) -> Output:
         storage=r.storage,
         stage_uri=r.dir.uri,
         inputs=inputs,
-        env={} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"},
+        env=_worker_env(cfg),
+        init=init,
+    )
+    start = latest_checkpoint(files)
+    log.info(
+        "pretrain: %s model (%d layers, hidden %d) on %d %s workers, ZeRO-%d %s %s; %s; %s",
+        cfg.model_size, model_cfg.num_hidden_layers, model_cfg.hidden_size, cfg.num_workers, "GPU" if cfg.use_gpu else "CPU",
+        cfg.zero_stage, cfg.precision, cfg.optimizer,
+        ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases),
+        f"resuming from step {start['step']}" if start else "from scratch",
     )
     _fit(job)
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"pretrain: training ended without a final checkpoint under {r.dir.path(CHECKPOINTS)}")
-    exported = export_model(r.dir, r.inputs["vocab"], step=marker["step"])
-    shards = [ShardInfo(path=f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"]) for f in exported]
-    with r.storage.open(r.dir.path(METRICS), "rb") as handle:
-        metrics = handle.read()
-    lines = metrics.decode("utf-8").splitlines()
-    shards.append(ShardInfo(path=METRICS, rows=len(lines), bytes=len(metrics), sha256=hashlib.sha256(metrics).hexdigest()))
-    return Output(shards=shards, stats=_stats(marker, lines))
+    exported = export_model(r.dir, r.inputs, step=marker["step"])
+    shards = [ShardInfo(f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
+    metrics_shard, records = _log_shard(r.storage, r.dir, METRICS)
+    shards.append(metrics_shard)
+    validations: list[dict] = []
+    if r.storage.exists(r.dir.path(VALIDATION)):
+        validation_shard, validations = _log_shard(r.storage, r.dir, VALIDATION)
+        shards.append(validation_shard)
+    stats = _stats(marker, records, validations)
+    if init is not None:
+        stats["init_from"] = {"uri": init.uri, **(marker.get("init") or {})}
+    return Output(shards=shards, stats=stats, headline=_headline(stats))
+
+
+def _log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
+    """A JSON-lines log of the stage directory as a shard, and its records."""
+    with storage.open(stage.path(name), "rb") as handle:
+        data = handle.read()
+    records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    digest, stamp = hashlib.sha256(data).hexdigest(), storage.stamp(stage.path(name)) or ""
+    return ShardInfo(path=name, rows=len(records), bytes=len(data), sha256=digest, stamp=stamp), records
+
+
+def _worker_env(cfg: PretrainConfig) -> dict[str, str]:
+    """Environment of the training workers: DeepSpeed's CPU accelerator without GPUs, and
+    the trackers' variables as the driver has them (MLFLOW_TRACKING_URI, WANDB_MODE, ...)."""
+    env = {} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"}
+    return {**env, **{name: os.environ[name] for name in TRACKING_ENV if name in os.environ}}
 
 
 def _prepare_checkpoints(cfg: PretrainConfig, files, resume_key: str, stage: StageDir) -> None:
@@ -405,8 +439,19 @@ def _prepare_checkpoints(cfg: PretrainConfig, files, resume_key: str, stage: Sta
         clear_checkpoints(files)
 
 
-def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
-    records = [json.loads(line) for line in lines if line.strip()]
+CURVE_POINTS = 50
+"""Validation records kept in the manifest statistics at most (validation.jsonl has all)."""
+
+
+def _thin(records: list[dict], points: int) -> list[dict]:
+    """At most `points` records, evenly spaced, the first and the last included."""
+    if len(records) <= points:
+        return records
+    picks = sorted({round(i * (len(records) - 1) / (points - 1)) for i in range(points)})
+    return [records[i] for i in picks]
+
+
+def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
     last = records[-1] if records else {}
     window = records[-min(len(records), 50):]  # the final loss is noisy: also report a mean over the last steps
 
@@ -428,6 +473,7 @@ def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
         "last_steps_mean": {k: mean(k) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")},
         "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
         "validation": marker.get("validation"),
+        "validation_curve": _thin(validations, CURVE_POINTS),
         "checkpoint": checkpoint_tag(marker["step"]),
         "world_size": marker["world_size"],
         "zero_stage": marker["zero_stage"],
@@ -436,8 +482,22 @@ def _stats(marker: dict, lines: list[str]) -> dict[str, Any]:
     }
 
 
+def _headline(stats: dict) -> dict[str, Any]:
+    final = stats["last_steps_mean"]["loss"] if stats["last_steps_mean"]["loss"] is not None else stats["final"]["loss"]
+    headline: dict[str, Any] = {"steps": stats["steps"]}
+    if final is not None:
+        headline["final loss"] = round(final, 3)
+    held_out = (stats.get("validation") or {}).get("mlm_accuracy")
+    if held_out is not None:
+        headline["held-out MLM accuracy"] = f"{held_out:.1%}"
+    if stats["tokens_per_s"]:
+        headline["tokens/s"] = round(stats["tokens_per_s"])
+    return headline
+
+
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, resumable=False,
+    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, identify=identify, resumable=False,
+    verify_inputs=True,
     writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
 )

@@ -43,6 +43,12 @@ class _Recipe(Section):
 
     @model_validator(mode="after")
     def _stages_agree(self) -> Any:
+        sections = {stage.name: getattr(self, stage.name) for stage in STAGES}
+        # e.g. vocab.pretrained defaults to pretrain.init_from
+        for stage in STAGES:
+            if stage.inherit is not None:
+                for key, value in stage.inherit(sections[stage.name], sections).items():
+                    setattr(sections[stage.name], key, value)
         # e.g. pretrain.phases must name examples phases, at least as long as theirs
         for stage in STAGES:
             if stage.check is not None:

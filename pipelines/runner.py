@@ -5,9 +5,12 @@
 2. check its section against what those stages were configured with (`Stage.check`);
 3. compute its fingerprint from its section, the seed, the upstream fingerprints and the
    content identity of its external files;
-4. keep a complete output with that fingerprint, or reset the directory (keeping the
-   finished units of a resumable stage) and call `run`;
-5. write the manifest, last.
+4. keep a complete, intact output with that fingerprint, or reset the directory (keeping
+   the finished units of a resumable stage, dropping damaged shards);
+5. for a stage that declares `verify_inputs` (pretraining), re-hash every upstream shard it
+   will read: damaged ones raise `DamagedShards` (`Pipeline.run` recomputes them and tries
+   again);
+6. call `run`, and write the manifest, last.
 
 `Pipeline` does this over a whole run config and memoises what one invocation needs more
 than once: the external identities (the corpus inputs are listed once) and the expected
@@ -16,6 +19,8 @@ fingerprints that `bertpipe status` follows down the declared inputs.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from typing import Any
 
@@ -23,8 +28,13 @@ import yaml
 
 from bertcore.config import resolved_yaml
 from bertcore.errors import BertpipeError, ConfigError
+from bertcore.section import safe_name
+from pipelines import stage_log
 from pipelines.registry import REGISTRY, PipelineConfig
 from pipelines.stage import (
+    MANIFEST,
+    DamagedManifest,
+    DamagedShards,
     External,
     Manifest,
     Output,
@@ -36,13 +46,18 @@ from pipelines.stage import (
 )
 from pipelines.storage import Storage
 
+log = logging.getLogger(__name__)
+
 
 def upstream(stage: Stage, root: str, storage: Storage) -> dict[str, Upstream]:
     """The complete outputs `stage` reads, by stage name."""
     found = {}
     for name in stage.reads:
         directory = StageDir(storage, root, REGISTRY[name].directory)
-        manifest = directory.manifest()
+        try:
+            manifest = directory.manifest()
+        except DamagedManifest as exc:
+            raise DamagedManifest(f"{exc} (run `bertpipe run --only {name}`)") from None
         if manifest is None:
             raise UpstreamMissing(
                 f"the {name} stage has no output under {directory.uri}: run `bertpipe run --only {name}` (or the whole flow) first"
@@ -70,11 +85,13 @@ def run_stage(
     storage: Storage,
     seed: int,
     force: bool = False,
+    verify: bool = False,
     parallelism: int | None = None,
     external: External | None = None,
     resolved_config: str | None = None,
 ) -> tuple[Manifest, bool]:
     """Run one stage on its own section; returns (manifest, whether it was computed now).
+    `verify` re-hashes every shard checked (else only those whose size or stamp changed);
     `external` is the stage's identified external files (identified here when not given);
     `resolved_config` is written next to the output (default: the section alone)."""
     stage = REGISTRY[name]
@@ -83,9 +100,13 @@ def run_stage(
     if external is None and stage.identify is not None:
         external = stage.identify(section, storage)
     fp = stage.fingerprint(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external)
-    directory = StageDir(storage, root, stage.directory)
+    directory = StageDir(storage, root, stage.directory, verify=verify)
     if (done := directory.reuse_or_reset(fp, force=force, keep_progress=stage.resumable)) is not None:
+        stage_log.finished(name, done, False, 0.0)
         return done, False
+    if stage.verify_inputs:
+        verify_inputs(inputs)
+    stage_log.started(name, fp, inputs, external, parallelism)
     started = time.perf_counter()
     value = None if external is None else external.value
     run = StageRun(section, seed, storage, directory, fp, inputs, external=value, parallelism=parallelism)
@@ -94,7 +115,7 @@ def run_stage(
         stage=stage.name,
         code_version=stage.code_version,
         fingerprint=fp,
-        inputs={**{n: up.fingerprint for n, up in inputs.items()}, **output.inputs},
+        inputs={**stage.fingerprint_inputs(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external), **output.inputs},
         config=section.model_dump(mode="json"),
         shards=output.shards,
         stats=output.stats,
@@ -102,19 +123,91 @@ def run_stage(
         skipped=output.skipped,
         report=output.report,
         tables=output.tables,
+        headline=output.headline,
     )
     if resolved_config is None:
         resolved_config = yaml.safe_dump({name: manifest.config}, sort_keys=False, allow_unicode=True)
     directory.write_manifest(manifest, resolved_config)
+    stage_log.finished(name, manifest, True, manifest.timings["total_s"])
     return manifest, True
 
 
-class Pipeline:
-    """The stages of one run config, for one invocation (a flow run, a `bertpipe status`)."""
+def verify_inputs(inputs: dict[str, Upstream]) -> None:
+    """Re-hash every shard of the upstream outputs; DamagedShards names those that differ."""
+    for name, up in inputs.items():
+        problems = up.dir.verifying().problems(up.manifest)
+        if problems:
+            listed = ", ".join(f"{up.path(p)} ({state})" for p, state in sorted(problems.items())[:5])
+            more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+            raise DamagedShards(
+                f"the {name} stage's output does not match its manifest: {listed}{more}; "
+                f"`bertpipe run --only {name}` recomputes them",
+                stage=name,
+                paths=sorted(problems),
+            )
 
-    def __init__(self, cfg: PipelineConfig, storage: Storage | None = None):
+
+def explain_stale(stage: Stage, section: Any, manifest: Manifest, inputs: dict[str, Any]) -> list[str]:
+    """Why a stage's output no longer matches: the code version, the settings of its section
+    that differ from what its manifest recorded, the upstream stages whose fingerprint
+    moved, the seed, the external files that changed (`inputs`: what would go into the
+    fingerprint now, as `Stage.fingerprint_inputs` gives it)."""
+    reasons = []
+    if manifest.code_version != stage.code_version:
+        reasons.append(f"code version {manifest.code_version} -> {stage.code_version}")
+    now, then = stage.config_identity(section.model_dump(mode="json")), stage.config_identity(manifest.config)
+    reasons += [f"{stage.name}.{key}: {old!r} -> {new!r}" for key, old, new in _differences(then, now)]
+    for name, value in inputs.items():
+        old = manifest.inputs.get(name)
+        if name == "external":
+            reasons += [f"input {key}: {a!r} -> {b!r}" for key, a, b in _differences(old or {}, value)] or ([] if old == value else ["its input files"])
+        elif old != value:
+            reasons.append(f"run.seed: {old} -> {value}" if name == "seed" else f"upstream {name} changed ({old} -> {value})")
+    return reasons or ["recorded before the fingerprint's inputs were kept in manifests"]
+
+
+def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old, new) for every leaf that differs between two JSON values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(old) + [k for k in new if k not in old]
+        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{key}.{k}" if key else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _differences(a, b, f"{key}[{i}]")]
+    return [] if old == new else [(key, old, new)]
+
+
+
+
+def export_target(root: str, out: str | None) -> str | None:
+    """Where `bertpipe export --out` may write: anywhere outside the run root, or inside it
+    a new folder whose path parts are plain names (`NAME_PATTERN`) and that is not another
+    stage's directory, a checkpoint folder or a bookkeeping file (`_...`)."""
+    if out is None:
+        return None
+    target = out.rstrip("/") if "://" in out else os.path.abspath(os.path.expanduser(out))
+    base = root.rstrip("/")
+    if target != base and not target.startswith(base + "/"):
+        return target
+    parts = target[len(base) + 1 :].split("/") if target != base else []
+    try:
+        for part in parts:
+            safe_name(part)
+    except ValueError as exc:
+        raise ConfigError(f"--out {out}: {exc}") from None
+    others = {stage.directory for stage in REGISTRY.values()} - {REGISTRY["pretrain"].directory}
+    if not parts or parts[0] in others or parts[:2] == [REGISTRY["pretrain"].directory, "checkpoints"]:
+        raise ConfigError(f"--out {out}: inside run.root it must be a new folder, not {'/'.join(parts) or 'run.root itself'}; pick another path")
+    return target
+
+
+class Pipeline:
+    """The stages of one run config, for one invocation (a flow run, a `bertpipe status`).
+    `verify` re-hashes every shard a check looks at (`--verify`)."""
+
+    def __init__(self, cfg: PipelineConfig, storage: Storage | None = None, *, verify: bool = False):
         self.cfg = cfg
         self.storage = storage or Storage(cfg.storage)
+        self.verify = verify
         self._external: dict[str, External | None] = {}
         self._expected: dict[str, str] = {}
 
@@ -122,7 +215,7 @@ class Pipeline:
         return getattr(self.cfg, name)
 
     def dir(self, name: str) -> StageDir:
-        return StageDir(self.storage, self.cfg.run.root, REGISTRY[name].directory)
+        return StageDir(self.storage, self.cfg.run.root, REGISTRY[name].directory, verify=self.verify)
 
     def external(self, name: str) -> External | None:
         if name not in self._external:
@@ -139,31 +232,58 @@ class Pipeline:
         return self._expected[name]
 
     def run(self, name: str, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
-        """Run stage `name` (parallelism: most Ray tasks in flight, default ray.parallelism)."""
-        return run_stage(
-            name,
-            self.section(name),
-            root=self.cfg.run.root,
-            storage=self.storage,
-            seed=self.cfg.run.seed,
-            force=force,
-            parallelism=parallelism or self.cfg.ray.parallelism,
-            external=self.external(name),
-            resolved_config=resolved_yaml(self.cfg),
-        )
+        """Run stage `name` (parallelism: most Ray tasks in flight, default ray.parallelism).
+        Damaged upstream shards found before the stage reads them are recomputed first."""
+        for attempt in (1, 2):
+            try:
+                return run_stage(
+                    name,
+                    self.section(name),
+                    root=self.cfg.run.root,
+                    storage=self.storage,
+                    seed=self.cfg.run.seed,
+                    force=force,
+                    verify=self.verify,
+                    parallelism=parallelism or self.cfg.ray.parallelism,
+                    external=self.external(name),
+                    resolved_config=resolved_yaml(self.cfg),
+                )
+            except DamagedShards as exc:
+                if attempt == 2 or not exc.stage:
+                    raise
+                log.warning("%s: %s; recomputing them", name, exc)
+                damaged = self.dir(exc.stage)
+                for path in exc.paths:
+                    self.storage.remove(damaged.path(path))
+                self.run(exc.stage, parallelism=parallelism)
+        raise AssertionError("unreachable")
+
+    def why_stale(self, name: str, manifest: Manifest) -> list[str]:
+        stage = REGISTRY[name]
+        upstream_fps = {read: self.expected_fingerprint(read) for read in stage.reads}
+        inputs = stage.fingerprint_inputs(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
+        return explain_stale(stage, self.section(name), manifest, inputs)
 
     def status(self) -> list[dict[str, Any]]:
-        """Per stage: complete / stale / incomplete / missing (or unknown when the expected
-        fingerprint cannot be computed, e.g. inputs that no longer exist), with its figures."""
+        """Per stage: complete / stale / incomplete / damaged / missing (or unknown when the
+        expected fingerprint cannot be computed, e.g. inputs that no longer exist)."""
         rows = []
-        for name, stage in REGISTRY.items():
+        for name in REGISTRY:
             directory = self.dir(name)
-            manifest = directory.manifest()
+            damaged = False
             try:
-                expected, note = self.expected_fingerprint(name), ""
+                manifest, note = directory.manifest(), ""
+            except DamagedManifest as exc:
+                manifest, note, damaged = None, str(exc), True
+            try:
+                expected = self.expected_fingerprint(name)
             except BertpipeError as exc:
-                expected, note = None, str(exc)
-            state = directory.state(expected) if expected is not None else ("missing" if manifest is None else "unknown")
+                expected, note = None, note or str(exc)
+            if expected is not None:
+                state = directory.state(expected)
+            else:
+                state = "damaged" if damaged else "missing" if manifest is None else "unknown"
+            changed = self.why_stale(name, manifest) if state == "stale" else []
             rows.append(
                 {
                     "stage": name,
@@ -175,6 +295,26 @@ class Pipeline:
                     "seconds": manifest.timings.get("total_s") if manifest else None,
                     "uri": directory.uri,
                     "note": note,
+                    "changed": changed,
                 }
             )
+        return rows
+
+    def verify_outputs(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """Re-hash every shard of the named stages (default: all): per stage its state and
+        the shards that are missing or damaged."""
+        rows = []
+        for name in names or list(REGISTRY):
+            directory = self.dir(name).verifying()
+            try:
+                manifest = directory.manifest()
+            except DamagedManifest as exc:
+                rows.append({"stage": name, "state": "damaged", "problems": {MANIFEST: "damaged"}, "note": str(exc), "uri": directory.uri})
+                continue
+            if manifest is None:
+                rows.append({"stage": name, "state": "missing", "problems": {}, "note": "", "uri": directory.uri})
+                continue
+            problems = directory.problems(manifest)
+            state = "damaged" if "damaged" in problems.values() else "incomplete" if problems else "complete"
+            rows.append({"stage": name, "state": state, "problems": problems, "note": "", "shards": len(manifest.shards), "uri": directory.uri})
         return rows

@@ -15,13 +15,20 @@ directory, calls `run`, and writes the manifest.
   finished unit leaves `_progress/<unit>.json` with the fingerprint it was computed for,
   the shards it wrote (rows, bytes, sha256) and a small JSON result, so a stage that
   crashed, re-run, keeps the units whose shards still match and computes only the rest.
+- Integrity: every shard records its sha256 and a stamp (mtime or ETag) taken when it was
+  published. A check re-hashes a shard whose size or stamp changed since (or every shard,
+  with `verify`); a shard whose bytes differ is `damaged`, and is removed and recomputed.
+  A manifest that cannot be read is damaged too: its stage counts as not done.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import logging
 import platform
+import posixpath
 import shutil
 import time
 from collections.abc import Callable
@@ -29,8 +36,10 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from bertcore.errors import BertpipeError
+from bertcore.errors import BertpipeError, InputDataError
 from pipelines.storage import Storage, join
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
@@ -39,6 +48,22 @@ RESOLVED_CONFIG = "_config.yaml"
 
 class UpstreamMissing(BertpipeError):
     """A stage this one reads has no complete output."""
+
+
+class DamagedManifest(InputDataError):
+    """A `_manifest.json` that cannot be read back (truncated, edited, not JSON)."""
+
+
+class DamagedShards(InputDataError):
+    """Shards of stage `stage` (relative `paths`) whose bytes no longer match their manifest."""
+
+    def __init__(self, message: str, stage: str = "", paths: tuple[str, ...] | list[str] = ()):
+        super().__init__(message)
+        self.stage, self.paths = stage, list(paths)
+
+
+class PathEscape(BertpipeError):
+    """A path built from configuration would leave its stage directory."""
 
 
 def package_version() -> str:
@@ -69,6 +94,8 @@ class ShardInfo:
     bytes: int
     sha256: str
     extra: dict[str, Any] = field(default_factory=dict)
+    stamp: str = ""
+    """The file's mtime (ns) or ETag when it was published; unchanged size and stamp skip re-hashing."""
 
 
 @dataclass
@@ -86,6 +113,8 @@ class Manifest:
     """A markdown report among the shards (relative path), shown by the flow as an artifact."""
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Small tables (artifact key -> rows) the flow shows beside the statistics."""
+    headline: dict[str, Any] = field(default_factory=dict)
+    """A few key figures (label -> value) for the stage's end line and the run summary."""
     package_version: str = field(default_factory=package_version)
     created_at: str = ""
     python: str = field(default_factory=platform.python_version)
@@ -125,6 +154,9 @@ class Output:
     """Lineage beyond the upstream fingerprints (e.g. the raw files read), recorded as is."""
     report: str | None = None
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    headline: dict[str, Any] = field(default_factory=dict)
+    """A few key figures, label -> value (a number or a short string), e.g. {"documents":
+    391}: printed at the stage's end and in the run summary, in this order."""
 
 
 @dataclass
@@ -142,42 +174,89 @@ class StageDir:
     """One stage's directory under the run root: its manifest, shards and unit markers.
     Picklable (Ray tasks get one and write their shards through it)."""
 
-    def __init__(self, storage: Storage, root: str, directory: str):
+    def __init__(self, storage: Storage, root: str, directory: str, *, verify: bool = False):
         self.storage = storage
         self.directory = directory
         self.uri = join(root, directory)
+        self.verify = verify
+        """Re-hash every shard a check looks at, not only those whose size or stamp changed."""
+
+    def verifying(self) -> StageDir:
+        """This directory with checks that re-hash every shard."""
+        twin = copy.copy(self)
+        twin.verify = True
+        return twin
 
     def path(self, relative: str) -> str:
-        return join(self.uri, relative)
+        """The URI of `relative` inside this directory; a path that would leave it is refused."""
+        clean = posixpath.normpath(relative)
+        if relative.startswith("/") or clean == ".." or clean.startswith("../"):
+            raise PathEscape(f"{relative!r} would leave {self.uri}; names of phases, tasks and files must not contain '/' or '..'")
+        return join(self.uri, clean)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> Manifest | None:
+        """The manifest, None when there is none; DamagedManifest when it cannot be read."""
         uri = self.path(MANIFEST)
         if not self.storage.exists(uri):
             return None
-        return Manifest.from_json(self.storage.read_json(uri))
+        try:
+            return Manifest.from_json(self.storage.read_json(uri))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+            reason = " ".join(str(exc).split())[:200]
+            raise DamagedManifest(f"{uri} is damaged ({type(exc).__name__}: {reason}); `bertpipe run` recomputes the stage") from None
 
-    def missing_shards(self, manifest: Manifest) -> list[str]:
-        """Shards listed in the manifest that are gone or have another size."""
-        return [s.path for s in manifest.shards if self.storage.size(self.path(s.path)) != s.bytes]
+    def check(self, shard: ShardInfo) -> str:
+        """ok | missing | damaged: the shard's file against its recorded size and sha256 (the
+        bytes are hashed when the stamp changed, or always with `verify`)."""
+        uri = self.path(shard.path)
+        size = self.storage.size(uri)
+        if size is None:
+            return "missing"
+        if size != shard.bytes:
+            return "damaged"
+        if not self.verify and shard.stamp and self.storage.stamp(uri) == shard.stamp:
+            return "ok"
+        return "ok" if self.storage.sha256(uri) == shard.sha256 else "damaged"
+
+    def problems(self, manifest: Manifest) -> dict[str, str]:
+        """The manifest's shards that are missing or damaged: {path: state}."""
+        found = {s.path: self.check(s) for s in manifest.shards}
+        return {path: state for path, state in found.items() if state != "ok"}
 
     def state(self, expected_fingerprint: str | None) -> str:
-        """complete | stale (other fingerprint) | incomplete (shards gone) | missing."""
-        manifest = self.manifest()
+        """complete | stale (other fingerprint) | incomplete (shards gone) | damaged (bytes
+        changed, or an unreadable manifest) | missing."""
+        try:
+            manifest = self.manifest()
+        except DamagedManifest:
+            return "damaged"
         if manifest is None:
             return "missing"
         if expected_fingerprint is not None and manifest.fingerprint != expected_fingerprint:
             return "stale"
-        return "incomplete" if self.missing_shards(manifest) else "complete"
+        problems = set(self.problems(manifest).values())
+        return "damaged" if "damaged" in problems else "incomplete" if problems else "complete"
 
     def reuse_or_reset(self, fingerprint: str, *, force: bool = False, keep_progress: bool = True) -> Manifest | None:
-        """A stage's first step: its manifest when the output is complete for `fingerprint`
-        (and not `force`d), else None once the directory is marked incomplete. The manifest
-        goes; the unit markers go too when forced or when the stage cannot resume unit by
-        unit (`keep_progress=False`), so a rerun redoes only the units still missing."""
-        manifest = None if force else self.manifest()
-        if manifest is not None and manifest.fingerprint == fingerprint and not self.missing_shards(manifest):
-            return manifest
+        """A stage's first step: its manifest when the output is complete and intact for
+        `fingerprint` (and not `force`d), else None once the directory is marked incomplete.
+        The manifest goes, damaged shards go; the unit markers go too when forced or when
+        the stage cannot resume unit by unit (`keep_progress=False`), so a rerun redoes only
+        the units still missing."""
+        try:
+            manifest = None if force else self.manifest()
+        except DamagedManifest as exc:
+            log.warning("%s", exc)
+            manifest = None
+        if manifest is not None and manifest.fingerprint == fingerprint:
+            problems = self.problems(manifest)
+            if not problems:
+                return manifest
+            for path, state in sorted(problems.items()):
+                log.warning("%s: %s; it is recomputed", self.path(path), state)
+                if state == "damaged":
+                    self.storage.remove(self.path(path))
         if force or not keep_progress:
             self.invalidate()
         else:
@@ -199,21 +278,18 @@ class StageDir:
     def _marker(self, unit: str) -> str:
         return self.path(f"{PROGRESS}/{unit.replace('/', '__')}.json")
 
-    def _intact(self, shard: ShardInfo) -> bool:
-        uri = self.path(shard.path)
-        return self.storage.size(uri) == shard.bytes and self.storage.sha256(uri) == shard.sha256
-
     def done(self, unit: str, fp: str) -> Unit | None:
         """The unit as an earlier attempt with this fingerprint finished it, if every shard it
-        wrote still has the recorded size and sha256; None when it must be (re)computed."""
+        wrote is intact (`check`); None when it must be (re)computed."""
         marker = self._marker(unit)
         if not self.storage.exists(marker):
             return None
-        data = self.storage.read_json(marker)
-        if data.get("fingerprint") != fp:
+        try:
+            data = self.storage.read_json(marker)
+            shards = [ShardInfo(**s) for s in data.get("shards", [])]
+        except (ValueError, TypeError, AttributeError):  # a damaged marker: the unit is redone
             return None
-        shards = [ShardInfo(**s) for s in data.get("shards", [])]
-        if not all(self._intact(s) for s in shards):
+        if data.get("fingerprint") != fp or not all(self.check(s) == "ok" for s in shards):
             return None
         return Unit(shards, data.get("result"))
 
@@ -225,7 +301,7 @@ class StageDir:
     def publish(self, relative: str, write: Callable[[str], Any], rows: int, extra: dict | None = None) -> ShardInfo:
         """Publish a shard atomically (`write(local_tmp_path)` produces it)."""
         written = self.storage.write_file(self.path(relative), write)
-        return ShardInfo(path=relative, rows=rows, bytes=written.bytes, sha256=written.sha256, extra=extra or {})
+        return ShardInfo(path=relative, rows=rows, bytes=written.bytes, sha256=written.sha256, extra=extra or {}, stamp=written.stamp)
 
     def publish_copy(self, relative: str, local: str, rows: int, extra: dict | None = None) -> ShardInfo:
         """Publish a finished local file as a shard."""
@@ -257,6 +333,8 @@ class External:
 
     identity: dict[str, Any]
     value: Any = None
+    summary: str = ""
+    """What the files are, in a few words, for the stage's start line (e.g. "2 input files, 7.6 MB")."""
 
 
 @dataclass
@@ -305,23 +383,39 @@ class Stage:
     code_version: str = "1"
     directory: str = ""
     """Directory under run.root (default: the name)."""
-    identify: Callable[[Any, Storage], External] | None = None
-    """Content identity of the files it reads from outside the run root."""
+    identify: Callable[[Any, Storage], External | None] | None = None
+    """Content identity of the files it reads from outside the run root (None: none with these settings)."""
+    inherit: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    """Defaults its section takes from other sections when the recipe loads: (own section, {stage: section} of every stage) -> {field: value}; raises ValueError naming the key."""
     check: Callable[[Any, dict[str, Any]], None] | None = None
     """Cross-section check run when the config loads: (own section, {read stage: section}); raises ValueError naming the key."""
     seeded: bool | Callable[[Any], bool] = True
     """Whether run.seed is part of its fingerprint (or a function of its section that says so)."""
     resumable: bool = True
     """Whether an unfinished attempt's unit markers are kept for the next one."""
+    verify_inputs: bool = False
+    """Re-hash every upstream shard before running (a stage that spends hours on its inputs)."""
+    fingerprint_config: Callable[[dict], dict] | None = None
+    """The part of its section's JSON that decides its output (default: all of it); the
+    corpus leaves out where its inputs are, whose content `identify` stands for."""
 
     def __post_init__(self) -> None:
         if not self.directory:
             object.__setattr__(self, "directory", self.name)
 
-    def fingerprint(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> str:
+    def config_identity(self, config: dict) -> dict:
+        """What of a section's JSON (as dumped, or as a manifest recorded it) goes into the fingerprint."""
+        return self.fingerprint_config(config) if self.fingerprint_config is not None else config
+
+    def fingerprint_inputs(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> dict[str, Any]:
+        """Everything but the section that goes into the fingerprint (recorded in the manifest)."""
         inputs: dict[str, Any] = dict(upstream)
         if self.seeded(section) if callable(self.seeded) else self.seeded:
             inputs["seed"] = seed
         if external is not None:
             inputs["external"] = external.identity
-        return fingerprint(self.name, self.code_version, section.model_dump(mode="json"), inputs)
+        return inputs
+
+    def fingerprint(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> str:
+        config = self.config_identity(section.model_dump(mode="json"))
+        return fingerprint(self.name, self.code_version, config, self.fingerprint_inputs(section, seed, upstream, external))

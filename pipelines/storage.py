@@ -45,11 +45,19 @@ def sha256_file(path: str, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def is_hidden(path: str, folder: str) -> bool:
+    """Whether a file under `folder` has a name on its way there that starts with . or _."""
+    relative = path[len(folder.rstrip("/")) :].strip("/")
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
 @dataclass(frozen=True)
 class WrittenFile:
     uri: str
     bytes: int
     sha256: str
+    stamp: str = ""
+    """What changes whenever the file is written again: its mtime (local) or ETag (object store)."""
 
 
 class Storage:
@@ -74,29 +82,53 @@ class Storage:
         fs = self._fs[protocol]
         return fs, fs._strip_protocol(uri)
 
-    def exists(self, uri: str) -> bool:
+    def _fresh(self, uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        """`fs(uri)` with no cached listing of it: other processes (Ray workers) write the
+        same objects, and a stale cached ETag makes an object store refuse the read."""
         fs, path = self.fs(uri)
+        if not is_local(uri):
+            fs.invalidate_cache(path)
+        return fs, path
+
+    def exists(self, uri: str) -> bool:
+        fs, path = self._fresh(uri)
         return fs.exists(path)
 
     def size(self, uri: str) -> int | None:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         try:
             return int(fs.size(path))
         except FileNotFoundError:
             return None
 
     def info(self, uri: str) -> dict[str, Any]:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         return fs.info(path)
 
-    def glob(self, pattern: str) -> list[str]:
-        """Matching files, sorted, as full URIs (a plain path matches itself if it is a file)."""
+    def stamp(self, uri: str) -> str | None:
+        """A value that changes whenever the file is written again: the modification time in
+        nanoseconds of a local file, the object store's ETag of a remote one; None when the
+        file is gone. Equal stamps and sizes let a check skip re-hashing the bytes."""
+        local = self.local_path(uri)
+        try:
+            if local is not None:
+                return str(os.stat(local).st_mtime_ns)
+            info = self.info(uri)
+        except FileNotFoundError:
+            return None
+        tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation") or ""
+        return str(tag).strip('"')
+
+    def glob(self, pattern: str, include_hidden: bool = False) -> list[str]:
+        """Matching files, sorted, as full URIs (a plain path matches itself if it is a file;
+        a folder matches the files under it, except, unless `include_hidden`, those with a
+        name below it that starts with `.` or `_`: .git/, _SUCCESS, .crc files)."""
         fs, path = self.fs(pattern)
         protocol, _ = split_protocol(pattern)
         if any(ch in path for ch in "*?["):
             found = [p for p in fs.glob(path) if fs.isfile(p)]
         elif fs.isdir(path):
-            found = [p for p in fs.find(path) if not posixpath.basename(p).startswith((".", "_"))]
+            found = [p for p in fs.find(path) if include_hidden or not is_hidden(p, path)]
         elif fs.isfile(path):
             found = [path]
         else:
@@ -104,7 +136,7 @@ class Storage:
         return sorted(f"{protocol}://{p}" if protocol else p for p in found)
 
     def open(self, uri: str, mode: str = "rb", compression: str | None = None) -> IO:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         return fs.open(path, mode, compression=compression)
 
     def read_text(self, uri: str) -> str:
@@ -143,8 +175,8 @@ class Storage:
         """Call `write(local_tmp_path)`, then publish the file at `uri` atomically."""
         with self.atomic_local_file(uri) as tmp:
             write(tmp)
-            written = WrittenFile(uri=uri, bytes=os.path.getsize(tmp), sha256=sha256_file(tmp))
-        return written
+            size, digest = os.path.getsize(tmp), sha256_file(tmp)
+        return WrittenFile(uri=uri, bytes=size, sha256=digest, stamp=self.stamp(uri) or "")
 
     def write_bytes(self, uri: str, data: bytes) -> WrittenFile:
         def write(path: str) -> None:
@@ -163,13 +195,22 @@ class Storage:
                 digest.update(block)
         return digest.hexdigest()
 
+    def signature(self, uri: str) -> str:
+        """What identifies a file's content, for fingerprints: its sha256 when local, the
+        object store's ETag (or size and modification time) when remote."""
+        if is_local(uri):
+            return self.sha256(uri)[:20]
+        info = self.info(uri)
+        tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("crc32c")
+        return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
+
     def remove(self, uri: str, recursive: bool = False) -> None:
         fs, path = self.fs(uri)
         if fs.exists(path):
             fs.rm(path, recursive=recursive)
 
     def listdir(self, uri: str) -> list[str]:
-        fs, path = self.fs(uri)
+        fs, path = self._fresh(uri)
         try:
             return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
         except FileNotFoundError:

@@ -1,10 +1,16 @@
-"""Vocabulary stage: train a WordPiece vocabulary on sentences sampled from the corpus.
+"""Vocabulary stage: train a WordPiece vocabulary on sentences sampled from the corpus, or
+adopt an existing one (vocab.source: pretrained).
 
 Ray shape: one task per train shard streams its record batches and keeps each sentence
 with probability p = min(1, max_sentences / corpus sentences), drawn from an RNG keyed by
 (seed, "vocab", shard), so the sample is uniform over the corpus and does not depend on
 the number of workers; one task on one node trains on the sample in shard order. The
 files a `transformers` tokenizer needs are written to the stage directory.
+
+Adopting: the vocabulary files (vocab.pretrained, or pretrain.init_from's folder) are
+outside the run root, so their content identity is part of the fingerprint (`identify`);
+one task reads and checks them (bertcore.vocab_adopt), writes the same four files as
+training would, entry for entry, and measures how well they fit the corpus.
 """
 
 from __future__ import annotations
@@ -12,13 +18,17 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from typing import Any
 
 import pyarrow.compute as pc
 import ray
+from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError
 from bertcore.rng import keyed_numpy
 from bertcore.tokenizer import (
+    CONFIG_FILE,
+    VOCAB_FILE,
     AlphabetCounts,
     VocabConfig,
     count_alphabet,
@@ -27,9 +37,12 @@ from bertcore.tokenizer import (
     train_wordpiece,
     vocab_fingerprint,
 )
+from bertcore.vocab_adopt import read_vocabulary
+from bertcore.vocab_config import ADOPTED_OPTIONS
+from pipelines.external import ExternalFolder, vocabulary_files
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches
-from pipelines.stage import Output, ShardInfo, Stage, StageDir, StageRun, Upstream
+from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun, Upstream
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -71,21 +84,68 @@ def train_and_save(sample_refs: list, alphabet_refs: list, validation: list[str]
     for ref in alphabet_refs:
         alphabet = alphabet.merge(ray.get(ref))
     tokenizer = train_wordpiece(sentences(), cfg, alphabet=alphabet)
+    return _publish(tokenizer, cfg, validation, stage)
+
+
+@ray.remote(num_cpus=1, max_retries=1)
+def adopt_and_save(source: ExternalFolder, validation: list[str], cfg: VocabConfig, stage: StageDir) -> tuple[list[ShardInfo], dict]:
+    """Read and check the adopted vocabulary, write its tokenizer files, compute statistics."""
+    local = source.local(stage.storage)
+    paths = {name: os.path.join(local, name) for name in source.files}
+    adopted = read_vocabulary(
+        vocab_txt=next((p for n, p in paths.items() if n != CONFIG_FILE and not n.endswith(".json")), None),
+        tokenizer_json=next((p for n, p in paths.items() if n != CONFIG_FILE and n.endswith(".json")), None),
+        tokenizer_config=paths.get(CONFIG_FILE),
+    )
+    effective = adopted.config(cfg)
+    shards, stats = _publish(adopted.tokenizer(cfg), effective, validation, stage)
+    options = {key: getattr(effective, key) for key in ADOPTED_OPTIONS} | {"strip_accents": effective.strip_accents_effective}
+    stats["adopted"] = {"from": source.uri, "files": source.files, "options": options}
+    return shards, stats
+
+
+def _publish(tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stage: StageDir) -> tuple[list[ShardInfo], dict]:
+    """Write the tokenizer files as the stage's shards; statistics on the validation sentences."""
     stats = tokenization_stats(tokenizer, validation)
     with tempfile.TemporaryDirectory() as tmp:
         names = save_tokenizer(tokenizer, cfg, tmp)
         stats["vocab_fingerprint"] = vocab_fingerprint(tmp)
         shards = []
         for name in names:
-            local = os.path.join(tmp, name)
-            rows = stats["vocab_size"] if name == "vocab.txt" else 0
-            shards.append(stage.publish_copy(name, local, rows))
+            rows = stats["vocab_size"] if name == VOCAB_FILE else 0
+            shards.append(stage.publish_copy(name, os.path.join(tmp, name), rows))
     return shards, stats
+
+
+def identify(cfg: VocabConfig, storage: Storage) -> External | None:
+    """The content identity of an adopted vocabulary's files (None when training)."""
+    if cfg.source != "pretrained":
+        return None
+    if cfg.pretrained is None:
+        raise ConfigError("vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json or a model folder (or set pretrain.init_from)")
+    files = vocabulary_files(storage, cfg.pretrained, "vocab.pretrained")
+    return External(identity={"pretrained": files.identity}, value=files)
+
+
+def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
+    """vocab.source: pretrained without vocab.pretrained adopts pretrain.init_from's vocabulary."""
+    if cfg.source != "pretrained" or cfg.pretrained is not None:
+        return {}
+    init_from = sections["pretrain"].init_from
+    if init_from is None:
+        raise ValueError("vocab.source is pretrained but neither vocab.pretrained nor pretrain.init_from names the vocabulary to adopt")
+    return {"pretrained": init_from}
 
 
 def run(r: StageRun) -> Output:
     cfg: VocabConfig = r.section
     corpus = r.inputs["corpus"]
+    if cfg.source == "pretrained":
+        validation = _validation_sentences(r.storage, corpus)
+        shards, stats = run_tasks(
+            lambda _: adopt_and_save.remote(r.external, validation, cfg, r.dir), [None], parallelism=1, desc="vocab: adopt"
+        )[0]
+        return Output(shards=shards, stats=stats, inputs={"pretrained": r.external.identity})
     train = corpus.manifest.shards_under("train/")
     total = sum(s.extra.get("sentences", 0) for s in train)
     if total == 0:
@@ -94,6 +154,10 @@ def run(r: StageRun) -> Output:
             f"(the corpus stage kept {corpus.manifest.stats.get('documents_kept', 0)} documents); check corpus.inputs and the corpus filters"
         )
     probability = min(1.0, cfg.max_sentences / total)
+    log.info(
+        "vocab: training a %d-entry WordPiece on %s of %d corpus sentences (%d train shards)",
+        cfg.vocab_size, "all" if probability >= 1.0 else f"{probability:.1%}", total, len(train),
+    )
     sample_refs = [sample_shard.remote(r.storage, corpus.path(s.path), probability, r.seed, s.path) for s in train]
     alphabet_refs = [shard_alphabet.remote(ref, cfg) for ref in sample_refs]
     validation = _validation_sentences(r.storage, corpus)
@@ -102,7 +166,8 @@ def run(r: StageRun) -> Output:
     )[0]
     stats["sampled_sentences_probability"] = probability
     stats["corpus_train_sentences"] = total
-    return Output(shards=shards, stats=stats)
+    headline = {"vocabulary": stats["vocab_size"], "[UNK] rate": f"{stats['unk_rate']:.2%}", "pieces/word": round(stats["pieces_per_word"], 2)}
+    return Output(shards=shards, stats=stats, headline=headline)
 
 
 def _validation_sentences(storage: Storage, corpus: Upstream) -> list[str]:
@@ -116,6 +181,6 @@ def _validation_sentences(storage: Storage, corpus: Upstream) -> list[str]:
 
 
 STAGE = Stage(
-    "vocab", VocabConfig, run, reads=("corpus",), resumable=False,
+    "vocab", VocabConfig, run, reads=("corpus",), resumable=False, identify=identify, inherit=inherit,
     writes="WordPiece vocabulary: vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json",
 )

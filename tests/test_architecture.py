@@ -177,7 +177,8 @@ def test_a_new_stage_runs_under_the_contract_from_its_declaration_alone(demo_pip
     shutil.copytree(Path(cfg.run.root) / "corpus", root / "corpus")
     manifest, computed = run_stage("wordcount", WordCountConfig(), root=str(root), storage=storage, seed=1)
     assert computed and manifest.stats["words"] > 10_000 and (root / "wordcount" / "_manifest.json").exists()
-    assert manifest.inputs == {"corpus": json.loads((root / "corpus" / "_manifest.json").read_text())["fingerprint"]}
+    # the manifest records what went into the fingerprint besides the section (here: a seeded stage)
+    assert manifest.inputs == {"corpus": json.loads((root / "corpus" / "_manifest.json").read_text())["fingerprint"], "seed": 1}
     assert not run_stage("wordcount", WordCountConfig(), root=str(root), storage=storage, seed=1)[1]
     # an interrupted attempt: the manifest is gone, the finished units are kept
     (root / "wordcount" / "_manifest.json").unlink()

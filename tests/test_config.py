@@ -96,3 +96,69 @@ def test_config_reference_matches_the_models():
     assert reference.read_text(encoding="utf-8") == render()
     for key in ("corpus.inputs[].uri", "vocab.vocab_size", "examples.objective", "pretrain.zero_stage", "evaluate.tasks[].type"):
         assert f"`{key}`" in render(), key
+
+
+def test_exponent_without_a_decimal_point_is_a_number(tmp_path):
+    # PyYAML's YAML 1.1 rules read `1e-4` as a string; recipes are read as YAML 1.2 writes it
+    path = write(tmp_path, "r.yaml", {"corpus": {"inputs": ["a.txt"]}})
+    path.write_text(path.read_text() + "pretrain:\n  learning_rate: 1e-4\n  eps: 1E-6\n")
+    cfg = load_config(path, ["pretrain.weight_decay=1e-2"])
+    assert (cfg.pretrain.learning_rate, cfg.pretrain.eps, cfg.pretrain.weight_decay) == (1e-4, 1e-6, 1e-2)
+
+
+class _DataParallel:
+    """What DeepSpeed's config parser asks of a model-parallel unit: the data-parallel size."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.workers
+
+
+LAMB_ON_GPU = ("pretrain.optimizer=lamb", "pretrain.zero_stage=0")  # the switch bert-large.yaml describes
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides"),
+    [(path, ()) for path in CONFIGS] + [(CONFIGS[0].parent / "bert-large.yaml", LAMB_ON_GPU)],
+    ids=[p.name for p in CONFIGS] + ["bert-large.yaml+lamb"],
+)
+def test_every_recipe_gives_deepspeed_a_config_and_optimizer_arguments_it_accepts(recipe, overrides, world_of_one):
+    """The GPU recipes cannot train here; what DeepSpeed reads from them still can be
+    checked: its own config parser takes the JSON of every phase at the recipe's worker
+    count, and the optimizer it would build (FusedAdam, FusedLamb, torch's AdamW) accepts
+    the parameters, so a GPU run does not fail on a key."""
+    import inspect
+
+    import deepspeed
+    import torch
+    from deepspeed.ops.adam import FusedAdam
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from bertcore.optim import deepspeed_config
+
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # over world_of_one's process group
+    cfg = load_config(recipe, list(overrides)).pretrain
+    for phase in cfg.phases:
+        ds = deepspeed_config(cfg, cfg.micro_batch_size(phase))
+        parsed = DeepSpeedConfig(ds, mpu=_DataParallel(cfg.num_workers))
+        assert parsed.train_batch_size == phase.batch_size and parsed.zero_optimization_stage == cfg.zero_stage
+        assert parsed.bfloat16_config.enabled == (cfg.precision == "bf16")
+        if "optimizer" not in ds:
+            assert cfg.optimizer == "lamb" and not cfg.use_gpu  # the client LAMB
+            continue
+        params = dict(ds["optimizer"]["params"])
+        kind = ds["optimizer"]["type"]
+        if kind == "Lamb":
+            constructor = FusedLamb.__init__
+        elif params.pop("torch_adam", False):
+            constructor, params = torch.optim.AdamW.__init__, {**params, "foreach": None}
+        else:
+            constructor, params = FusedAdam.__init__, {**params, "adam_w_mode": True}
+        inspect.signature(constructor).bind(None, [], **params)  # raises TypeError on an unknown key
+    if recipe.name in ("bert-base.yaml", "bert-large.yaml", "roberta-base.yaml") and not overrides:
+        assert cfg.use_gpu and cfg.precision == "bf16" and cfg.zero_stage in (1, 2) and not cfg.torch_adam
+    if overrides:
+        assert ds["optimizer"]["type"] == "Lamb"

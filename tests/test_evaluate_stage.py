@@ -311,6 +311,17 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     # read back from _progress/ and give the same numbers without fine-tuning again.
     again, computed = evaluate(cfg, root, storage, seed=11)
     assert not computed and again.fingerprint == manifest.fingerprint
+    # a flipped byte in the report: damaged, and written again from the finished jobs
+    report_path = os.path.join(eval_dir, "report.md")
+    with open(report_path, "rb") as handle:
+        original = bytearray(handle.read())
+    with open(report_path, "wb") as handle:
+        handle.write(bytes(original[:10]) + bytes([original[10] ^ 0x01]) + bytes(original[11:]))
+    assert StageDir(storage, root, EVAL_DIR).state(manifest.fingerprint) == "damaged"
+    repaired, computed = evaluate(cfg, root, storage, seed=11)
+    assert computed and StageDir(storage, root, EVAL_DIR).state(repaired.fingerprint) == "complete"
+    with open(report_path, "rb") as handle:
+        assert handle.read()[:200] == bytes(original[:200])
     os.remove(os.path.join(eval_dir, "_manifest.json"))
     resumed, computed = evaluate(cfg, root, storage, seed=11)
     with open(os.path.join(eval_dir, "metrics.json"), encoding="utf-8") as handle:
@@ -408,6 +419,18 @@ def test_editing_a_task_file_reruns_and_run_reads_the_pipeline_section(root, sto
     _tsv(tmp_path / "t.tsv", ("sentence", "label"), _classification_rows(2, 8))  # same path, new content
     second, computed = Pipeline(cfg, storage).run("evaluate")
     assert computed and second.fingerprint != first.fingerprint
+
+    # the run summary's figures and `bertpipe inspect evaluate` show the stored scores
+    from flows.inspect import Options, inspect
+
+    metrics = json.load(open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8"))
+    median = metrics["tasks"]["s"]["pretrained"]["validation"]["accuracy"]["median"]
+    assert "random_init" not in metrics["tasks"]["s"]  # baseline: false
+    assert second.headline["s accuracy"] == f"{median:.3f}"
+    data, lines = inspect(storage, root, "evaluate", Options())
+    row = next(r for r in data["scores"] if r["name"] == "s" and r["metric"] == "accuracy")
+    assert (row["pretrained"], row["random_init"]) == (median, None)
+    assert any(line.split()[:3] == ["fine-tuning", "s", "accuracy"] for line in lines)
 
 
 # -- configuration --------------------------------------------------------------------------------

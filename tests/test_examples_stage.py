@@ -155,3 +155,15 @@ def test_token_store_reads_many_shards_without_holding_their_files(tmp_path):
         k, d = divmod(number, 3)
         assert list(store.get(number)) == [[k, d, s] for s in range(d + 1)]
     assert len(os.listdir("/proc/self/fd")) - before < 10
+
+
+def test_tokens_per_sentence_are_reported(demo_pipeline):
+    """The distribution of tokens per corpus sentence, counted while tokenizing: how much
+    of the text sits in sentences longer than a sequence can hold."""
+    _, manifests = demo_pipeline
+    tokens = manifests["examples"].stats["sentence_tokens"]
+    corpus_sentences = manifests["corpus"].stats["sentences"]
+    assert 0.95 * corpus_sentences <= tokens["count"] <= corpus_sentences  # every non-empty sentence once
+    assert 5 < tokens["p50"] <= tokens["p90"] <= tokens["p99"] <= tokens["max"]
+    over = tokens["over_128"]
+    assert 0 <= over["share"] <= over["share_of_length"] <= 1  # long sentences hold more than their share of tokens

@@ -1,6 +1,7 @@
 """Faults during the examples stage (dupe_factor 3, both phases, so it runs long enough to
-be hit): a Ray worker killed mid-task, and the whole driver killed mid-stage. Either way the
-finished stage is byte-identical to an undisturbed run.
+be hit): a Ray worker killed mid-task, and the whole driver killed mid-stage; and the corpus
+stage's single-stream reader killed mid-file. Either way the finished stage is
+byte-identical to an undisturbed run.
 
 The disturbed runs are subprocesses with their own embedded Ray, so the processes killed
 are found among that subprocess's descendants and nothing else on the machine is touched.
@@ -22,7 +23,7 @@ import pytest
 from pipelines.runner import Pipeline
 from pipelines.stage import MANIFEST, Manifest
 
-# Runs the examples stage on an embedded Ray; prints one RESULT line with the manifest.
+# Runs a stage (default examples) on an embedded Ray; prints one RESULT line with the manifest.
 DRIVER = r"""
 import json, sys
 from pipelines.ray_runtime import ensure_ray
@@ -31,7 +32,7 @@ from pipelines.runner import Pipeline
 
 cfg = PipelineConfig.model_validate_json(open(sys.argv[1]).read())
 ensure_ray(cfg.ray)
-manifest, computed = Pipeline(cfg).run("examples")
+manifest, computed = Pipeline(cfg).run(sys.argv[2] if len(sys.argv) > 2 else "examples")
 print("RESULT " + json.dumps(manifest.to_json()))
 """
 
@@ -60,11 +61,11 @@ def undisturbed(demo_pipeline, tmp_path_factory):
     return manifest
 
 
-def _start_driver(cfg, tmp_path: Path) -> subprocess.Popen:
+def _start_driver(cfg, tmp_path: Path, stage: str = "examples") -> subprocess.Popen:
     config_file = tmp_path / "config.json"
     config_file.write_text(cfg.model_dump_json())
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(config_file)],
+        [sys.executable, "-c", DRIVER, str(config_file), stage],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -84,6 +85,26 @@ def _tasks_running(driver: subprocess.Popen, name: str) -> list[psutil.Process]:
         if command and command[0].startswith(f"ray::{name}"):
             found.append(child)
     return found
+
+
+def _kill_one_task(driver: subprocess.Popen, task: str, when=lambda: True) -> tuple[list[int], str, str]:
+    """Let the driver run to its end, SIGKILLing one worker running `task` (the first seen
+    once `when()` holds); returns (the pids killed, stdout, stderr)."""
+    killed: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while driver.poll() is None:
+            assert time.monotonic() < deadline, "the stage did not finish"
+            if not killed and when():
+                for worker in _tasks_running(driver, task)[:1]:
+                    worker.send_signal(signal.SIGKILL)
+                    killed.append(worker.pid)
+            time.sleep(0.02)
+        out, err = driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            _kill_tree(driver)
+    return killed, out, err
 
 
 def _kill_tree(driver: subprocess.Popen) -> None:
@@ -116,20 +137,7 @@ def test_a_killed_worker_is_retried_and_the_output_is_unchanged(undisturbed, dem
     reference = undisturbed
     cfg = _config(demo_pipeline, tmp_path / "run")
     driver = _start_driver(cfg, tmp_path)
-    killed: list[int] = []
-    try:
-        deadline = time.monotonic() + 300
-        while driver.poll() is None:
-            assert time.monotonic() < deadline, "the examples stage did not finish"
-            if not killed:
-                for worker in _tasks_running(driver, "build_shard")[:1]:
-                    worker.send_signal(signal.SIGKILL)
-                    killed.append(worker.pid)
-            time.sleep(0.02)
-        out, err = driver.communicate(timeout=30)
-    finally:
-        if driver.poll() is None:
-            _kill_tree(driver)
+    killed, out, err = _kill_one_task(driver, "build_shard")
     assert killed, "no build_shard task was caught running; nothing was disturbed"
     results = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert driver.returncode == 0 and results, err[-4000:]
@@ -174,3 +182,23 @@ def test_a_killed_driver_resumes_keeping_finished_shards(undisturbed, demo_pipel
     # the shards finished before the crash were kept, not written again
     assert {path: (root / "examples" / path).stat().st_mtime_ns for path in finished} == finished
     assert _files_in_shard_dirs(root) == set(_shards(reference))
+
+
+@pytest.mark.slow
+def test_a_killed_stream_reader_is_retried_and_the_corpus_is_unchanged(demo_pipeline, tmp_path):
+    """The demo's single-stream .bz2 dump is decompressed by one read_stream task feeding
+    cleaning tasks; killing it mid-file makes Ray run it again, and the batches it had
+    already handed out are neither lost nor counted twice."""
+    cfg, manifests = demo_pipeline
+    reference = manifests["corpus"]
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"root": str(tmp_path / "run")}), "ray": cfg.ray.model_copy(update={"address": "", "num_cpus": 2})})
+    driver = _start_driver(cfg, tmp_path, "corpus")
+    # once a batch is being cleaned, the reader has handed it out
+    killed, out, err = _kill_one_task(driver, "read_stream", when=lambda: bool(_tasks_running(driver, "clean_batch")))
+    assert killed, "the reader was not caught running after it handed out a batch; nothing was disturbed"
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert driver.returncode == 0 and results, err[-4000:]
+    manifest = Manifest.from_json(json.loads(results[-1].removeprefix("RESULT ")))
+    assert manifest.stats["streamed_units"] == 1
+    assert _shards(manifest) == _shards(reference)
+    assert manifest.stats == reference.stats  # no batch lost or counted twice

@@ -39,6 +39,7 @@ from pipelines.registry import (
 )
 from pipelines.runner import Pipeline, run_stage, upstream  # noqa: E402
 from pipelines.stage import StageDir, UpstreamMissing  # noqa: E402
+from pipelines.stage_files import StorageStageFiles  # noqa: E402
 from pipelines.storage import Storage, join  # noqa: E402
 
 STORAGE = Storage(StorageConfig())
@@ -89,6 +90,7 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         checkpoint_every=40,
         keep_checkpoints=1,
         peak_flops_per_device=1e11,
+        eval_every=25,
     )
     manifest, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert computed and (small_root / "pretrain" / "_manifest.json").exists()
@@ -109,8 +111,12 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     assert stats["tokens_seen"] == sum(r["tokens"] for r in records)
     assert 0 < stats["mfu"] < 1 and stats["tokens_per_s"] > 0
     assert stats["validation"]["sequences"] > 0 and 0 <= stats["validation"]["mlm_accuracy"] <= 1
-    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl"])
-    assert manifest.inputs.keys() == {"examples", "vocab"} and manifest.config["zero_stage"] == 1
+    curve = stats["validation_curve"]
+    assert [v["step"] for v in curve] == [25, 50, 75, 100] and curve[-1] == stats["validation"]
+    # (about 200 training sequences: the held-out loss may rise again as the model overfits them)
+    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl", "validation.jsonl"])
+    # the upstream fingerprints and the seed: what went into the fingerprint besides the section
+    assert manifest.inputs.keys() == {"examples", "vocab", "seed"} and manifest.config["zero_stage"] == 1
 
     # model/ is the final checkpoint in the Hugging Face layout
     model_dir = stage / "model"
@@ -127,12 +133,21 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     # the same config again: the stage is complete and skipped
     again, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert not computed and again.fingerprint == manifest.fingerprint
+    # a flipped byte in the exported weights: damaged, and re-exported from the final checkpoint
+    weights = model_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    assert StageDir(STORAGE, str(small_root), "pretrain").state(manifest.fingerprint) == "damaged"
+    repaired, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
+    assert computed and [(s.path, s.sha256) for s in repaired.shards] == [(s.path, s.sha256) for s in manifest.shards]
+    assert len(metrics(small_root)) == 100  # exported again, not trained again
     # `bertpipe export`: any complete checkpoint to any folder; a missing one is a clear error
-    stage, vocab = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)["vocab"]
-    exported = pretrain.export_model(stage, vocab, step=100, out=str(tmp_path / "exported"))
+    stage, inputs = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)
+    exported = pretrain.export_model(stage, inputs, step=100, out=str(tmp_path / "exported"))
     assert {f["name"]: f["sha256"] for f in exported} == {s.path.split("/")[1]: s.sha256 for s in manifest.shards if s.path.startswith("model/")}
     with pytest.raises(ConfigError, match=r"no complete checkpoint step-0000040"):
-        pretrain.export_model(stage, vocab, step=40)
+        pretrain.export_model(stage, inputs, step=40)
 
 
 @pytest.mark.slow
@@ -164,14 +179,15 @@ def test_a_user_error_inside_the_workers_surfaces_as_one_clear_error(ray_cluster
 
 KILLED_RUN = textwrap.dedent(
     """
-    import sys, ray
-    from bertcore.config import StorageConfig
+    import sys
+    from bertcore.config import RayConfig, StorageConfig
     from bertcore.pretrain_config import PretrainConfig
+    from pipelines.ray_runtime import ensure_ray
     from pipelines.runner import run_stage
     from pipelines.storage import Storage
 
     address, root, cfg = sys.argv[1], sys.argv[2], PretrainConfig.model_validate_json(sys.argv[3])
-    ray.init(address=address)
+    ensure_ray(RayConfig(address=address))  # joins the test's embedded (loopback-only) Ray
     run_stage("pretrain", cfg, root=root, storage=Storage(StorageConfig()), seed=int(sys.argv[4]))
     """
 )
@@ -263,25 +279,27 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
     cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 12, "batch_size": 8, "max_seq_length": 64}], checkpoint_every=5,
                         keep_checkpoints=2, validation_batches=0)
 
-    def trainer(files, progress=None) -> Trainer:
+    def trainer(files, on_step=None) -> Trainer:
         # the shards are read locally here; this test is about the checkpoints' way to the bucket
         return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phase_data(news_root, info), files, seed=SEED,
-                       resume_key="k", progress=progress)
+                       resume_key="k", on_step=on_step)
 
     trainer(LocalStageFiles(str(tmp_path / "local"))).run()
     reference = MetricsLog(str(tmp_path / "local" / "metrics.jsonl")).records()
 
     stage_uri = join(root, "pretrain")
     with pytest.raises(Crash):
-        trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
+        trainer(StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-a")), crash_at(8)).run()
     tags = storage.listdir(join(stage_uri, CHECKPOINTS))
     assert tags == [checkpoint_tag(5)]
-    assert {"_complete.json", "mp_rank_00_model_states.pt", "trainer-rank-00000.pt"} <= set(storage.listdir(join(stage_uri, CHECKPOINTS, tags[0])))
+    assert {"_complete.json", "mp_rank_00_model_states.pt", "trainer-rank-00000.json", "trainer-rank-00000.safetensors"} <= set(storage.listdir(join(stage_uri, CHECKPOINTS, tags[0])))
     assert not os.path.exists(tmp_path / "machine-a" / CHECKPOINTS / tags[0])  # the local copy is dropped once uploaded
 
-    marker = trainer(pretrain.StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
+    marker = trainer(StorageStageFiles(storage, stage_uri, str(tmp_path / "machine-b"))).run()
     assert marker["step"] == 12
     assert storage.listdir(join(stage_uri, CHECKPOINTS)) == [checkpoint_tag(10), checkpoint_tag(12)]
+    # TensorBoard's event files of both machines went up with the checkpoints
+    assert len([n for n in storage.listdir(join(stage_uri, "tensorboard")) if n.startswith("events.out.tfevents")]) == 2
     remote = [json.loads(line) for line in storage.read_text(join(stage_uri, "metrics.jsonl")).splitlines()]
     assert [(r["step"], r["data_hash"], round(r["loss"], 5)) for r in remote] == [(r["step"], r["data_hash"], round(r["loss"], 5)) for r in reference]
 
@@ -302,6 +320,17 @@ def test_stage_on_a_remote_root_writes_checkpoints_and_model_to_the_bucket(ray_c
         (local / name).write_bytes(storage.open(join(stage_uri, "model", name)).read())
     model = transformers.BertForPreTraining.from_pretrained(str(local))
     assert model.config.vocab_size == result.stats["model_config"]["vocab_size"]
+
+    # what the run summary and `bertpipe inspect pretrain` show, read from the bucket
+    from flows.inspect import Options, inspect
+
+    assert result.headline["steps"] == 6 and result.headline["final loss"] == round(result.stats["last_steps_mean"]["loss"], 3)
+    data, lines = inspect(storage, root, "pretrain", Options())
+    assert [(c["step"], c["loss"]) for c in data["checkpoints"]] == [(r["step"], r["loss"]) for r in records if r["step"] in (5, 6)]
+    sizes = {tag: sum(storage.size(join(stage_uri, CHECKPOINTS, tag, n)) for n in storage.listdir(join(stage_uri, CHECKPOINTS, tag))) for tag in (checkpoint_tag(5), checkpoint_tag(6))}
+    assert {c["tag"]: c["bytes"] for c in data["checkpoints"]} == sizes
+    assert {f["file"] for f in data["model"]["files"]} == set(HF_FILES)
+    assert any(line.strip().startswith(checkpoint_tag(6)) for line in lines)
 
 
 def test_inputs_are_checked_before_any_worker_starts(small_root, tmp_path):

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bertcore.text import records
-from bertcore.text.records import InputError, RawDocument, detect_format, iter_raw_documents
+from bertcore.text import reader
+from bertcore.text.records import InputError, RawDocument, ReadStats, detect_format, iter_raw_documents
 
 # Sample data shipped in the gensim wheel (found without importing gensim).
 DATA = Path(importlib.util.find_spec("gensim").submodule_search_locations[0]) / "test" / "test_data"
@@ -30,6 +30,23 @@ def enwiki_xml() -> bytes:
 
 def read(data: bytes, fmt: str = "auto", name: str = "input", **kw) -> list[RawDocument]:
     return list(iter_raw_documents(io.BytesIO(data), fmt, name=name, **kw))
+
+
+def read_range(data: bytes, fmt: str, start: int, end: int | None, header=None, name: str = "input", **kw) -> list[RawDocument]:
+    """What a task given bytes [start, end) of `data` reads (as pipelines/corpus_inputs.py opens it)."""
+    stream = io.BytesIO(data)
+    stream.seek(start)
+    aligned = start == 0 or data[start - 1 : start] == b"\n"
+    return list(iter_raw_documents(stream, fmt, name=name, start=start, end=end, aligned=aligned, header=header, **kw))
+
+
+def read_in_ranges(data: bytes, fmt: str, n: int, **kw) -> list[list[RawDocument]]:
+    """`data` cut into n equal byte ranges, each read on its own (the first one's header is
+    handed to the others)."""
+    stats = ReadStats()
+    cuts = [i * len(data) // n for i in range(n)] + [None]
+    first = list(iter_raw_documents(io.BytesIO(data), fmt, end=cuts[1], stats=stats, **kw))
+    return [first] + [read_range(data, fmt, a, b, header=stats.header, **kw) for a, b in zip(cuts[1:-1], cuts[2:])]
 
 
 # ------------------------------------------------------------------------ wikipedia
@@ -58,24 +75,26 @@ def test_wikipedia_offsets_point_at_page_tags(enwiki_xml):
         assert enwiki_xml[doc.offset : doc.offset + 6] == b"<page>"
 
 
-@pytest.mark.parametrize("n_parts", [2, 3, 7])
-def test_parts_cover_every_page_exactly_once(enwiki_xml, n_parts):
+@pytest.mark.parametrize("n", [2, 3, 7, 40])
+def test_byte_ranges_cover_every_page_exactly_once(enwiki_xml, n):
     whole = read(enwiki_xml)
-    parts = [read(enwiki_xml, part=p, n_parts=n_parts) for p in range(n_parts)]
-    assert sorted((d for part in parts for d in part), key=lambda d: d.offset) == whole
-    # Record i belongs to part i % n_parts.
-    for p, part in enumerate(parts):
-        assert part == whole[p::n_parts]
+    ranges = read_in_ranges(enwiki_xml, "wikipedia", n)
+    assert [d for part in ranges for d in part] == whole
+    # a range owns the pages whose <page> tag starts inside it
+    cuts = [i * len(enwiki_xml) // n for i in range(n)] + [len(enwiki_xml)]
+    for (a, b), part in zip(zip(cuts, cuts[1:]), ranges):
+        assert all(a <= d.offset < b for d in part)
 
 
-def test_a_page_is_parsed_only_by_its_part(enwiki_xml):
-    # Break the XML of page 1 only: parts that do not own it skip it without parsing.
+def test_a_page_is_parsed_only_by_its_range(enwiki_xml):
+    # Break the XML of one page: the range that does not own it skips it without parsing.
     start = enwiki_xml.index(b"<title>Anarchism</title>")
-    broken = enwiki_xml[:start] + b"<title>Anarchism</titel>" + enwiki_xml[start + 24 :]
-    assert len(read(broken, part=0, n_parts=2)) == 103
-    with pytest.raises(InputError) as err:
-        read(broken, part=1, n_parts=2)
     page_start = enwiki_xml.rindex(b"<page>", 0, start)
+    broken = enwiki_xml[:start] + b"<title>Anarchism</titel>" + enwiki_xml[start + 24 :]
+    cut = page_start + 100  # the second range starts inside the broken page
+    assert len(read_range(broken, "wikipedia", cut, None, header=None)) == 205 - 1
+    with pytest.raises(InputError) as err:
+        list(iter_raw_documents(io.BytesIO(broken), "wikipedia", end=cut))
     assert page_start <= err.value.offset <= start + 24
     assert f"byte {page_start}" in str(err.value)
 
@@ -89,15 +108,14 @@ def test_tags_split_across_read_blocks(enwiki_xml, monkeypatch, block):
     head = enwiki_xml[:fifth] + b"</mediawiki>\n"  # the first 4 pages (~240 kB)
     expected = read(head)
     assert len(expected) == 4
-    monkeypatch.setattr(records, "_BLOCK", block)
+    monkeypatch.setattr(reader, "BLOCK", block)
     assert read(head) == expected
-    assert [d for p in range(2) for d in read(head, part=p, n_parts=2)] == expected[0::2] + expected[1::2]
+    assert [d for part in read_in_ranges(head, "wikipedia", 3) for d in part] == expected
     lines = LEE.read_bytes()[:20_000]
     assert read(lines, "lines", name="lee") == [
-        RawDocument(title=f"lee:{i + 1}", text=t, markup="plain", offset=o)
-        for i, (o, t) in enumerate(_line_offsets(lines))
-        if t.strip()
+        RawDocument(title=f"lee@{o}", text=t, markup="plain", offset=o) for o, t in _line_offsets(lines) if t.strip()
     ]
+    assert [d for part in read_in_ranges(lines, "lines", 5, name="lee") for d in part] == read(lines, "lines", name="lee")
 
 
 def _line_offsets(data: bytes):
@@ -119,15 +137,21 @@ def test_wikipedia_full_history_takes_the_last_revision():
     assert (doc.title, doc.text, doc.namespace, doc.redirect) == ("T", "new & better", 0, False)
 
 
-def test_truncated_xml_is_an_input_error(enwiki_xml):
+def test_dump_without_closing_tag_keeps_its_complete_pages(enwiki_xml):
+    whole = read(enwiki_xml)
     cut = len(enwiki_xml) // 2
-    with pytest.raises(InputError, match="truncated") as err:
-        read(enwiki_xml[:cut])
-    assert err.value.offset == cut
-    # Cut exactly between two pages: no page is open, but </mediawiki> is missing.
+    last_start = enwiki_xml.rindex(b"<page>", 0, cut)
+    stats = ReadStats()
+    kept = read(enwiki_xml[:cut], stats=stats)
+    assert kept == [d for d in whole if d.offset < last_start]  # every page before the cut one
+    assert (stats.truncated_records, stats.truncated_bytes) == (1, cut - last_start)
+    # Cut exactly between two pages: no page is lost, only </mediawiki> is missing.
     between = enwiki_xml.index(b"</page>", cut) + len(b"</page>")
-    with pytest.raises(InputError, match="without </mediawiki>"):
-        read(enwiki_xml[:between])
+    stats = ReadStats()
+    assert read(enwiki_xml[:between], stats=stats) == [d for d in whole if d.offset < between]
+    assert stats.truncated_records == 0 and stats.extra["complete"] is False
+    with pytest.raises(InputError, match="no <page> and no </mediawiki>"):
+        read(b"<mediawiki><siteinfo><sitename>W</sitename></siteinfo>", "wikipedia")
 
 
 def test_unclosed_page_is_malformed(enwiki_xml):
@@ -186,26 +210,30 @@ def test_empty_file_is_an_input_error():
 
 def test_lines_one_document_per_non_empty_line():
     docs = read(b"first line\n\n  \nsecond\r\nthird without newline", "lines", name="f.txt")
-    assert [(d.title, d.text) for d in docs] == [("f.txt:1", "first line"), ("f.txt:4", "second"), ("f.txt:5", "third without newline")]
+    assert [(d.title, d.text) for d in docs] == [("f.txt@0", "first line"), ("f.txt@15", "second"), ("f.txt@23", "third without newline")]
     assert [d.offset for d in docs] == [0, 15, 23]
 
 
-@pytest.mark.parametrize("n_parts", [2, 5])
-def test_lines_parts_cover_every_line_once(n_parts):
+@pytest.mark.parametrize("n", [2, 5, 300])
+def test_line_ranges_cover_every_line_once(n):
     data = LEE.read_bytes()
     whole = read(data, "lines", name="lee")
     assert len(whole) == 300
-    parts = [d for p in range(n_parts) for d in read(data, "lines", name="lee", part=p, n_parts=n_parts)]
-    assert sorted(parts, key=lambda d: d.offset) == whole
+    assert [d for part in read_in_ranges(data, "lines", n, name="lee") for d in part] == whole
+    # a range starting exactly at a line start owns that line
+    second = data.index(b"\n") + 1
+    assert read_range(data, "lines", second, None, name="lee") == whole[1:]
 
 
-def test_non_utf8_line_names_byte_and_line():
+def test_non_utf8_line_names_byte_and_encoding():
     data = b"good line\nsecond \xe9t\xe9 line\n"
-    with pytest.raises(InputError, match=r"byte 17 \(line 2\)") as err:
+    with pytest.raises(InputError, match=r"byte 17 .*read as utf-8.*set `encoding`") as err:
         read(data, "lines", name="latin1.txt")
     assert err.value.offset == 17
-    # The part that does not own line 2 never decodes it.
-    assert len(read(data, "lines", part=0, n_parts=2)) == 1
+    # The range that does not own line 2 never decodes it.
+    assert len(read_range(data, "lines", 0, 5)) == 1
+    # Declared, it reads.
+    assert [d.text for d in read(data, "lines", encoding="latin-1")] == ["good line", "second été line"]
 
 
 def test_fifty_megabyte_line_is_one_record_in_bounded_memory():
@@ -226,7 +254,7 @@ def test_book_is_one_document_with_paragraph_breaks():
     (doc,) = read(data, "book", name="novel.txt")
     assert doc.title == "novel.txt" and doc.markup == "plain"
     assert doc.text == "Chapter one.\nA wrapped\nline.\n\nSecond paragraph.\n"
-    assert read(data, "book", name="novel.txt", part=1, n_parts=2) == []
+    assert read_range(data, "book", 10, None) == []  # a book is never split
 
 
 def test_book_non_utf8_names_the_byte():
@@ -239,7 +267,7 @@ def test_jsonl_columns_and_titles():
     lines = [{"text": "alpha", "id": 7}, {"text": "beta", "id": "b"}, {"text": None, "id": 9}]
     data = "\n".join(json.dumps(x) for x in lines).encode() + b"\n\n"
     docs = read(data, name="d.jsonl")
-    assert [(d.title, d.text) for d in docs] == [("d.jsonl:1", "alpha"), ("d.jsonl:2", "beta"), ("d.jsonl:3", "")]
+    assert [(d.title, d.text) for d in docs] == [("d.jsonl@0", "alpha"), ("d.jsonl@27", "beta"), ("d.jsonl@55", "")]
     titled = read(data, "jsonl", name="d.jsonl", title_column="id")
     assert [d.title for d in titled] == ["7", "b", "9"]
     other = read(b'{"body": "x"}\n', "jsonl", text_column="body")
@@ -248,10 +276,10 @@ def test_jsonl_columns_and_titles():
 
 def test_bad_jsonl_line_names_the_line():
     data = b'{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n'
-    with pytest.raises(InputError, match=r"line 3 \(byte 28\) is not valid JSON") as err:
+    with pytest.raises(InputError, match=r"the line at byte 28 is not valid JSON") as err:
         read(data, name="bad.jsonl")
     assert err.value.offset == 28
-    with pytest.raises(InputError, match=r"line 2 .* has no field 'text'.*text_column"):
+    with pytest.raises(InputError, match=r"the line at byte 14 has no field 'text'.*text_column"):
         read(b'{"text": "a"}\n{"body": "b"}\n', name="cols.jsonl")
     with pytest.raises(InputError, match="not an object"):
         read(b'["a", "b"]\n', name="arr.jsonl")
@@ -271,17 +299,17 @@ def parquet_file(tmp_path) -> Path:
 def test_parquet_row_groups_partition(parquet_file):
     def docs(**kw):
         with open(parquet_file, "rb") as f:
-            return list(iter_raw_documents(f, "auto", name="docs.parquet", **kw))
+            return list(iter_raw_documents(f, kw.pop("fmt", "auto"), name="docs.parquet", **kw))
 
     whole = docs()
     assert [d.text for d in whole] == [f"document number {i}" for i in range(50)]
     assert [d.title for d in whole[:2]] == ["docs.parquet:0", "docs.parquet:1"]
     assert [d.title for d in docs(title_column="key")][:2] == ["k0", "k1"]
-    part1 = docs(part=1, n_parts=3)
-    # Row groups 1, 4, 7 of size 7 (the last one holds one row).
-    assert [d.text for d in part1] == [f"document number {i}" for i in [*range(7, 14), *range(28, 35), 49]]
-    parts = [d for p in range(3) for d in docs(part=p, n_parts=3)]
-    assert sorted(d.text for d in parts) == sorted(d.text for d in whole)
+    size = parquet_file.stat().st_size
+    cuts = [0, size // 3, 2 * size // 3, None]
+    parts = [docs(start=a, end=b, first=a == 0, fmt="parquet") for a, b in zip(cuts, cuts[1:])]
+    assert sum(map(bool, parts)) >= 2 and [d for part in parts for d in part] == whole  # row groups by their byte offset
+    assert all(cuts[i] <= d.offset < (cuts[i + 1] or size) for i, part in enumerate(parts) for d in part)
 
 
 def test_parquet_missing_column_and_garbage(parquet_file, tmp_path):
@@ -303,5 +331,8 @@ def test_detect_format():
     assert detect_format("a.JSON", b"{}") == "jsonl"
     assert detect_format("a.parquet", b"PAR1") == "parquet"
     assert detect_format("book.txt.zst", b"Call me Ishmael.") == "book"
+    assert detect_format("data.csv", b"a,b\n1,2") == "csv"
+    assert detect_format("data.tsv.gz", b"a\tb\n") == "tsv"
+    assert detect_format("dump.xml", "<mediawiki>".encode("utf-16")) == "wikipedia"
     with pytest.raises(InputError, match="set `format`"):
-        detect_format("data.csv", b"a,b\n1,2")
+        detect_format("data.dat", b"a;b\n1;2")

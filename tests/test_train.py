@@ -34,7 +34,7 @@ from bertcore.examples import examples_for_shard, records_to_table  # noqa: E402
 from bertcore.examples_config import ExamplesConfig, PhaseConfig  # noqa: E402
 from bertcore.loss_watch import LossWatch  # noqa: E402
 from bertcore.masking import VocabTables  # noqa: E402
-from bertcore.metrics_log import MetricsLog  # noqa: E402
+from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
 from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
 from bertcore.pairs import InMemoryDocs  # noqa: E402
@@ -469,26 +469,17 @@ def test_skip_policy_drops_the_poisoned_batches_and_stop_names_the_first(world_o
 
 
 class Crash(Exception):
-    """Raised by a progress bar to stop a run at a chosen step, as a crash would."""
+    """Raised by an on_step callback to stop a run at a chosen step, as a crash would."""
 
 
 def crash_at(step: int):
-    class Bar:
-        def __init__(self, total: int, initial: int):
-            self.n = initial
+    """An on_step callback that kills the run once step `step` is logged."""
 
-        def update(self, n: int = 1) -> None:
-            self.n += n
-            if self.n == step:
-                raise Crash(step)
+    def on_step(record: dict) -> None:
+        if record["step"] == step:
+            raise Crash(step)
 
-        def set_description(self, desc: str) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    return Bar
+    return on_step
 
 
 @pytest.fixture(scope="module")
@@ -510,13 +501,13 @@ def test_phases_run_in_order_and_a_crash_resumes_exactly_across_the_boundary(wor
     )
     vocab = VocabTables.from_tokens(info["tokens"])
 
-    def trainer(stage: Path, progress=None) -> Trainer:
+    def trainer(stage: Path, on_step=None) -> Trainer:
         phases = [
             PhaseData(name=n, paths=[str(root / "examples" / n / "train" / "part-00000.arrow")], pad_id=vocab.special.pad)
             for n in ("seq32", "seq64")
         ]
         return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phases, LocalStageFiles(str(stage)),
-                       seed=SEED, resume_key="k", progress=progress)
+                       seed=SEED, resume_key="k", on_step=on_step)
 
     def steps(stage: Path):
         return [(r["step"], r["phase"], r["sequences"], r["data_hash"], round(r["loss"], 5)) for r in MetricsLog(str(stage / "metrics.jsonl")).records()]
@@ -539,6 +530,35 @@ def test_phases_run_in_order_and_a_crash_resumes_exactly_across_the_boundary(wor
     assert sorted(os.listdir(tmp_path / "crash-8" / CHECKPOINTS)) == [checkpoint_tag(9), checkpoint_tag(10)]
 
 
+def test_validation_every_n_steps_follows_a_fixed_sample_and_leaves_training_alone(world_of_one, sample_root, tmp_path):
+    root, info = sample_root
+    every5 = make_trainer(tiny_pretrain(eval_every=5), root, info, tmp_path / "every5").run()
+    end_only = make_trainer(tiny_pretrain(eval_every=None), root, info, tmp_path / "end-only").run()
+
+    def trajectory(stage):
+        return [(r["step"], r["data_hash"], r["loss"]) for r in MetricsLog(str(stage / "metrics.jsonl")).records()]
+
+    assert trajectory(tmp_path / "every5") == trajectory(tmp_path / "end-only")  # validating changes no step
+    records = MetricsLog(str(tmp_path / "every5" / VALIDATION)).records()
+    assert [r["step"] for r in records] == [5, 10, 15, 20]
+    assert [r["step"] for r in MetricsLog(str(tmp_path / "end-only" / VALIDATION)).records()] == [20]
+    assert len({r["sequences"] for r in records}) == 1 and records[0]["sequences"] > 0
+    # the same weights on the same sample: the two runs' final validations agree exactly
+    timeless = [{k: v for k, v in r.items() if k != "time_s"} for r in (records[-1], every5["validation"], end_only["validation"])]
+    assert timeless[0] == timeless[1] == timeless[2]
+    assert records[-1]["mlm_loss"] < records[0]["mlm_loss"] - 0.2  # held-out loss falls as training goes on
+    assert all(0.0 <= r["mlm_accuracy"] <= 1.0 and r["nsp_loss"] is not None for r in records)
+
+    # a crash after the step-15 validation resumes from step 10: the log is cut back, not duplicated
+    with pytest.raises(Crash):
+        make_trainer(tiny_pretrain(eval_every=5), root, info, tmp_path / "crashed", on_step=crash_at(17)).run()
+    assert [r["step"] for r in MetricsLog(str(tmp_path / "crashed" / VALIDATION)).records()] == [5, 10, 15]
+    make_trainer(tiny_pretrain(eval_every=5), root, info, tmp_path / "crashed").run()
+    resumed = MetricsLog(str(tmp_path / "crashed" / VALIDATION)).records()
+    assert [r["step"] for r in resumed] == [5, 10, 15, 20]
+    assert [r["mlm_loss"] for r in resumed] == pytest.approx([r["mlm_loss"] for r in records], abs=1e-6)
+
+
 def test_lamb_as_a_client_optimizer_trains_and_resumes_exactly(world_of_one, sample_root, tmp_path):
     root, info = sample_root
     # LAMB moves each layer by lr x its weight norm per step: 5% here, what Adam at 1e-3 does to 0.02-std weights
@@ -547,7 +567,7 @@ def test_lamb_as_a_client_optimizer_trains_and_resumes_exactly(world_of_one, sam
     reference = MetricsLog(str(tmp_path / "reference" / "metrics.jsonl")).records()
     assert sum(r["mlm_loss"] for r in reference[-5:]) < sum(r["mlm_loss"] for r in reference[:5]) - 5 * 0.3
     with pytest.raises(Crash):
-        make_trainer(cfg, root, info, tmp_path / "crashed", progress=crash_at(13)).run()
+        make_trainer(cfg, root, info, tmp_path / "crashed", on_step=crash_at(13)).run()
     make_trainer(cfg, root, info, tmp_path / "crashed").run()  # resumes from step 10 with LAMB's moments
     resumed = MetricsLog(str(tmp_path / "crashed" / "metrics.jsonl")).records()
     assert [(r["data_hash"], round(r["loss"], 5)) for r in resumed] == [(r["data_hash"], round(r["loss"], 5)) for r in reference]

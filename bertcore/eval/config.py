@@ -13,7 +13,7 @@ from typing import Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from bertcore.eval.metrics import TagScheme
-from bertcore.section import DataFile, Encoding, Section
+from bertcore.section import DataFile, Encoding, Name, Section
 
 TaskType = Literal["classification", "regression", "token_classification", "qa", "word_similarity"]
 FileFormat = Literal["tsv", "csv", "jsonl", "fasttext", "conll", "squad", "word_pairs"]
@@ -41,7 +41,7 @@ TRAINED_TYPES = ("classification", "regression", "token_classification", "qa")
 class TaskConfig(Section):
     """One fine-tuning task: its files, how to read them, and how to fine-tune on them."""
 
-    name: str = Field(min_length=1)
+    name: Name
     """Task name used in metrics, reports and random keys (sst2, mrpc, conll2003, squad)."""
     type: TaskType
     """classification (one label per text or text pair), regression (one number per text or pair, e.g. STS-B), token_classification (one tag per word, e.g. NER), qa (extractive answer spans, SQuAD), word_similarity (word pairs with human similarity scores, e.g. WordSim-353, SimLex-999: Spearman correlation of the cosine of the encoder's word vectors; nothing is trained)."""

@@ -159,6 +159,27 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     return rows
 
 
+def _against_random(mine: Any, random_init: Any, percent: bool = False) -> str:
+    def shown(value: Any) -> str:
+        return f"{value:.1%}" if percent else f"{value:.3f}"
+
+    text = shown(mine) if isinstance(mine, (int, float)) else str(mine)
+    return f"{text} (random init {shown(random_init)})" if isinstance(random_init, (int, float)) else text
+
+
+def headline(stats: Mapping[str, Any]) -> dict[str, str]:
+    """The run summary's key figures from the evaluate stage's manifest statistics (its
+    `tasks` medians and `intrinsic` scores): each task's primary score, and the held-out
+    MLM accuracy of the last phase, each against random init."""
+    headline = {f"{name} {task['metric']}": _against_random(task.get("pretrained"), task.get("random_init")) for name, task in stats["tasks"].items()}
+    if stats["intrinsic"]:
+        phase, by_model = list(stats["intrinsic"].items())[-1]
+        mine = by_model.get("pretrained", {}).get("mlm_accuracy")
+        if mine is not None:
+            headline[f"{phase} MLM accuracy"] = _against_random(mine, by_model.get("random_init", {}).get("mlm_accuracy"), percent=True)
+    return headline
+
+
 def _heading(title: str, intro: str) -> list[str]:
     return [f"## {title}", "", intro, ""]
 

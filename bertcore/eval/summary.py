@@ -172,8 +172,8 @@ def verdicts(metrics: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def headline(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """What the manifest (and the flow's statistics table) shows: the headline numbers and the verdicts."""
+def stats(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's statistics: the headline numbers (medians, intrinsic scores) and the verdicts."""
     from bertcore.eval.report import json_safe
 
     stats: dict[str, Any] = {"skipped_rows": metrics["skipped_rows"]["total"], "tasks": {}, "intrinsic": {}}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from bertcore.section import DataFile, Section
+from bertcore.section import DataFile, Name, Section
 
-InputFormat = Literal["auto", "wikipedia", "book", "lines", "jsonl", "parquet"]
+InputFormat = Literal["auto", "wikipedia", "book", "lines", "jsonl", "tsv", "csv", "parquet"]
 
 
 class InputSpec(Section):
@@ -16,16 +17,32 @@ class InputSpec(Section):
 
     uri: DataFile
     """Local path, glob or fsspec URI (s3://bucket/prefix/*.jsonl); `{demo_data}` is the bundled sample data. Compression (.bz2, .gz, .xz, .zst) is inferred from the name."""
-    name: str | None = None
+    name: Name | None = None
     """Source label stored with every document and used for per-source statistics; default: the file name of `uri`."""
     format: InputFormat = "auto"
-    """wikipedia (MediaWiki pages-articles XML), book (one document per file, blank lines separate paragraphs), lines (one document per line), jsonl, parquet; auto decides from the name and the first bytes."""
+    """wikipedia (MediaWiki pages-articles XML), book (one document per file: hard wraps undone, Project Gutenberg licence text removed), lines (one document per line), jsonl, tsv/csv (a header line names the columns), parquet; auto decides from the name and the first bytes."""
     language: str = "en"
-    """ISO 639-1 code of the text, used by the sentence segmenter (en, ko, de, ...)."""
+    """ISO 639-1 code of the text, used by the sentence segmenter (en, ko, de, ...) and for a wiki's back-matter section titles."""
+    encoding: str = "auto"
+    """Text encoding of the file (utf-8, latin-1, cp1252, utf-16, ...); auto: UTF-8, or UTF-16/UTF-32 when the file starts with their byte-order mark."""
     text_column: str = "text"
-    """jsonl/parquet: the field holding the document text."""
+    """jsonl/tsv/csv/parquet: the field or column holding the document text."""
     title_column: str | None = None
-    """jsonl/parquet: the field holding a title or key (part of the document id); None uses the record number."""
+    """jsonl/tsv/csv/parquet: the field or column holding a title or key (part of the document id); None uses the record's byte offset (parquet: row number)."""
+    index: DataFile | None = None
+    """Multistream .bz2 dump: its index (offset:page_id:title lines, .txt or .txt.bz2), so tasks can seek to their streams; default: the `-index.txt.bz2` file beside the dump, where Wikimedia puts it."""
+    include_hidden: bool = False
+    """A folder input: also read files whose names start with `.` or `_` (ignored by default and listed under `skipped` in the manifest)."""
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        if value != "auto":
+            try:
+                codecs.lookup(value)
+            except LookupError:
+                raise ValueError(f"unknown text encoding {value!r} (use auto or a name Python knows: utf-8, latin-1, cp1252, utf-16)") from None
+        return value
 
 
 class CorpusConfig(Section):
@@ -38,13 +55,17 @@ class CorpusConfig(Section):
     shard_chars: int = Field(50_000_000, gt=0)
     """Target characters of text per output shard; shards are balanced by characters."""
     split_bytes: int = Field(64 * 2**20, gt=0)
-    """Input bytes per work unit: a file larger than this is shared by ceil(size / split_bytes) Ray tasks."""
+    """Input bytes per work unit: a larger file is read in ranges of about this size by several Ray tasks (plain XML and text by byte range, a multistream .bz2 dump by its streams); a larger single-stream compressed file is decompressed once by one task that hands its records to cleaning tasks in batches of this size; small files are grouped up to this size."""
     min_sentences: int = Field(2, ge=1)
     """Documents with fewer sentences are dropped (reason: too_few_sentences)."""
     min_chars: int = Field(200, ge=0)
     """Documents with fewer characters of text are dropped (reason: too_few_chars)."""
     max_doc_chars: int = Field(20_000_000, gt=0)
     """Documents with more characters are dropped before sentence splitting (reason: too_long)."""
+    max_sentence_chars: int = Field(1000, ge=50)
+    """Sentences longer than this (a table of contents, verse without full stops) are cut at clause punctuation or spaces; counted as long_sentences_split in the manifest."""
+    back_matter_sections: dict[str, list[str]] = Field(default_factory=dict)
+    """Wikipedia: per language code, section titles dropped with their subsections (citations, link lists), replacing the built-in list for that language (built in: en, ko, vi, de, fr, ja, zh, bg; see bertcore/text/wikisite.py)."""
     drop_disambiguation: bool = True
     """Wikipedia: drop disambiguation pages."""
     near_dedup: bool = False

@@ -1,11 +1,14 @@
 """MediaWiki markup -> the paragraphs a reader sees as running text.
 
 Kept: prose, link labels (the piped label, else the target), list item text, text inside
-formatting tags. Dropped: headings (the section bodies stay, except back matter such as
-"See also", "References", "External links": citations and link lists, not prose),
-templates, tables, refs, non-prose tags (<math>, <gallery>, ...), comments,
-File:/Image:/Category: links, interlanguage links, external link URLs (their label
-stays), magic words, bold/italic quotes. HTML entities are decoded.
+formatting tags, the inline text of templates such as {{convert}}, {{lang}}, {{nihongo}}
+(wikitemplates.py). Dropped: headings (the section bodies stay, except back matter such
+as "See also", "References", "External links" in the wiki's language: citations and link
+lists, not prose; wikisite.py), other templates, tables (indented ones too), refs,
+non-prose tags (<math>, <gallery>, ...), comments, file, image and category links under
+the wiki's own namespace names (from the dump's <siteinfo>), interlanguage links,
+external link URLs (their label stays), magic words, bold/italic quotes. HTML entities
+are decoded.
 
 mwparserfromhell is the parser. Before it runs, constructs that never yield sentence text
 and make up much of an article's bytes (comments, <ref>s, templates, wiki tables,
@@ -39,6 +42,9 @@ from mwparserfromhell.nodes import (
 from mwparserfromhell.parser import ParserError
 from mwparserfromhell.wikicode import Wikicode
 
+from bertcore.text.wikisite import SiteInfo, back_matter_titles
+from bertcore.text.wikitemplates import render as render_template
+
 # ------------------------------------------------------------------ fast pre-stripping
 
 # Tags whose contents are not prose (or not shown on the article page).
@@ -67,11 +73,17 @@ _SIMPLE_LINK = re.compile(r"\[\[([^\[\]{}|<>\n]+)(?:\|([^\[\]{}<>\n]*))?\]\]")
 _CHUNK_CHARS = 8_000
 
 
+def _inline_template(match: re.Match[str]) -> str:
+    return render_template(match.group(0)[2:-2])
+
+
 def _drop_templates(text: str) -> str:
+    """Templates removed, inside out, except the inline text of those in the table of
+    wikitemplates.py (`{{convert|5|km}}` -> "5 kilometres")."""
     for _ in range(_TEMPLATE_PASSES):
         if "{{" not in text:
             break
-        text, n = _TEMPLATE.subn("", text)
+        text, n = _TEMPLATE.subn(_inline_template, text)
         if not n:
             break
     # What is left is unclosed or nested too deep: markup either way, never prose.
@@ -81,12 +93,13 @@ def _drop_templates(text: str) -> str:
 
 
 def _drop_tables(text: str) -> str:
-    # Wiki tables open with "{|" and close with "|}" at the start of a line and may nest.
+    # Wiki tables open with "{|" and close with "|}" at the start of a line and may nest;
+    # a table indented as a definition or list item (":{|", "::{|", "*{|") is one too.
     if "{|" not in text:
         return text
     kept, depth = [], 0
     for line in text.split("\n"):
-        head = line.lstrip()
+        head = line.lstrip(" \t:*#")
         if head.startswith("{|"):
             depth += 1
         elif depth:
@@ -132,14 +145,14 @@ def _drop_elements(text: str, tags: re.Pattern[str], *, nested: bool) -> str:
     return "".join(out)
 
 
-def _prestrip(wikitext: str) -> str:
+def _prestrip(wikitext: str, site: SiteInfo) -> str:
     text = _COMMENT.sub("", wikitext) if "<!--" in wikitext else wikitext
     text = _drop_elements(text, _REF_TAG, nested=False)
     text = _drop_elements(text, _BLOCK_TAG, nested=True)
     text = _drop_tables(_drop_templates(text))
     # Links with nothing but plain text inside (most of them) are resolved here. The rest
     # (labels with markup, captions with nested links) go through the parser.
-    return _SIMPLE_LINK.sub(_resolve_simple_link, text)
+    return _SIMPLE_LINK.sub(lambda match: _resolve_simple_link(match, site), text)
 
 
 def _chunks(text: str) -> list[str]:
@@ -180,12 +193,9 @@ def _cut(line: str) -> list[str]:
 
 # Tags that start a block of their own: list items, rules.
 _BLOCK_MARKUP = frozenset({"*", "#", ":", ";", "----"})
-# Namespaces whose links are not running text (English and a few localized names,
-# Korean among them since Korean Wikipedia is a first-class input).
-_HIDDEN_NAMESPACES = frozenset(
-    """file image media category datei bild kategorie fichier catégorie archivo categoría
-    imagen 파일 그림 분류 ファイル 画像 カテゴリ""".split()
-)
+# Namespaces whose links are not running text: wikisite.SiteInfo (from the dump's
+# <siteinfo>, else English, Korean and a few other languages' names).
+_DEFAULT_SITE = SiteInfo.default()
 # Interlanguage prefixes ("de:", "zh-min-nan:", "simple:"): never displayed inline.
 _LANGUAGE_PREFIX = re.compile(r"[a-z]{2,3}(?:-[a-z0-9]{2,8})*|simple")
 # Interwiki project prefixes: displayed only when piped with a label.
@@ -195,28 +205,7 @@ _INTERWIKI = frozenset(
     foundation wmf phab""".split()
 )
 
-# Sections made of citations and link lists rather than prose; dropped with their
-# subsections (English and Korean Wikipedia names).
-_BACK_MATTER = frozenset(
-    {
-        "see also",
-        "references",
-        "notes",
-        "notes and references",
-        "footnotes",
-        "citations",
-        "sources",
-        "bibliography",
-        "further reading",
-        "external links",
-        "같이 보기",
-        "각주",
-        "참고 문헌",
-        "참고문헌",
-        "외부 링크",
-        "관련 항목",
-    }
-)
+_DEFAULT_BACK_MATTER = back_matter_titles(["en", "ko"])
 
 _PARAGRAPH = "\n\n"
 _BLOCK = "\n\x01"  # a line of its own: one list item is one paragraph
@@ -229,16 +218,16 @@ _SPACE_BEFORE_PUNCT = re.compile(r" +([,.;:!?)])")
 _SPACE_AFTER_PAREN = re.compile(r"\( +")
 
 
-def _render(code: Wikicode, out: list[str]) -> None:
+def _render(code: Wikicode, out: list[str], site: SiteInfo) -> None:
     for node in code.nodes:
-        _render_node(node, out)
+        _render_node(node, out, site)
 
 
-def _render_node(node: Node, out: list[str]) -> None:
+def _render_node(node: Node, out: list[str], site: SiteInfo) -> None:
     if isinstance(node, Text):
         out.append(node.value)
     elif isinstance(node, Wikilink):
-        _render_link(node, out)
+        _render_link(node, out, site)
     elif isinstance(node, Tag):
         markup = node.wiki_markup
         if markup is not None and str(markup) in _BLOCK_MARKUP:
@@ -248,18 +237,18 @@ def _render_node(node: Node, out: list[str]) -> None:
         elif tag == "br":
             out.append(" ")
         elif node.contents is not None and not node.self_closing:
-            _render(node.contents, out)
+            _render(node.contents, out, site)
     elif isinstance(node, HTMLEntity):
         out.append(node.normalize())
     elif isinstance(node, Heading):
         out.append(_PARAGRAPH)
     elif isinstance(node, ExternalLink):
         if node.brackets and node.title is not None:
-            _render(node.title, out)
+            _render(node.title, out, site)
     # Templates (normally gone already), template arguments, comments: nothing.
 
 
-def _link_target(title: str, labelled: bool) -> str | None:
+def _link_target(title: str, labelled: bool, site: SiteInfo) -> str | None:
     """The text a link to `title` shows when it has no label, or None when the link is
     not part of the running text (media, category, interlanguage, bare interwiki)."""
     title = title.strip()
@@ -269,28 +258,28 @@ def _link_target(title: str, labelled: bool) -> str | None:
     if colon and not shown:
         prefix = prefix.strip()
         lower = prefix.lower()
-        if lower in _HIDDEN_NAMESPACES or _LANGUAGE_PREFIX.fullmatch(prefix):
+        if site.hides(prefix) or _LANGUAGE_PREFIX.fullmatch(prefix):
             return None
         if lower in _INTERWIKI and not labelled:
             return None
     return title.replace("_", " ")  # MediaWiki shows [[New_York]] as "New York"
 
 
-def _render_link(node: Wikilink, out: list[str]) -> None:
+def _render_link(node: Wikilink, out: list[str], site: SiteInfo) -> None:
     labelled = node.text is not None and bool(str(node.text).strip())
-    target = _link_target(str(node.title), labelled)
+    target = _link_target(str(node.title), labelled, site)
     if target is None:
         return
     if labelled:
-        _render(node.text, out)
+        _render(node.text, out, site)
     else:
         out.append(html.unescape(target))  # a title is raw text: [[OS&nbsp;X]]
 
 
-def _resolve_simple_link(match: re.Match[str]) -> str:
+def _resolve_simple_link(match: re.Match[str], site: SiteInfo) -> str:
     title, label = match.group(1), match.group(2)
     labelled = bool(label and label.strip())
-    target = _link_target(title, labelled)
+    target = _link_target(title, labelled, site)
     if target is None:
         return ""
     return label if labelled else target
@@ -322,12 +311,16 @@ def _paragraphs(text: str) -> list[str]:
     return paragraphs
 
 
-def wikitext_to_paragraphs(wikitext: str) -> list[str]:
+def wikitext_to_paragraphs(wikitext: str, site: SiteInfo | None = None, dropped_sections: frozenset[str] | None = None) -> list[str]:
     """The prose of one article's wikitext, one string per paragraph (whitespace
-    collapsed; list items are paragraphs of their own)."""
+    collapsed; list items are paragraphs of their own). `site`: the wiki's namespace
+    names (default: English, Korean and a few more); `dropped_sections`: section titles
+    dropped with their subsections (lowercased; default: the English and Korean ones)."""
+    site = site or _DEFAULT_SITE
+    dropped_titles = _DEFAULT_BACK_MATTER if dropped_sections is None else dropped_sections
     out: list[str] = []
     back_matter = 0  # > 0: inside a back-matter section of this heading level
-    for chunk in _chunks(_prestrip(wikitext)):
+    for chunk in _chunks(_prestrip(wikitext, site)):
         try:
             code = mwparserfromhell.parse(chunk, skip_style_tags=True)
         except ParserError:
@@ -337,10 +330,10 @@ def wikitext_to_paragraphs(wikitext: str) -> list[str]:
                 if back_matter and node.level > back_matter:
                     continue  # a subsection of back matter
                 title = " ".join(node.title.strip_code().lower().split())
-                back_matter = node.level if title in _BACK_MATTER else 0
+                back_matter = node.level if title in dropped_titles else 0
                 out.append(_PARAGRAPH)
             elif not back_matter:
-                _render_node(node, out)
+                _render_node(node, out, site)
         out.append(_PARAGRAPH)
     text = _QUOTES.sub("", "".join(out))
     text = _STRAY_TAG.sub("", _MAGIC_WORD.sub("", text))

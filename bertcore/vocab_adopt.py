@@ -1,0 +1,144 @@
+"""Adopting an existing BERT vocabulary instead of training one (`vocab.source: pretrained`).
+
+What is read, from a model folder or the one file named:
+- tokenizer.json (a fast tokenizer): the WordPiece entries in id order, and the options
+  that decide how text maps to them, from its BertNormalizer (lowercase, strip_accents,
+  handle_chinese_chars; NFC after it or not), its WordPiece model (the word length limit)
+  and its BertPreTokenizer. Anything else (BPE, another normalizer) is refused.
+- vocab.txt: one entry per line, line number = id. Its options come from the
+  tokenizer_config.json beside it (do_lower_case, strip_accents, tokenize_chinese_chars,
+  as transformers' BertTokenizer reads them); without one, from the vocab section. Google's
+  tokenizer has no NFC step, so neither has the adopted one unless the section says so.
+With both files, the entries must agree line for line and tokenizer_config.json's
+do_lower_case must agree with tokenizer.json.
+
+The entries are kept as they are, one for one; the tokenizer is the one bertcore builds
+for a trained vocabulary (bertcore.tokenizer.tokenizer_from_vocab) over them, with the
+adopted options, so later stages read both kinds of vocabulary the same way. An option
+the recipe sets explicitly and the files contradict is an error naming both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from bertcore.errors import ConfigError, InputDataError
+from bertcore.tokenizer import (
+    read_vocab,
+    tokenizer_from_vocab,
+    tokenizer_options,
+    vocab_list,
+)
+from bertcore.vocab_config import ADOPTED_OPTIONS, VocabConfig
+
+GOOGLE_DEFAULTS = {"recompose_nfc": False, "max_input_chars_per_word": 100}
+"""Options of a vocab.txt read without a tokenizer.json: what transformers' BertTokenizer
+does (no NFC step, words over 100 characters are [UNK]); the recipe may set others."""
+
+
+@dataclass
+class AdoptedVocabulary:
+    tokens: list[str]
+    """The entries in id order."""
+    found: dict[str, Any] = field(default_factory=dict)
+    """Options the files state (they win over the section's defaults)."""
+    assumed: dict[str, Any] = field(default_factory=dict)
+    """Options the files imply without stating them (the section may override these)."""
+    read_from: list[str] = field(default_factory=list)
+
+    def config(self, section: VocabConfig) -> VocabConfig:
+        """The section with the adopted options; one the recipe set otherwise is a ConfigError."""
+        for key, value in self.found.items():
+            if key in section.model_fields_set and section.model_dump()[key] is not None and _effective(section, key) != value:
+                raise ConfigError(
+                    f"vocab.{key} is {_effective(section, key)!r} but {', '.join(self.read_from)} says {value!r}; "
+                    f"remove vocab.{key}: an adopted vocabulary keeps its own options"
+                )
+        assumed = {k: v for k, v in self.assumed.items() if k not in section.model_fields_set}
+        return section.model_copy(update={**assumed, **self.found})
+
+    def tokenizer(self, section: VocabConfig) -> Tokenizer:
+        try:
+            return tokenizer_from_vocab(self.tokens, self.config(section))
+        except ValueError as exc:
+            raise InputDataError(f"{self.read_from[0]}: {exc}; only BERT vocabularies with [PAD] [UNK] [CLS] [SEP] [MASK] can be adopted") from None
+
+
+def _effective(section: VocabConfig, key: str) -> Any:
+    return section.strip_accents_effective if key == "strip_accents" else getattr(section, key)
+
+
+def read_vocabulary(*, vocab_txt: str | None = None, tokenizer_json: str | None = None, tokenizer_config: str | None = None) -> AdoptedVocabulary:
+    """The vocabulary of these local files (at least one of vocab_txt and tokenizer_json)."""
+    if tokenizer_json is None and vocab_txt is None:
+        raise ValueError("read_vocabulary needs a vocab.txt or a tokenizer.json")
+    if tokenizer_json is not None:
+        adopted = _from_tokenizer_json(tokenizer_json)
+        if vocab_txt is not None:
+            _same_entries(vocab_txt, read_vocab(vocab_txt), tokenizer_json, adopted.tokens)
+            adopted.read_from.append(vocab_txt)
+    else:
+        adopted = AdoptedVocabulary(read_vocab(vocab_txt), assumed=dict(GOOGLE_DEFAULTS), read_from=[vocab_txt])
+    if tokenizer_config is not None:
+        flags = _config_flags(tokenizer_config)
+        for key, value in flags.items():
+            if key in adopted.found and adopted.found[key] != value:
+                raise InputDataError(f"{tokenizer_config}: {key} is {value!r} but {tokenizer_json} says {adopted.found[key]!r}; the files disagree")
+        adopted.found = {**flags, **adopted.found}
+        adopted.read_from.append(tokenizer_config)
+    return adopted
+
+
+def _from_tokenizer_json(path: str) -> AdoptedVocabulary:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a plain Exception on a bad file
+        raise InputDataError(f"{path}: not a tokenizers JSON file ({' '.join(str(exc).split())[:200]})") from None
+    kind = (state.get("model") or {}).get("type")
+    options = tokenizer_options(state)
+    problems = [
+        (kind != "WordPiece", f"a {kind} model, not WordPiece"),
+        ("normalizer" in options, "a normalizer other than BERT's (BertNormalizer, optionally followed by NFC)"),
+        (options.get("pre_tokenizer") != "BertPreTokenizer", f"the pre-tokenizer {options.get('pre_tokenizer')}, not BertPreTokenizer"),
+        (options.get("continuing_subword_prefix") not in (None, "##"), f"the continuation prefix {options.get('continuing_subword_prefix')!r}, not ##"),
+        (options.get("clean_text") is False, "clean_text off"),
+    ]
+    for bad, what in problems:
+        if bad:
+            raise InputDataError(f"{path}: {what}; only BERT (WordPiece) vocabularies can be adopted")
+    found = {key: options[key] for key in ADOPTED_OPTIONS if options.get(key) is not None}
+    try:
+        tokens = vocab_list(tokenizer)
+    except ValueError as exc:
+        raise InputDataError(f"{path}: {exc}") from None
+    return AdoptedVocabulary(tokens, found=found, read_from=[path])
+
+
+def _same_entries(vocab_path: str, lines: list[str], json_path: str, tokens: list[str]) -> None:
+    for i, (a, b) in enumerate(itertools.zip_longest(lines, tokens)):
+        if a != b:
+            raise InputDataError(f"{vocab_path} line {i + 1} is {a!r} but {json_path} has {b!r} at id {i}; the two files are of different vocabularies")
+
+
+def _config_flags(path: str) -> dict[str, Any]:
+    """Casing options in a tokenizer_config.json, as transformers' BertTokenizer reads them
+    (do_lower_case defaults to true; strip_accents null follows it)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputDataError(f"{path}: cannot read it ({exc})") from None
+    lowercase = bool(data.get("do_lower_case", True))
+    strip = data.get("strip_accents")
+    return {
+        "lowercase": lowercase,
+        "strip_accents": lowercase if strip is None else bool(strip),
+        "tokenize_chinese_chars": bool(data.get("tokenize_chinese_chars", True)),
+    }

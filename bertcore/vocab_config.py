@@ -1,0 +1,98 @@
+"""The `vocab:` config section: train a WordPiece vocabulary on the corpus, or adopt an
+existing BERT vocabulary; the special tokens and the id layouts both share.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from bertcore.errors import ConfigError
+from bertcore.section import Section
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+PREFIX = "##"
+# Google's BERT vocabularies: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101,
+# [SEP]=102, [MASK]=103. Tools hard-code these ids, so the layout keeps them.
+NUM_UNUSED = 99
+BERT_LAYOUT = (PAD, *(f"[unused{i}]" for i in range(NUM_UNUSED)), UNK, CLS, SEP, MASK)
+PLAIN_LAYOUT = SPECIAL_TOKENS
+
+
+class AlphabetTooLargeError(ConfigError, ValueError):
+    """vocab.vocab_size cannot hold the characters of the training text."""
+
+
+ADOPTED_OPTIONS = ("lowercase", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word", "recompose_nfc")
+"""The fields an adopted vocabulary brings from its own files (source: pretrained)."""
+
+
+class VocabConfig(Section):
+    """The WordPiece vocabulary (`vocab:` in a run recipe): trained on a sample of the corpus,
+    or adopted from an existing BERT model (source: pretrained)."""
+
+    source: Literal["train", "pretrained"] = "train"
+    """train: learn a vocabulary on the corpus; pretrained: adopt an existing BERT vocabulary (vocab.pretrained) entry for entry, with its own casing options, instead of training."""
+    pretrained: str | None = None
+    """source pretrained: a vocab.txt, a tokenizer.json, or a model folder holding them (local or s3://); a folder's tokenizer_config.json (do_lower_case, ...) is honoured. Default: the folder of pretrain.init_from."""
+    vocab_size: int = Field(30522, gt=0)
+    """Entries in vocab.txt, special tokens and [unusedN] included (BERT-base: 30522). Training may stop short of it when no pair is frequent enough."""
+    lowercase: bool = True
+    """Lowercase text before WordPiece (an "uncased" model)."""
+    strip_accents: bool | None = None
+    """Drop combining accents (café -> cafe); None follows `lowercase`, as BERT does. Hangul syllables stay intact either way."""
+    tokenize_chinese_chars: bool = True
+    """Put spaces around every CJK ideograph so each one is a word of its own, as BERT does."""
+    min_frequency: int = Field(2, ge=1)
+    """A pair of pieces must occur at least this often in the sample to be merged into a new piece."""
+    limit_alphabet: int | None = Field(1000, ge=1)
+    """Keep at most this many distinct characters (the most frequent; ties by code point); words with any other character become [UNK]. None keeps all. Korean needs a few thousand (one per syllable)."""
+    max_input_chars_per_word: int = Field(100, ge=1)
+    """Words longer than this (in characters, after normalization) become a single [UNK]. Hugging Face uses 100, Google's original code 200."""
+    bert_layout: bool = True
+    """Put [PAD] [UNK] [CLS] [SEP] [MASK] at Google's ids 0/100/101/102/103 with [unused0]..[unused98] at 1-99; false puts them at 0-4."""
+    max_sentences: int = Field(10_000_000, ge=1)
+    """Sentences sampled from the corpus for training; train_wordpiece reads no more than this."""
+    recompose_nfc: bool = True
+    """After BERT's normalizer, recompose with NFC so Hangul stays as syllables (false: exactly Google's and transformers' normalization, Hangul as jamo). An adopted vocabulary follows its source: false for a vocab.txt, what its tokenizer.json says."""
+
+    @property
+    def strip_accents_effective(self) -> bool:
+        """Whether accents are stripped once None is resolved against `lowercase`."""
+        return self.lowercase if self.strip_accents is None else self.strip_accents
+
+    @property
+    def reserved_tokens(self) -> tuple[str, ...]:
+        """The entries that precede every learned piece, in id order."""
+        return BERT_LAYOUT if self.bert_layout else PLAIN_LAYOUT
+
+    @model_validator(mode="after")
+    def _room_for_pieces(self):
+        if self.pretrained is not None and self.source != "pretrained":
+            raise ValueError("vocab.pretrained is set but vocab.source is train; set vocab.source: pretrained to adopt it")
+        if self.source == "pretrained":
+            return self  # nothing is trained: the size is the adopted vocabulary's
+        reserved = len(self.reserved_tokens)
+        if self.vocab_size <= reserved:
+            what = "5 special tokens and 99 [unusedN] entries" if self.bert_layout else "5 special tokens"
+            raise ValueError(
+                f"vocab.vocab_size={self.vocab_size} leaves no room for learned pieces: "
+                f"the {what} already take {reserved} entries; use a larger vocab.vocab_size"
+                + (" or vocab.bert_layout=false" if self.bert_layout else "")
+            )
+        return self
+
+    def check_alphabet(self, alphabet_size: int, continuation_size: int = 0) -> None:
+        """Raise if the characters alone (`alphabet_size` plain and `continuation_size`
+        `##` single-character entries, which WordPiece must all keep so that every word
+        is spellable) do not fit in vocab_size beside the reserved entries."""
+        needed = len(self.reserved_tokens) + alphabet_size + continuation_size
+        if self.vocab_size < needed:
+            raise AlphabetTooLargeError(
+                f"vocab.vocab_size={self.vocab_size} is smaller than the alphabet: "
+                f"{alphabet_size} characters + {continuation_size} '##' continuations + "
+                f"{len(self.reserved_tokens)} reserved entries = {needed}; raise vocab.vocab_size "
+                f"or lower vocab.limit_alphabet"
+            )

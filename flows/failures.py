@@ -1,0 +1,105 @@
+"""What ended a run, in one line, and whether trying again can help.
+
+Prefect retries a stage only for transient causes: a Ray node or worker lost, a network
+error talking to the object store. Disk full, a read-only file system, missing
+permissions, a bucket that does not exist or a damaged manifest fail the same way every
+time, so they end the run at once with one line naming the stage, the file or URI and
+the cause; the full traceback goes to the Prefect log and to a local log file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+import time
+import traceback
+
+import ray.exceptions
+
+TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE}
+PERMANENT_ERRNOS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "not found",
+}
+RAY_TRANSIENT = (
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.OwnerDiedError,
+    ray.exceptions.RaySystemError,
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.GetTimeoutError,
+)
+NETWORK_ERROR_NAMES = {
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ClientConnectorError",
+    "ClientConnectionError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+}
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The error inside Ray's and Python's wrappers (RayTaskError.cause, __cause__)."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+        inner = inner or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether trying the stage again can succeed: lost Ray workers or nodes, network errors."""
+    for candidate in (exc, root_cause(exc)):
+        if isinstance(candidate, RAY_TRANSIENT) or type(candidate).__name__ in NETWORK_ERROR_NAMES:
+            return True
+        if isinstance(candidate, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(candidate, OSError) and candidate.errno in TRANSIENT_ERRNOS:
+            return True
+    return False
+
+
+def describe(stage: str, exc: BaseException, root: str) -> str:
+    """One line: the stage, what happened, where, and what to do."""
+    cause = root_cause(exc)
+    text = " ".join(str(cause).split()) or type(cause).__name__
+    where = getattr(cause, "filename", None)
+    if isinstance(cause, OSError) and cause.errno in PERMANENT_ERRNOS:
+        what = PERMANENT_ERRNOS[cause.errno]
+        target = f" at {where}" if where else ""
+        hint = {
+            errno.ENOSPC: f"free space for run.root {root} (or point run.root elsewhere) and run again",
+            errno.EDQUOT: f"free space for run.root {root} (or point run.root elsewhere) and run again",
+            errno.EROFS: f"run.root {root} must be writable",
+            errno.EACCES: f"run.root {root} and the inputs must be readable and writable by this user",
+            errno.EPERM: f"run.root {root} and the inputs must be readable and writable by this user",
+            errno.ENOENT: "check the path, bucket and credentials",
+        }[cause.errno]
+        return f"{stage}: {what}{target} ({text}); {hint}"
+    if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
+        return f"{stage}: the bucket does not exist ({text}); create it, or fix run.root ({root}) or corpus.inputs"
+    return f"{stage}: {type(cause).__name__}: {text[:300]}"
+
+
+def write_traceback(stage: str, exc: BaseException) -> str:
+    """Save the full traceback to a local log file and return its path."""
+    folder = os.path.join(tempfile.gettempdir(), "bertpipe-logs")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{stage}.log")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("".join(traceback.format_exception(exc)))
+    return path

@@ -1,0 +1,336 @@
+"""`bertpipe inspect STAGE`: what a stage produced, read from its complete output through
+its manifest (pipelines/stage.py) and shared shard I/O (pipelines/shards.py), without Ray.
+
+Each stage has one function returning a JSON-able dict (`--json` prints it) and one that
+renders it as lines for people:
+
+- corpus:   documents of a split with their sentences;
+- vocab:    size, alphabet, special tokens, the most frequent and the longest pieces, and
+            how a given text tokenizes (`--text`);
+- examples: sequences decoded to text with [MASK]ed, replaced and kept positions marked,
+            the segment boundary and the next-sentence label, like Google's example dump;
+- pretrain: the complete checkpoints with their step, loss and size, and the model folder;
+- evaluate: the metrics table (pretrained against random init).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bertcore.checkpoint import CHECKPOINTS, COMPLETE
+from bertcore.decode import LEGEND, NSP_LABELS, decode_example
+from bertcore.errors import ConfigError
+from bertcore.eval.report import score_rows
+from bertcore.export import MODEL_DIR
+from bertcore.metrics_log import METRICS
+from bertcore.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
+from pipelines.progress import count, duration, size
+from pipelines.registry import REGISTRY
+from pipelines.shards import local_folder, read_batches
+from pipelines.stage import Manifest, StageDir, UpstreamMissing
+from pipelines.storage import Storage
+
+SENTENCES_SHOWN = 8
+"""Sentences of a document shown as text (`--json` has them all)."""
+
+
+@dataclass
+class Options:
+    n: int = 3
+    split: str = "train"
+    phase: str | None = None
+    text: str | None = None
+
+
+def stage_dir(storage: Storage, root: str, name: str) -> tuple[StageDir, Manifest]:
+    """A stage's directory and manifest; UpstreamMissing (one line) when it is not complete."""
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(REGISTRY)}")
+    directory = StageDir(storage, root, REGISTRY[name].directory)
+    manifest = directory.manifest()
+    if manifest is None:
+        raise UpstreamMissing(f"the {name} stage has no complete output under {directory.uri}: run `bertpipe run --only {name}` first")
+    return directory, manifest
+
+
+def _rows(directory: StageDir, manifest: Manifest, prefix: str, n: int) -> tuple[list[tuple[str, int, dict]], int]:
+    """Up to `n` records (shard path, row, record) of the shards under `prefix`, in shard
+    order, reading record batches only until there are enough; and the rows there in all."""
+    shards = [s for s in manifest.shards_under(prefix) if s.rows]
+    found: list[tuple[str, int, dict]] = []
+    for shard in shards:
+        if len(found) >= n:
+            break
+        row = 0
+        for batch in read_batches(directory.storage, directory.path(shard.path)):
+            for record in batch.slice(0, n - len(found)).to_pylist():
+                found.append((shard.path, row, record))
+                row += 1
+            if len(found) >= n:
+                break
+    return found, sum(s.rows for s in shards)
+
+
+# -- corpus -------------------------------------------------------------------------------------
+
+
+def corpus(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    found, total = _rows(directory, manifest, f"{opts.split}/", opts.n)
+    return {
+        "stage": "corpus",
+        "uri": directory.uri,
+        "split": opts.split,
+        "documents_in_split": total,
+        "splits": {k: v.get("documents") for k, v in manifest.stats.get("splits", {}).items()},
+        "documents": [{"shard": path, "row": row, **record} for path, row, record in found],
+    }
+
+
+def render_corpus(data: dict[str, Any]) -> list[str]:
+    splits = ", ".join(f"{k} {count(v)}" for k, v in data["splits"].items())
+    lines = [f"corpus: {splits} documents under {data['uri']}; the first {len(data['documents'])} of {data['split']}:"]
+    for i, doc in enumerate(data["documents"], 1):
+        sentences = doc["sentences"]
+        lines.append(f"[{i}] {doc['title'] or '(untitled)'}  ({doc['source']}, doc {doc['doc_id']}, {len(sentences)} sentences, {doc['shard']} row {doc['row']})")
+        lines.extend(f"    {k:>3}  {s}" for k, s in enumerate(sentences[:SENTENCES_SHOWN], 1))
+        if len(sentences) > SENTENCES_SHOWN:
+            lines.append(f"         … {len(sentences) - SENTENCES_SHOWN} more sentences (--json shows all)")
+    return lines
+
+
+# -- vocab --------------------------------------------------------------------------------------
+
+
+def _tokenizer(directory: StageDir, manifest: Manifest):
+    return load_tokenizer(local_folder(directory.storage, directory.uri, TOKENIZER_FILES, f"inspect-{manifest.fingerprint}"))
+
+
+def vocab(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    tokenizer = _tokenizer(directory, manifest)
+    pieces = vocab_list(tokenizer)
+    learned = [p for p in pieces if p not in SPECIAL_TOKENS and not p.startswith("[unused")]
+    stats = manifest.stats
+    data: dict[str, Any] = {
+        "stage": "vocab",
+        "uri": directory.uri,
+        "vocab_size": len(pieces),
+        "special_tokens": [p for p in pieces if p in SPECIAL_TOKENS],
+        "alphabet": sorted(p for p in learned if len(p) == 1),
+        "continuations": sum(p.startswith(PREFIX) for p in learned),
+        "top_pieces": stats.get("top_pieces", []),
+        "longest_pieces": sorted(learned, key=lambda p: (-len(p.removeprefix(PREFIX)), p))[: max(opts.n, 10)],
+        "held_out": {k: stats.get(k) for k in ("unk_rate", "pieces_per_word", "vocab_used_fraction", "sentences")},
+    }
+    if opts.text is not None:
+        encoding = tokenizer.encode(opts.text, add_special_tokens=False)
+        data["text"] = {
+            "input": opts.text,
+            "pieces": encoding.tokens,
+            "ids": encoding.ids,
+            "unk": encoding.tokens.count(UNK),
+        }
+    return data
+
+
+def render_vocab(data: dict[str, Any]) -> list[str]:
+    held = data["held_out"]
+    lines = [
+        f"vocab: {count(data['vocab_size'])} entries under {data['uri']} ({count(data['continuations'])} ## continuations)",
+        f"special tokens: {' '.join(data['special_tokens'])}",
+        f"alphabet ({len(data['alphabet'])} characters): {''.join(data['alphabet'])[:160]}",
+    ]
+    if held.get("unk_rate") is not None:
+        lines.append(
+            f"on {count(held['sentences'] or 0)} held-out sentences: [UNK] {held['unk_rate']:.2%} of pieces, "
+            f"{held['pieces_per_word']:.2f} pieces per word, {held['vocab_used_fraction']:.0%} of the vocabulary used"
+        )
+    if data["top_pieces"]:
+        lines.append("most frequent there: " + "  ".join(f"{p} ({count(n)})" for p, n in data["top_pieces"][:15]))
+    lines.append("longest pieces: " + "  ".join(data["longest_pieces"]))
+    if "text" in data:
+        text = data["text"]
+        lines.append(f"{text['input']!r} -> {len(text['pieces'])} pieces, {text['unk']} [UNK]:")
+        lines.append("    " + " ".join(text["pieces"]))
+        lines.append("    " + " ".join(map(str, text["ids"])))
+    return lines
+
+
+# -- examples -----------------------------------------------------------------------------------
+
+
+def examples(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    phases = [p["name"] for p in manifest.config.get("phases", [])]
+    phase = opts.phase or phases[0]
+    if phase not in phases:
+        raise ConfigError(f"--phase {phase}: the examples stage made phases {', '.join(phases)}")
+    vocab_dir, vocab_manifest = stage_dir(directory.storage, root, "vocab")
+    if vocab_manifest.fingerprint != manifest.inputs.get("vocab"):
+        raise UpstreamMissing(
+            f"{vocab_dir.uri} holds another vocabulary than the one {directory.uri} was made with; "
+            "run `bertpipe run --from vocab` to make them agree"
+        )
+    pieces = vocab_list(_tokenizer(vocab_dir, vocab_manifest))
+    found, total = _rows(directory, manifest, f"{phase}/{opts.split}/", opts.n)
+    decoded = []
+    for path, row, record in found:
+        example = decode_example(record, pieces)
+        decoded.append({"shard": path, "row": row, "length": record["length"], **example.to_json(), "_lines": example.render()})
+    return {
+        "stage": "examples",
+        "uri": directory.uri,
+        "phase": phase,
+        "split": opts.split,
+        "objective": manifest.config.get("objective"),
+        "masking": manifest.config.get("masking"),
+        "sequences_in_split": total,
+        "examples": decoded,
+    }
+
+
+def render_examples(data: dict[str, Any]) -> list[str]:
+    lines = [
+        f"examples: {count(data['sequences_in_split'])} sequences in {data['phase']}/{data['split']} "
+        f"({data['objective']}, {data['masking']} masking); the first {len(data['examples'])}:",
+        LEGEND,
+    ]
+    for i, ex in enumerate(data["examples"], 1):
+        label = ex["next_sentence_label"]
+        lines.append(f"[{i}] {ex['shard']} row {ex['row']} · {ex['length']} tokens · segment B from token {ex['segment_b_start']} · "
+                     f"NSP label {label} ({NSP_LABELS.get(label, '?')})")
+        lines.extend(ex["_lines"])
+    return lines
+
+
+# -- pretrain -----------------------------------------------------------------------------------
+
+
+def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    storage = directory.storage
+    losses: dict[int, dict] = {}
+    if storage.exists(directory.path(METRICS)):
+        for line in storage.read_text(directory.path(METRICS)).splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            losses[record.get("step")] = record
+    checkpoints = []
+    for tag in storage.listdir(directory.path(CHECKPOINTS)):
+        folder = directory.path(f"{CHECKPOINTS}/{tag}")
+        if not storage.exists(f"{folder}/{COMPLETE}"):
+            continue
+        marker = storage.read_json(f"{folder}/{COMPLETE}")
+        fs, path = storage.fs(folder)
+        record = losses.get(marker["step"], {})
+        checkpoints.append(
+            {
+                "tag": tag,
+                "step": marker["step"],
+                "phase": marker.get("phase"),
+                "loss": record.get("loss"),
+                "mlm_accuracy": record.get("mlm_accuracy"),
+                "tokens_seen": marker.get("tokens_seen"),
+                "train_time_s": marker.get("train_time_s"),
+                "bytes": fs.du(path, total=True),
+                "stopped_by": marker.get("stopped_by"),
+                "written_at": marker.get("written_at"),
+            }
+        )
+    model = [{"file": s.path.removeprefix(f"{MODEL_DIR}/"), "bytes": s.bytes} for s in manifest.shards_under(f"{MODEL_DIR}/")]
+    stats = manifest.stats
+    return {
+        "stage": "pretrain",
+        "uri": directory.uri,
+        "steps": stats.get("steps"),
+        "final": stats.get("last_steps_mean") or stats.get("final"),
+        "validation": stats.get("validation"),
+        "checkpoints": sorted(checkpoints, key=lambda c: c["step"]),
+        "model": {"uri": directory.path(MODEL_DIR), "files": model},
+    }
+
+
+def _cell(value: Any, kind: str = "") -> str:
+    if value is None:
+        return "-"
+    if kind == "%":
+        return f"{value:.1%}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A plain fixed-width table; numbers and text left as given."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
+
+
+def render_pretrain(data: dict[str, Any]) -> list[str]:
+    final, validation = data["final"] or {}, data["validation"] or {}
+    lines = [
+        f"pretrain: {data['steps']} steps under {data['uri']}; loss over the last steps {_cell(final.get('loss'))}, "
+        f"MLM accuracy {_cell(final.get('mlm_accuracy'), '%')}; held-out MLM accuracy {_cell(validation.get('mlm_accuracy'), '%')}",
+        "checkpoints:",
+    ]
+    rows = [
+        [c["tag"], c["phase"] or "-", _cell(c["loss"]), _cell(c["mlm_accuracy"], "%"), count(c["tokens_seen"] or 0),
+         duration(c["train_time_s"]), size(c["bytes"]), c["stopped_by"] or ""]
+        for c in data["checkpoints"]
+    ]
+    lines += ["    " + line for line in table(["checkpoint", "phase", "loss", "MLM acc", "tokens", "time", "size", "stopped by"], rows)]
+    files = ", ".join(f"{f['file']} ({size(f['bytes'])})" for f in data["model"]["files"])
+    lines.append(f"model: {data['model']['uri']}: {files}")
+    return lines
+
+
+# -- evaluate -----------------------------------------------------------------------------------
+
+
+def evaluate(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    metrics = directory.storage.read_json(directory.path("metrics.json"))
+    return {
+        "stage": "evaluate",
+        "uri": directory.uri,
+        "report": directory.path(manifest.report) if manifest.report else None,
+        "scores": score_rows(metrics),
+        "notes": metrics.get("notes", []),
+    }
+
+
+def render_evaluate(data: dict[str, Any]) -> list[str]:
+    rows = [
+        [r["section"], r["name"], r["metric"], _cell(r["pretrained"]), _cell(r["random_init"]), _cell(r["gain"]), _cell(r["seeds"])]
+        for r in data["scores"]
+    ]
+    lines = [f"evaluate: {len(rows)} scores under {data['uri']} (fractions; the report shows them x 100)"]
+    lines += table(["section", "name", "metric", "pretrained", "random init", "gain", "seeds"], rows)
+    lines += [f"note: {n}" for n in data["notes"]]
+    if data["report"]:
+        lines.append(f"report: {data['report']}")
+    return lines
+
+
+INSPECTORS: dict[str, tuple[Callable[..., dict], Callable[[dict], list[str]]]] = {
+    "corpus": (corpus, render_corpus),
+    "vocab": (vocab, render_vocab),
+    "examples": (examples, render_examples),
+    "pretrain": (pretrain, render_pretrain),
+    "evaluate": (evaluate, render_evaluate),
+}
+
+
+def inspect(storage: Storage, root: str, name: str, opts: Options) -> tuple[dict[str, Any], list[str]]:
+    """(the data `--json` prints, the lines printed for people) of one stage's output."""
+    if name not in INSPECTORS:
+        raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(INSPECTORS)}")
+    directory, manifest = stage_dir(storage, root, name)
+    gather, render = INSPECTORS[name]
+    data = gather(directory, manifest, opts, root)
+    lines = render(data)
+    for item in data.get("examples", []):
+        item.pop("_lines", None)
+    return data, lines

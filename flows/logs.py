@@ -1,0 +1,163 @@
+"""Logging of the `bertpipe` command: one line per event that matters, on stderr and (for
+the project's loggers, through PREFECT_LOGGING_EXTRA_LOGGERS) in Prefect's log of the flow
+run.
+
+`setup(verbosity, fmt)` runs before Prefect or Ray is imported. It installs one handler on
+the root logger, so Prefect keeps it (Prefect adds its own console handler only to a root
+logger that has none), and every record — the project's, Prefect's, Python warnings, Ray's
+driver messages and, once `route_ray_output()` ran, the output Ray relays from its
+workers — is written in one format: text for people, or one JSON object per line.
+
+Levels: the project's loggers (pipelines, bertcore, flows) at INFO, DEBUG with -v, WARNING
+with -q; Prefect's at INFO (DEBUG with -vv, WARNING with -q); everything else at WARNING, as
+Python does by default.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Literal
+
+PROJECT_LOGGERS = ("pipelines", "bertcore", "flows")
+WORKERS = logging.getLogger("bertpipe.workers")
+"""Output Ray relays from its workers (print and logging there), one record per line."""
+
+Format = Literal["text", "json"]
+
+# Attributes every LogRecord has; anything else on a record came in through `extra`.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_PREFECT_RUN = ("flow_run_name", "task_run_name")
+
+_configured: Format | None = None
+
+
+class TextFormatter(logging.Formatter):
+    """`12:04:31 corpus: done in 4.1s · documents 391`; the level only when it is not INFO,
+    and Prefect's run name where Prefect gives one ("Task run 'corpus' - Finished ...")."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        level = "" if record.levelno == logging.INFO else f"{record.levelname} "
+        where = ""
+        if getattr(record, "task_run_name", None):
+            where = f"Task run '{record.task_run_name}' - "
+        elif getattr(record, "flow_run_name", None):
+            where = f"Flow run '{record.flow_run_name}' - "
+        text = f"{stamp} {level}{where}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (ISO 8601, UTC), level, logger, message, and the
+    record's structured fields (a progress line's done/total/eta_s, a stage's headline,
+    Prefect's flow and task run ids and names)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in out:
+                out[key] = value
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def level_for(verbosity: int) -> int:
+    return logging.DEBUG if verbosity > 0 else logging.WARNING if verbosity < 0 else logging.INFO
+
+
+def setup(verbosity: int = 0, fmt: Format = "text") -> None:
+    """Configure logging for one command (call before Prefect and Ray are imported)."""
+    global _configured
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    level = level_for(verbosity)
+    for name in (*PROJECT_LOGGERS, WORKERS.name):
+        logging.getLogger(name).setLevel(level)
+    logging.captureWarnings(True)  # warnings.warn(...) become records in the same format
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(PROJECT_LOGGERS))
+    # Prefect's loggers (its run loggers say when a task ends) at INFO; -q: WARNING; -vv: DEBUG
+    prefect_level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 1 else logging.INFO
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", logging.getLevelName(prefect_level))
+    _configured = fmt
+
+
+def default_levels() -> None:
+    """The project's loggers at INFO where nothing chose their level: a flow run that a
+    Prefect worker started (a deployment) has not been through `setup`, and its stage lines
+    would otherwise stop at the root logger's WARNING."""
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+
+
+def configured() -> Format | None:
+    """The format `setup` chose, or None when the command did not set up logging (tests)."""
+    return _configured
+
+
+def route_ray_output() -> bool:
+    """Send the lines Ray relays from its workers through logging, one record per line, so
+    they share the command's format and `--log-format json` stays one JSON object per line.
+    Ray still composes each line (its `(TrainController pid=...)` prefix, the deduplication
+    of lines repeated across workers, the filtering of autoscaler output); only where it
+    prints changes. Ray's printer stays in place where this Ray lacks those hooks, or where
+    the command did not set up logging. Call after ray.init; returns whether lines are routed."""
+    if _configured is None:
+        return False
+    try:
+        from ray._private import worker
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+        hooks = (worker.print_worker_logs, worker.stdout_deduplicator, worker.stderr_deduplicator, dispatcher.remove_handler)
+    except (ImportError, AttributeError):  # pragma: no cover - another Ray: keep its printer
+        return False
+    del hooks
+    os.environ["RAY_COLOR_PREFIX"] = "0"  # plain prefixes: the formatter adds no terminal colours
+    ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker) if hasattr(worker, "_should_ignore_worker_log_prefix") else False
+
+    def relay(data: dict) -> None:
+        deduplicator = worker.stderr_deduplicator if data["is_err"] else worker.stdout_deduplicator
+        batches = [data] if data.get("pid") == "autoscaler" else deduplicator.deduplicate(data)
+        sink = _LogSink({"pid": data.get("pid"), "worker": data.get("actor_name") or data.get("task_name") or "", "stream": "stderr" if data["is_err"] else "stdout"})
+        for batch in batches:
+            worker.print_worker_logs(batch, sink, ignore_prefix)
+
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler("ray_print_logs", relay)
+    return True
+
+
+class _LogSink:
+    """A file for Ray's worker-log printer: each line it prints becomes one log record."""
+
+    def __init__(self, fields: dict[str, Any]):
+        self.fields, self.buffer = fields, ""
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        *lines, self.buffer = self.buffer.split("\n")
+        for line in lines:
+            if line.strip():
+                WORKERS.info("%s", line.rstrip(), extra=self.fields)
+        return len(text)
+
+    def flush(self) -> None:
+        pass

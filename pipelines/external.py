@@ -1,0 +1,84 @@
+"""Files outside the run root that a stage reads: an existing Hugging Face model folder
+(`pretrain.init_from`), or a vocabulary (`vocab.pretrained`: one file or a model folder).
+They are named by URI (local or s3://...); what identifies them in fingerprints is the
+content signature of each file read (Storage.signature), never the path alone, and local
+copies are kept per content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+
+from bertcore.errors import ConfigError
+from bertcore.pretrained import (
+    CONFIG_FILE,
+    SAFETENSORS_INDEX,
+    WEIGHT_FILES,
+    shard_names,
+    weight_files,
+)
+from bertcore.tokenizer import CONFIG_FILE as TOKENIZER_CONFIG
+from bertcore.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+from pipelines.shards import local_copy, local_folder
+from pipelines.storage import Storage, join
+
+
+@dataclass
+class ExternalFolder:
+    """Files of a folder outside the run root, with their content identity."""
+
+    uri: str
+    files: list[str]
+    """The files read, relative to uri."""
+    identity: dict[str, str]
+    """URI -> content signature of each file."""
+
+    @property
+    def cache_key(self) -> str:
+        return "external-" + hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()[:16]
+
+    def local(self, storage: Storage) -> str:
+        """A local folder holding the files (the folder itself when local)."""
+        return local_folder(storage, self.uri, self.files, self.cache_key)
+
+
+def external_folder(storage: Storage, uri: str, files: list[str]) -> ExternalFolder:
+    uri = uri.rstrip("/")
+    return ExternalFolder(uri, files, {join(uri, name): storage.signature(join(uri, name)) for name in files})
+
+
+def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
+    """A Hugging Face model folder: config.json and its weights (safetensors shards
+    included). A folder without them is a ConfigError naming `key`."""
+    uri = uri.rstrip("/")
+    names = storage.listdir(uri)
+    weights = weight_files(names)
+    if CONFIG_FILE not in names or not weights:
+        raise ConfigError(
+            f"{key}: {uri} holds no Hugging Face model (it needs {CONFIG_FILE} and one of {', '.join(WEIGHT_FILES)}); "
+            "point it at a folder written by save_pretrained"
+        )
+    files = [CONFIG_FILE, *weights]
+    if weights[0] == SAFETENSORS_INDEX:
+        index = join(uri, SAFETENSORS_INDEX)
+        files += shard_names(local_copy(storage, index, f"external-index-{storage.signature(index)}"))
+    return external_folder(storage, uri, files)
+
+
+def vocabulary_files(storage: Storage, uri: str, key: str) -> ExternalFolder:
+    """A vocabulary: one file (a vocab.txt, or a tokenizer.json when it ends in .json), or
+    a folder's vocab.txt and/or tokenizer.json with its tokenizer_config.json when there.
+    Anything else is a ConfigError naming `key`."""
+    uri = uri.rstrip("/")
+    fs, path = storage.fs(uri)
+    if fs.isfile(path):
+        return external_folder(storage, posixpath.dirname(uri), [posixpath.basename(uri)])
+    names = storage.listdir(uri)
+    if VOCAB_FILE not in names and TOKENIZER_FILE not in names:
+        raise ConfigError(
+            f"{key}: {uri} is neither a vocab.txt, a tokenizer.json nor a folder holding one; point it at a BERT model's folder or file"
+        )
+    return external_folder(storage, uri, [n for n in (VOCAB_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG) if n in names])

@@ -1,0 +1,228 @@
+"""One writer per run root: a lease file, `<run.root>/_lease.json`.
+
+A run that writes (the flow, `bertpipe export`) takes the lease before it touches any stage
+directory and keeps it fresh with a heartbeat; a second writer on the same root is refused
+at once with one line naming the holder. The file holds who holds it (a label such as the
+flow run's name, the host, the pid, a random token), when it was taken, its last heartbeat
+and when it expires.
+
+Taking it is atomic: an exclusive create on local disk (`O_CREAT | O_EXCL`), a conditional
+write on an object store (`If-None-Match: *`). A lease whose heartbeat stopped (its holder
+died) expires after `ttl_s` and is taken over, with a warning naming the old holder: on an
+object store by a write conditional on the stale version's ETag, on local disk by moving
+the stale file aside under a unique name and checking that it was the one read. Renewals
+are conditional the same way, so a holder that was taken over notices (`lost`) instead of
+overwriting the new holder's lease.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from bertcore.errors import BertpipeError
+from pipelines.storage import Storage, join
+
+log = logging.getLogger(__name__)
+
+LEASE = "_lease.json"
+DEFAULT_TTL_S = 120.0
+"""A lease not renewed for this long is stale; its holder renews it four times as often."""
+
+
+class LeaseHeld(BertpipeError):
+    """Another writer holds the run root."""
+
+
+class LeaseLost(BertpipeError):
+    """This writer's lease was taken over (its heartbeat stopped for longer than the ttl)."""
+
+
+@dataclass
+class LeaseRecord:
+    holder: str
+    host: str
+    pid: int
+    token: str
+    acquired_at: float
+    heartbeat_at: float
+    expires_at: float
+
+    def describe(self) -> str:
+        age = time.time() - self.heartbeat_at
+        return (
+            f"{self.holder} (host {self.host}, pid {self.pid}) since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.acquired_at))}, last heartbeat {age:.0f} s ago"
+        )
+
+
+class RootLease:
+    """The lease of one run root; use as a context manager around everything that writes."""
+
+    def __init__(self, storage: Storage, root: str, holder: str, *, ttl_s: float = DEFAULT_TTL_S):
+        self.storage, self.root, self.uri = storage, root, join(root, LEASE)
+        self.ttl_s = ttl_s
+        self.record = LeaseRecord(holder, socket.gethostname(), os.getpid(), uuid.uuid4().hex, 0.0, 0.0, 0.0)
+        self.local = storage.local_path(self.uri)
+        self._etag: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False
+
+    # -- the file, on local disk or an object store ---------------------------------------
+    def _payload(self) -> bytes:
+        now = time.time()
+        self.record.heartbeat_at, self.record.expires_at = now, now + self.ttl_s
+        return (json.dumps(asdict(self.record), indent=2) + "\n").encode()
+
+    def _read(self) -> tuple[LeaseRecord | None, str | None]:
+        """The current lease and its version (ETag remotely, the token locally); (None, None) if free."""
+        if self.local is not None:
+            try:
+                with open(self.local, encoding="utf-8") as handle:
+                    record = _parse(handle.read())
+            except FileNotFoundError:
+                return None, None
+            return record, record.token if record else None
+        fs, path = self.storage.fs(self.uri)
+        fs.invalidate_cache(path)
+        try:
+            etag = str(fs.info(path).get("ETag", ""))
+            record = _parse(fs.cat_file(path).decode("utf-8"))
+        except FileNotFoundError:
+            return None, None
+        return record, etag
+
+    def _create(self) -> bool:
+        """Write the lease only if there is none; False when someone holds it."""
+        payload = self._payload()
+        if self.local is not None:
+            os.makedirs(os.path.dirname(self.local), exist_ok=True)
+            try:
+                fd = os.open(self.local, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+            return True
+        return self._put(payload, IfNoneMatch="*")
+
+    def _replace(self, version: str) -> bool:
+        """Write the lease only if the current one is still `version`."""
+        payload = self._payload()
+        if self.local is not None:
+            aside = f"{self.local}.{uuid.uuid4().hex}"
+            try:
+                os.rename(self.local, aside)  # atomic: from here no one else sees a lease
+            except FileNotFoundError:
+                return self._create()
+            with open(aside, encoding="utf-8") as handle:
+                moved = _parse(handle.read())
+            if moved is None or moved.token != version:  # not the lease we decided about
+                try:
+                    os.link(aside, self.local)
+                except FileExistsError:
+                    pass
+                os.unlink(aside)
+                return False
+            os.unlink(aside)
+            return self._create()
+        return self._put(payload, IfMatch=version)
+
+    def _put(self, payload: bytes, **condition: str) -> bool:
+        fs, path = self.storage.fs(self.uri)
+        bucket, key = path.split("/", 1)
+        try:
+            response = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=payload, **condition)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if "pre-condition" in str(exc) or "Precondition" in str(exc):
+                return False
+            raise
+        fs.invalidate_cache(path)
+        self._etag = response.get("ETag")
+        return True
+
+    # -- taking, keeping and giving it back -------------------------------------------------
+    def acquire(self) -> RootLease:
+        self.record.acquired_at = time.time()
+        for _ in range(3):
+            if self._create():
+                break
+            current, version = self._read()
+            if current is None:
+                continue  # released between our two looks
+            if current.expires_at > time.time():
+                raise LeaseHeld(
+                    f"run.root {self.root} is in use by {current.describe()}; wait for it to finish "
+                    f"(its lease expires {max(0, current.expires_at - time.time()):.0f} s after its last heartbeat), or use another run.root"
+                )
+            if self._replace(version):
+                log.warning("run.root %s: took over the stale lease of %s", self.root, current.describe())
+                break
+        else:
+            raise LeaseHeld(f"run.root {self.root}: could not take the lease (another writer keeps taking it); try again")
+        self._thread = threading.Thread(target=self._heartbeat, name="bertpipe-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                self.renew()
+            except Exception as exc:  # keep trying: a transient error must not end the run
+                log.warning("run.root %s: lease heartbeat failed (%s)", self.root, exc)
+
+    def renew(self) -> None:
+        """Push the expiry forward, if this writer still holds the lease."""
+        current, version = self._read()
+        if current is None or current.token != self.record.token:
+            self._mark_lost(current)
+            return
+        if self.local is not None:
+            tmp = f"{self.local}.{self.record.token}.tmp"
+            with open(tmp, "wb") as handle:
+                handle.write(self._payload())
+            os.replace(tmp, self.local)
+        elif not self._put(self._payload(), IfMatch=version):
+            self._mark_lost(None)
+
+    def _mark_lost(self, current: LeaseRecord | None) -> None:
+        if not self.lost:
+            self.lost = True
+            who = current.describe() if current else "no one"
+            log.error("run.root %s: this run's lease was lost (now held by %s); its outputs may be overwritten", self.root, who)
+
+    def check(self) -> None:
+        """Raise LeaseLost when another writer took the root over."""
+        if self.lost:
+            raise LeaseLost(f"run.root {self.root}: another writer took over this run's lease; stopping before writing more")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        current, _ = self._read()
+        if current is not None and current.token == self.record.token:
+            self.storage.remove(self.uri)
+
+    def __enter__(self) -> RootLease:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _parse(text: str) -> LeaseRecord | None:
+    """A lease record, or None for a file that is not one (an unreadable lease counts as stale)."""
+    try:
+        return LeaseRecord(**json.loads(text))
+    except (ValueError, TypeError):
+        return LeaseRecord("an unreadable lease file", "?", 0, "", 0.0, 0.0, 0.0)

@@ -1,0 +1,77 @@
+"""The two lines every stage run logs, the same way for every stage (pipelines/runner.py
+calls them): the start with its plan (what it reads, how many workers) and the end with
+the manifest's headline figures. Between them the stage logs its own plan details and
+its progress (pipelines/progress.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from pipelines.progress import count, duration, size
+from pipelines.stage import External, Manifest, Upstream
+
+log = logging.getLogger(__name__)
+
+
+def value_text(value: Any) -> str:
+    """A headline value as it reads in a log line: 8,000 / 12.3k / 0.623 / as given."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return count(value)
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else count(value)
+    return str(value)
+
+
+def headline_text(headline: dict[str, Any]) -> str:
+    """'documents 391 · sentences 9.7k': the figures in the order the stage gave them."""
+    return " · ".join(f"{label} {value_text(value)}" for label, value in headline.items())
+
+
+def _workers(parallelism: int | None) -> str:
+    cpus = ray.cluster_resources().get("CPU") if ray.is_initialized() else None
+    if parallelism and cpus:
+        return f"{min(parallelism, int(cpus))} of {int(cpus)} CPUs"
+    if cpus:
+        return f"{int(cpus)} CPUs"
+    return f"{parallelism} tasks at a time" if parallelism else "local"
+
+
+def plan_text(inputs: dict[str, Upstream], external: External | None, parallelism: int | None) -> str:
+    reads = [f"{name} ({count(up.manifest.rows)} rows, {size(up.manifest.bytes)})" for name, up in inputs.items()]
+    if external is not None and external.summary:
+        reads.append(external.summary)
+    return f"reads {', '.join(reads) or 'nothing'} · workers {_workers(parallelism)}"
+
+
+def started(name: str, fingerprint: str, inputs: dict[str, Upstream], external: External | None, parallelism: int | None) -> None:
+    log.info(
+        "%s: start · %s · fingerprint %s",
+        name,
+        plan_text(inputs, external, parallelism),
+        fingerprint,
+        extra={"event": "stage_start", "stage": name, "fingerprint": fingerprint},
+    )
+
+
+def finished(name: str, manifest: Manifest, computed: bool, seconds: float) -> None:
+    figures = headline_text(manifest.headline)
+    what = f"done in {duration(seconds)}" if computed else "cached (its complete output has this fingerprint)"
+    log.info(
+        "%s: %s%s",
+        name,
+        what,
+        f" · {figures}" if figures else "",
+        extra={
+            "event": "stage_end",
+            "stage": name,
+            "computed": computed,
+            "seconds": round(seconds, 3),
+            "headline": manifest.headline,
+            "fingerprint": manifest.fingerprint,
+        },
+    )

@@ -1,0 +1,113 @@
+"""One writer per run root: a second run on the same root is refused at once with one line
+naming the holder (local disk and a real S3 endpoint), a lease whose holder died is taken
+over, and a holder that was taken over notices instead of writing on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bertcore.config import StorageConfig
+from pipelines.lease import LEASE, LeaseHeld, LeaseLost, RootLease
+from pipelines.storage import Storage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """(storage, run root) on local disk, or on the moto S3 server."""
+    if request.param == "local":
+        return Storage(StorageConfig()), str(tmp_path / "run")
+    endpoint, bucket = request.getfixturevalue("s3_bucket")
+    return Storage(StorageConfig(endpoint_url=endpoint)), f"s3://{bucket}/run"
+
+
+def test_a_second_writer_is_refused_naming_the_holder(root):
+    storage, uri = root
+    with RootLease(storage, uri, "flow run first-run (abc)"):
+        assert storage.exists(f"{uri}/{LEASE}")
+        with pytest.raises(LeaseHeld) as refused:
+            RootLease(storage, uri, "flow run second-run (def)").acquire()
+        message = str(refused.value)
+        assert f"run.root {uri} is in use by flow run first-run (abc) (host " in message and "\n" not in message
+    assert not storage.exists(f"{uri}/{LEASE}")  # released
+    with RootLease(storage, uri, "flow run third-run"):  # free again
+        pass
+
+
+def test_a_stale_lease_is_taken_over_and_its_holder_notices(root, caplog):
+    storage, uri = root
+    first = RootLease(storage, uri, "the first run", ttl_s=0.6).acquire()
+    first._stop.set()  # its heartbeat stops, as if the process hung or died
+    first._thread.join()
+    with pytest.raises(LeaseHeld):
+        RootLease(storage, uri, "too early", ttl_s=0.6).acquire()
+    time.sleep(1.0)  # past its expiry
+    with caplog.at_level(logging.WARNING, logger="pipelines.lease"):
+        second = RootLease(storage, uri, "the second run", ttl_s=30).acquire()
+    assert any("took over the stale lease of the first run" in r.getMessage() for r in caplog.records)
+    first.renew()
+    assert first.lost
+    with pytest.raises(LeaseLost, match="another writer took over"):
+        first.check()
+    first.release()  # must not remove the new holder's lease
+    assert json.loads(storage.read_text(f"{uri}/{LEASE}"))["holder"] == "the second run"
+    second.release()
+
+
+def test_the_heartbeat_keeps_a_long_run_its_lease(root):
+    storage, uri = root
+    with RootLease(storage, uri, "a long run", ttl_s=0.8) as lease:
+        time.sleep(2.0)  # more than twice the ttl
+        with pytest.raises(LeaseHeld):
+            RootLease(storage, uri, "an intruder", ttl_s=0.8).acquire()
+        lease.check()
+
+
+def test_an_unreadable_lease_file_does_not_lock_the_root_forever(tmp_path):
+    storage, uri = Storage(StorageConfig()), str(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LEASE).write_text("{truncated", encoding="utf-8")
+    with RootLease(storage, uri, "next run"):
+        pass
+
+
+CLI_RUN = [sys.executable, "-m", "flows.cli", "run", "--only", "corpus"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_bertpipe_run_on_a_held_root_exits_at_once_with_one_line(where, tmp_path, gensim_data, request):
+    """A real second `bertpipe run` (its own process, its own Prefect) while a writer holds
+    the root: exit 2, one line naming the holder, nothing written."""
+    import os
+
+    env = dict(os.environ)
+    if where == "local":
+        storage, uri = Storage(StorageConfig()), str(tmp_path / "run")
+    else:
+        endpoint, bucket = request.getfixturevalue("s3_bucket")
+        storage, uri = Storage(StorageConfig(endpoint_url=endpoint)), f"s3://{bucket}/run"
+        env["AWS_ENDPOINT_URL"] = endpoint
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"run: {{root: '{uri}'}}\nray: {{num_cpus: 1}}\ncorpus: {{inputs: [{{uri: '{gensim_data}/lee_background.cor', format: lines}}]}}\n",
+        encoding="utf-8",
+    )
+    with RootLease(storage, uri, "flow run nightly-refresh (1234)"):
+        done = subprocess.run([*CLI_RUN, "-c", str(recipe)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("bertpipe: error:")]
+        assert len(errors) == 1 and "is in use by flow run nightly-refresh (1234)" in errors[0], done.stderr[-2000:]
+        assert not storage.exists(f"{uri}/corpus")
+    # the same command once the root is free
+    done = subprocess.run([*CLI_RUN, "-c", str(recipe)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert storage.exists(f"{uri}/corpus/_manifest.json") and not storage.exists(f"{uri}/{LEASE}")

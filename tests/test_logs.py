@@ -1,0 +1,43 @@
+"""The command's log formats (flows/logs.py): short text lines for people, one JSON object
+per line with the record's fields for machines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from flows.logs import JsonFormatter, TextFormatter, level_for
+
+
+def record(message: str, level: int = logging.INFO, name: str = "pipelines.stage_log", **extra) -> logging.LogRecord:
+    made = logging.LogRecord(name, level, __file__, 1, message, None, None)
+    made.__dict__.update(extra)
+    return made
+
+
+def test_text_lines_show_the_level_only_when_it_is_not_info_and_prefects_run_name():
+    text = TextFormatter()
+    assert text.format(record("corpus: done in 4.1s")).split(" ", 1)[1] == "corpus: done in 4.1s"
+    assert text.format(record("slow disk", logging.WARNING)).split(" ", 1)[1] == "WARNING slow disk"
+    finished = record("Finished in state Cached(type=COMPLETED)", name="prefect.task_runs", task_run_name="vocab")
+    assert text.format(finished).split(" ", 1)[1] == "Task run 'vocab' - Finished in state Cached(type=COMPLETED)"
+
+
+def test_json_lines_carry_the_records_fields_and_the_exception():
+    line = JsonFormatter().format(record("corpus: clean 2/5 units", event="progress", done=2, total=5, eta_s=1.5))
+    data = json.loads(line)
+    assert "\n" not in line
+    assert data["message"] == "corpus: clean 2/5 units" and data["level"] == "INFO" and data["logger"] == "pipelines.stage_log"
+    assert (data["event"], data["done"], data["total"], data["eta_s"]) == ("progress", 2, 5, 1.5)
+    assert data["time"].endswith("Z") and "T" in data["time"]
+    try:
+        raise ValueError("bad shard")
+    except ValueError:
+        failed = logging.LogRecord("pipelines", logging.ERROR, __file__, 1, "stage failed", None, sys.exc_info())
+    data = json.loads(JsonFormatter().format(failed))
+    assert "ValueError: bad shard" in data["exception"] and data["level"] == "ERROR"
+
+
+def test_verbosity_levels():
+    assert [level_for(v) for v in (-1, 0, 1, 2)] == [logging.WARNING, logging.INFO, logging.DEBUG, logging.DEBUG]
