@@ -167,7 +167,7 @@ def diagnose(root: str, cfg, args: argparse.Namespace) -> dict:
     def batches():
         return ExamplesLoader(validation, 64, seed=1, pad_id=0, shuffle=False, even_batches=False)
 
-    before = diagnostics.mlm_accuracy_of_encoder(model_dir, None, batches(), args.eval_batches)
+    before = diagnostics.mlm_scores_of_encoder(model_dir, None, batches(), args.eval_batches)["mlm_accuracy"]
     original = finetune.load_encoder(model_dir).state_dict()
     polarity = next(t for t in cfg.evaluate.tasks if t.type == "classification")
     for epochs in (polarity.epochs, 10 * polarity.epochs):
@@ -179,7 +179,7 @@ def diagnose(root: str, cfg, args: argparse.Namespace) -> dict:
                 "epochs": epochs,
                 "learning_rate": task.learning_rate,
                 "mlm_accuracy_before": before,
-                "mlm_accuracy_after": diagnostics.mlm_accuracy_of_encoder(model_dir, state, batches(), args.eval_batches),
+                "mlm_accuracy_after": diagnostics.mlm_scores_of_encoder(model_dir, state, batches(), args.eval_batches)["mlm_accuracy"],
                 "relative_weight_change": diagnostics.relative_change(original, state),
             }
         )

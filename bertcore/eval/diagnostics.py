@@ -63,8 +63,8 @@ def pair_layout(model_dir: str, first: str, second: str) -> dict:
 
 
 @torch.no_grad()
-def mlm_accuracy_of_encoder(model_dir: str, encoder_state: dict[str, torch.Tensor] | None, batches: Iterable[dict], max_batches: int = 20) -> float:
-    """Held-out MLM accuracy of the pretrained model with its encoder weights replaced by
+def mlm_scores_of_encoder(model_dir: str, encoder_state: dict[str, torch.Tensor] | None, batches: Iterable[dict], max_batches: int = 20) -> dict[str, float]:
+    """Held-out MLM (and NSP) scores (accuracy, loss, perplexity) of the pretrained model with its encoder weights replaced by
     `encoder_state` (a transformers BertModel state dict, e.g. after fine-tuning; None
     keeps the pretrained ones). The MLM head stays the pretrained one."""
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
@@ -73,7 +73,7 @@ def mlm_accuracy_of_encoder(model_dir: str, encoder_state: dict[str, torch.Tenso
     if encoder_state is not None:
         own = model.state_dict()
         model.load_state_dict({**own, **{f"bert.{k}": v for k, v in encoder_state.items() if f"bert.{k}" in own}})
-    return held_out_scores(model, batches, max_batches=max_batches)["mlm_accuracy"]
+    return held_out_scores(model, batches, max_batches=max_batches)
 
 
 def relative_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
