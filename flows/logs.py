@@ -73,6 +73,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
+class StderrHandler(logging.StreamHandler):
+    """A stream handler that writes to whatever `sys.stderr` is when a record arrives, not
+    to the stream it was created with: a command run inside another program (a test's
+    CliRunner, a notebook) may swap stderr and close the old one, and later records must
+    not go to a closed file."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # noqa: D102 - the current stderr
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # StreamHandler.__init__ assigns it; the property decides
+        pass
+
+
 def level_for(verbosity: int) -> int:
     return logging.DEBUG if verbosity > 0 else logging.WARNING if verbosity < 0 else logging.INFO
 
@@ -80,7 +98,7 @@ def level_for(verbosity: int) -> int:
 def setup(verbosity: int = 0, fmt: Format = "text") -> None:
     """Configure logging for one command (call before Prefect and Ray are imported)."""
     global _configured
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

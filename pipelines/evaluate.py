@@ -306,12 +306,18 @@ def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
         raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
     pretrain = reads["pretrain"]
     positions = pretrain.max_position_embeddings
+    if positions is not None:  # None with pretrain.init_from: checked when the stage runs
+        _check_lengths(cfg, positions, f"pretrain.model_size {pretrain.model_size}", ValueError)
+
+
+def _check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[Exception]) -> None:
+    """No task or embedding input may be longer than the model's positions."""
     lengths = [(f"evaluate.tasks[{i}].max_seq_length", t.max_seq_length) for i, t in enumerate(cfg.tasks)]
     if cfg.embeddings.enabled:
         lengths.append(("evaluate.embeddings.max_seq_length", cfg.embeddings.max_seq_length))
     for key, length in lengths:
         if length > positions:
-            raise ValueError(f"{key} ({length}) exceeds the pretrained model's {positions} positions (pretrain.model_size {pretrain.model_size})")
+            raise error(f"{key} ({length}) exceeds the pretrained model's {positions} positions ({model})")
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -344,6 +350,7 @@ def run(r: StageRun) -> Output:
     from bertcore.eval.intrinsic import model_config_of
 
     model_cfg = model_config_of(os.path.dirname(local_copy(r.storage, f"{model_uri}/config.json", cache_key)))
+    _check_lengths(resolved, model_cfg.max_position_embeddings, f"{model_uri}/config.json", ConfigError)
     plan = _Plan(resolved, signatures, model_uri, cache_key, [False, True] if resolved.baseline else [False])
     _plan_jobs(plan, r, model_cfg.max_position_embeddings)
 

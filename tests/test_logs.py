@@ -41,3 +41,23 @@ def test_json_lines_carry_the_records_fields_and_the_exception():
 
 def test_verbosity_levels():
     assert [level_for(v) for v in (-1, 0, 1, 2)] == [logging.WARNING, logging.INFO, logging.DEBUG, logging.DEBUG]
+
+
+def test_the_handler_follows_stderr_when_a_caller_swaps_and_closes_it(monkeypatch):
+    """A command run in-process (a test's CliRunner) sets logging up while stderr is a
+    temporary stream that is closed afterwards: later records must reach the stderr of the
+    moment, not the closed stream."""
+    import io
+
+    from flows.logs import StderrHandler
+
+    handler = StderrHandler()
+    handler.setFormatter(TextFormatter())
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    handler.emit(record("while the command ran"))
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    handler.emit(record("after it returned"))
+    assert second.getvalue().endswith("after it returned\n")
