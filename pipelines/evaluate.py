@@ -237,10 +237,13 @@ def _absolute(uri: str) -> str:
 
 
 def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
-    """The task and STS files: {file URI: content signature} is their identity; the value
-    is (the section with absolute local paths, the signatures). A file that does not exist
-    is a ConfigError naming its key."""
+    """The task and STS files. Their identity is {config key: content signature}, not
+    where they lie (the section's fingerprint leaves the paths out, see
+    `task_location_free`), so a reinstall that moves the bundled files changes nothing;
+    the value is (the section with absolute local paths, {file URI: signature}). A file
+    that does not exist is a ConfigError naming its key."""
     signatures: dict[str, str] = {}
+    identity: dict[str, str] = {}
 
     def check(uri: str, key: str) -> str:
         uri = _absolute(uri)
@@ -250,7 +253,7 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
             raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
         if not found:
             raise ConfigError(f"{key}: {uri} does not exist (or is a folder); fix the path in the evaluate section")
-        signatures[uri] = storage.signature(uri)
+        signatures[uri] = identity[key.removeprefix("evaluate.")] = storage.signature(uri)
         return uri
 
     tasks = []
@@ -262,7 +265,19 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
     if eval_cfg.embeddings.enabled and sts is not None:
         sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
         resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return External(identity=signatures, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
+    return External(identity=identity, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
+
+
+def task_location_free(config: dict) -> dict:
+    """The evaluate section's JSON without where its task and STS files are: `identify`
+    puts their content signatures in the fingerprint instead."""
+    out = dict(config)
+    out["tasks"] = [{k: v for k, v in task.items() if k not in TASK_FILES} for task in config.get("tasks", [])]
+    embeddings = dict(config.get("embeddings") or {})
+    if isinstance(embeddings.get("sts"), dict):
+        embeddings["sts"] = {k: v for k, v in embeddings["sts"].items() if k != "file"}
+    out["embeddings"] = embeddings
+    return out
 
 
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
@@ -526,5 +541,6 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
 
 STAGE = Stage(
     "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify, check=check,
+    fingerprint_config=task_location_free,
     writes="metrics.json, report.md, plots/*.png",
 )

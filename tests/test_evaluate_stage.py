@@ -555,3 +555,26 @@ def test_fine_tuning_starts_from_what_pretraining_exported(root):
     # the MLM head reads the fine-tuned encoder: its loss moves (the accuracy of a model
     # still at the unigram plateau may not: it keeps predicting the most frequent tokens)
     assert diagnostics.mlm_scores_of_encoder(model_dir, tuned, batches(), max_batches=3)["mlm_loss"] != before["mlm_loss"]
+
+
+def test_the_fingerprint_holds_what_task_files_contain_not_where_they_are(tmp_path):
+    """A reinstall moves the bundled task files ({demo_data} expands elsewhere): the
+    evaluate stage stays complete. A task file whose content changes makes it stale."""
+    from pipelines.registry import load_config
+
+    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+    def fingerprint(folder: Path) -> str:
+        cfg = load_config(demo, [
+            f"run.root={tmp_path / 'run'}",
+            f"evaluate.tasks=[{{name: pol, type: classification, format: fasttext, train: '{folder / 'pol.txt'}', cross_validation_folds: 2}}]",
+        ])
+        return Pipeline(cfg).expected_fingerprint("evaluate")
+
+    first, second = tmp_path / "site-a", tmp_path / "site-b"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "pol.txt").write_text("__label__1 a fine film\n__label__0 a dull film\n", encoding="utf-8")
+    assert fingerprint(first) == fingerprint(second)
+    (second / "pol.txt").write_text("__label__1 a fine film\n__label__0 a very dull film\n", encoding="utf-8")
+    assert fingerprint(first) != fingerprint(second)
