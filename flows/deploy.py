@@ -21,6 +21,7 @@ them.
 
 from __future__ import annotations
 
+import json
 import os
 import zoneinfo
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/pipeline.py:bert_pretraining"
 DEFAULT_POOL = "bertpipe"
 DEFAULT_RECIPE_VARIABLE = "bertpipe_recipe"
+VARIABLE_LIMIT = 5000
+"""Prefect refuses a Variable whose value is this many characters or more."""
 
 # Prefect shows only its own loggers unless told; the stage modules log through `logging`.
 FLOW_RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "pipelines,bertcore,flows"}
@@ -91,8 +94,10 @@ class DeploymentPlan:
 
 
 def recipe_parameter(cfg: PipelineConfig) -> dict[str, Any]:
-    """The recipe as the JSON value of the flow's `config` parameter (secrets excluded)."""
-    return cfg.model_dump(mode="json")
+    """The recipe as the JSON value of the flow's `config` parameter (secrets excluded):
+    only the keys that differ from their defaults, so it stays readable in the UI and fits
+    a Prefect Variable; the flow fills the defaults back in when it validates it."""
+    return cfg.model_dump(mode="json", exclude_defaults=True)
 
 
 def plan_deployments(
@@ -266,5 +271,11 @@ def save_recipe(
     cfg = load_config(config_path, list(overrides))
     _require_api()
     value = recipe_parameter(cfg)
+    size = len(json.dumps(value))
+    if size >= VARIABLE_LIMIT:
+        raise ConfigError(
+            f"the recipe is {size:,} characters of JSON; a Prefect Variable holds fewer than {VARIABLE_LIMIT:,}. "
+            "Deploy with `bertpipe deploy`, which passes the recipe as the deployments' parameter instead"
+        )
     Variable.set(variable, value, overwrite=True)
     return value

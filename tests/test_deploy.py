@@ -5,6 +5,7 @@ out by the worker from this checkout."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from flows.deploy import (
     PROJECT_ROOT,
     deploy,
     plan_deployments,
+    VARIABLE_LIMIT,
     recipe_parameter,
 )
 from pipelines.registry import load_config
@@ -54,6 +56,16 @@ def test_plans_carry_the_recipe_and_the_stage_selection(demo_cfg):
         # what the Prefect server enforces for a deployment's parameters, and what the flow receives
         validate(plan.parameters, schema, raise_on_error=True)
         assert type(demo_cfg).model_validate(plan.parameters["config"]) == demo_cfg
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (PROJECT_ROOT / "configs").glob("*.yaml")))
+def test_every_recipe_fits_a_prefect_variable_and_comes_back_whole(recipe):
+    """The parameter holds only what differs from the defaults: small enough for the Prefect
+    Variable prefect.yaml reads, and the same recipe once the flow validates it."""
+    cfg = load_config(PROJECT_ROOT / "configs" / recipe)
+    value = recipe_parameter(cfg)
+    assert len(json.dumps(value)) < VARIABLE_LIMIT
+    assert type(cfg).model_validate(value) == cfg
 
 
 def test_recipe_parameter_never_carries_credentials(demo_cfg):
