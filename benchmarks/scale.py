@@ -156,6 +156,8 @@ def projection(rate_per_core: float, efficiency: float, tokens_per_char: float, 
                examples_tokens_per_cpu_s: float, cores: int, usd: float) -> str:
     """Markdown: wall time and cost of corpus + examples for English Wikipedia and a
     BookCorpus-sized book set on 1, 8 and 64 nodes of `cores` cores."""
+    from pipelines.progress import duration
+
     xml_mb = ENWIKI_XML_GB * 1024
     text_chars = ENWIKI_XML_GB * 2**30 * chars_per_xml_byte + BOOKS_TEXT_GB * 2**30
     tokens = text_chars * tokens_per_char
@@ -168,7 +170,7 @@ def projection(rate_per_core: float, efficiency: float, tokens_per_char: float, 
         corpus_s = (xml_mb + BOOKS_TEXT_GB * 1024) / (rate_per_core * workers * efficiency)
         examples_s = tokens / (examples_tokens_per_cpu_s * workers * efficiency)
         hours = (corpus_s + examples_s) / 3600
-        lines.append(f"| {nodes} | {corpus_s / 3600:.2f} h | {examples_s / 3600:.2f} h | {hours * nodes:.1f} | ${hours * nodes * usd:,.0f} |")
+        lines.append(f"| {nodes} | {duration(corpus_s)} | {duration(examples_s)} | {hours * nodes:.2f} | ${hours * nodes * usd:,.2f} |")
     return "\n".join(lines)
 
 
