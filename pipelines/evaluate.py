@@ -15,10 +15,13 @@ crashed, re-run with the same fingerprint, computes only the jobs still missing.
 files (model, task files) are copied to a per-content local cache in the worker that reads
 them, because transformers and the task readers read local folders.
 
-fingerprint = hash(code version + evaluate section + pretrain and examples fingerprints +
-run seed + the content signature of every task file), so editing a task file in place
-also re-runs the evaluation. The core is `evaluate(eval_cfg, root, storage, seed)`;
-`run(cfg, storage)` is the stage interface on a whole run config.
+fingerprint = hash(code version + evaluate section without its file paths + pretrain,
+examples and corpus fingerprints + run seed + the content signature of every task file),
+so editing a task file in place re-runs the evaluation and moving it does not.
+
+The module is a little over 500 lines: it is the one place that turns the section into
+jobs, runs them on Ray and folds their results into metrics; the scoring, floors,
+verdicts and report live in bertcore/eval.
 """
 
 from __future__ import annotations
