@@ -303,6 +303,9 @@ def _clean_all(units: list[Unit], cfg: CorpusConfig, stage: StageDir, fp: str, p
     readers: dict = {}
     results: list[UnitResult] = []
     total_bytes = sum(_unit_bytes(u) for u in units)
+    # a streamed unit is done when its reader has ended and its last batch is cleaned
+    batches_left: Counter[int] = Counter()
+    ended: set[int] = set()
     with Progress("corpus: clean", len(units), total_bytes=total_bytes) as progress:
         while plain or streamed or in_flight or readers:
             while streamed and len(readers) < max(1, limit // 4):
@@ -317,11 +320,14 @@ def _clean_all(units: list[Unit], cfg: CorpusConfig, stage: StageDir, fp: str, p
                         del readers[reader]
                         marker = stage.done(unit.read_marker, fp)
                         results.append(UnitResult.from_json(unit.index, marker.result))
-                        progress.advance(nbytes=_unit_bytes(unit))
+                        ended.add(unit.index)
+                        if not batches_left[unit.index]:
+                            progress.advance(nbytes=_unit_bytes(unit))
                         break
                     except ray.exceptions.RayTaskError as exc:
                         _raise_failed(exc, in_flight)
                     in_flight[clean_batch.remote(unit, ref, cfg, stage, fp)] = unit
+                    batches_left[unit.index] += 1
             while plain and len(in_flight) < limit:
                 unit = plain.popleft()
                 in_flight[clean_unit.remote(unit, cfg, stage, fp)] = unit
@@ -337,8 +343,12 @@ def _clean_all(units: list[Unit], cfg: CorpusConfig, stage: StageDir, fp: str, p
                     _raise_failed(exc, in_flight)
                 results.append(result)
                 rows = sum(result.read.values())
-                # a streamed unit counts once, when its reader ends; its batches add rows
-                progress.advance(0 if unit.streamed else 1, rows=rows, nbytes=0 if unit.streamed else _unit_bytes(unit))
+                if not unit.streamed:
+                    progress.advance(rows=rows, nbytes=_unit_bytes(unit))
+                    continue
+                batches_left[unit.index] -= 1
+                finished = unit.index in ended and not batches_left[unit.index]
+                progress.advance(int(finished), rows=rows, nbytes=_unit_bytes(unit) if finished else 0)
     return results
 
 

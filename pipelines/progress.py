@@ -105,7 +105,8 @@ class Progress:
         if self._bar is not None:
             self._bar.update(n)
         now = time.perf_counter()
-        if self.done >= self.total or now - self.last_line >= self.interval:
+        finished = n > 0 and self.done >= self.total  # the line that says all is done, once
+        if finished or now - self.last_line >= self.interval:
             self.last_line = now
             self._emit(now - self.started)
 

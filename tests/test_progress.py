@@ -32,6 +32,14 @@ def test_a_long_interval_still_logs_the_last_unit(lines):
     assert records[0].done == 5 and records[0].total == 5 and records[0].eta_s == 0.0
 
 
+def test_rows_that_arrive_after_the_last_unit_do_not_repeat_the_done_line(lines):
+    with Progress("corpus: clean", 2, interval=3600, bar=False) as progress:
+        progress.advance(rows=5)
+        progress.advance(rows=5)
+        progress.advance(0, rows=3)  # late rows (a streamed unit's last batch)
+    assert [r.getMessage().split(" · ")[0] for r in lines()] == ["corpus: clean 2/2 units"]
+
+
 def test_a_short_interval_logs_while_it_runs_with_an_eta_by_bytes(lines):
     with Progress("examples: tokenize", 4, total_bytes=4_000_000, interval=0, bar=False) as progress:
         time.sleep(0.2)
