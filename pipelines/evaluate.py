@@ -251,7 +251,8 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
     def check(uri: str, key: str) -> str:
         uri = _absolute(uri)
         try:
-            found = storage.exists(uri) and not storage.fs(uri)[0].isdir(storage.fs(uri)[1])
+            fs, path = storage.fs(uri)
+            found = fs.isfile(path)
         except OSError as exc:
             raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
         if not found:
