@@ -11,8 +11,9 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from bertcore.config import describe_errors
 from bertcore.model import ModelConfig, SizeName
 from bertcore.section import Name, Section
 from bertcore.tracking import TrackingConfig
@@ -240,4 +241,4 @@ class PretrainConfig(Section):
 
 
 def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
+    return describe_errors(exc) if isinstance(exc, ValidationError) else " ".join(str(exc).split())[:500]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
@@ -60,6 +59,9 @@ def options(
 
 
 def _fail(message: str, hint: str | None = None) -> None:
+    from bertcore.redact import mask_text
+
+    message, hint = mask_text(message), hint and mask_text(hint)
     if logs.configured() == "json":
         typer.echo(json.dumps({"level": "ERROR", "event": "error", "message": message, "hint": hint}), err=True)
         raise typer.Exit(code=2)
@@ -202,9 +204,9 @@ def inspect_stage(
             cfg = _load(config, set_)
             storage, run_root = Storage(cfg.storage), root or cfg.run.root
         else:  # no recipe: the root given, or the default one (runs/demo)
-            from bertcore.config import RunConfig, StorageConfig
+            from bertcore.config import RunConfig, StorageConfig, validate
 
-            storage, run_root = Storage(StorageConfig()), RunConfig(**({"root": root} if root else {})).root
+            storage, run_root = Storage(StorageConfig()), validate(RunConfig, {"root": root} if root else {}).root
         data, lines = inspect(storage, run_root, stage, Options(n=n, split=split, phase=phase, text=text))
     except BertpipeError as exc:
         _fail(str(exc))
@@ -219,20 +221,6 @@ def inspect_stage(
 config_app = typer.Typer(help="The run recipe.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]+):[^/@\s]+@")
-
-
-def masked(value: Any) -> Any:
-    """A password inside a URI (scheme://user:password@host) replaced by ****."""
-    if isinstance(value, dict):
-        return {k: masked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v) for v in value]
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(r"\g<scheme>:****@", value)
-    return value
-
-
 @config_app.command("show")
 def config_show(
     config: ConfigOpt = None,
@@ -245,7 +233,7 @@ def config_show(
     except BertpipeError as exc:
         _fail(str(exc))
         return
-    data = masked(cfg.model_dump(mode="json"))
+    data = cfg.model_dump(mode="json")  # passwords inside URIs masked (bertcore/redact.py)
     for name in ("key", "secret"):  # never written out; shown only as set or not
         if getattr(cfg.storage, name) is not None:
             data["storage"][name] = "****"
