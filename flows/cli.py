@@ -89,7 +89,7 @@ def run(
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these stages (repeatable or comma-separated).")] = None,
     from_stage: Annotated[Optional[str], typer.Option("--from", help="Run this stage and every stage after it.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages even if their output is complete.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it (default: only shards whose size or mtime/ETag changed).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it, and every local input file (default: only what changed size or mtime/ETag).")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run the pipeline (or some of its stages) as the Prefect flow `bert_pretraining`."""
@@ -159,7 +159,7 @@ def status(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard (default: only shards whose size or mtime/ETag changed).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard and every local input file (default: only what changed size or mtime/ETag).")] = False,
 ) -> None:
     """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, duration and location."""
     try:
