@@ -71,6 +71,21 @@ def _fail(message: str, hint: str | None = None) -> None:
     raise typer.Exit(code=2)
 
 
+EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+"""Prefect's setting: how long a command waits for the temporary API server it starts when
+no PREFECT_API_URL is set (Prefect's default, 20 s, is too short on a busy machine)."""
+DEFAULT_EPHEMERAL_TIMEOUT_S = 120
+
+
+def _fail_if_no_prefect_server(exc: BaseException) -> None:
+    """One line naming the setting when Prefect's temporary API server did not start in time."""
+    if "ephemeral Prefect API server" in str(exc):
+        _fail(
+            f"Prefect's temporary API server did not answer within {os.environ.get(EPHEMERAL_TIMEOUT, '?')} s "
+            f"(a busy machine?); set {EPHEMERAL_TIMEOUT} higher, or PREFECT_API_URL to a running Prefect server"
+        )
+
+
 def _load(config: Path | None, overrides: list[str] | None):
     from pipelines.registry import load_config
 
@@ -104,6 +119,9 @@ def run(
     except BertpipeError as exc:
         _fail(str(exc))
         return
+    except RuntimeError as exc:
+        _fail_if_no_prefect_server(exc)
+        raise
     if state.is_failed():
         _fail(state.message or "the flow failed", hint=f"logs above; stage outputs under {cfg.run.root}")
     summaries = state.result()
@@ -302,6 +320,9 @@ def deploy(
     except BertpipeError as exc:
         _fail(str(exc))
         return
+    except RuntimeError as exc:
+        _fail_if_no_prefect_server(exc)
+        raise
     typer.echo(f"{len(ids)} deployment(s) in work pool {pool!r}; start a worker with: prefect worker start --pool {pool}")
 
 
@@ -319,6 +340,9 @@ def save_recipe(
     except BertpipeError as exc:
         _fail(str(exc))
         return
+    except RuntimeError as exc:
+        _fail_if_no_prefect_server(exc)
+        raise
     typer.echo(f"recipe stored as Prefect Variable {variable!r}")
 
 
@@ -348,6 +372,8 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(logs.PROJECT_LOGGERS))
     # no network here or on most clusters: the temporary API server must not phone home
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # a scheduled run on a busy node waits longer for that server than Prefect's 20 s
+    os.environ.setdefault(EPHEMERAL_TIMEOUT, str(DEFAULT_EPHEMERAL_TIMEOUT_S))
     app()
 
 
