@@ -216,14 +216,18 @@ class WorkerJob:
 
 def _quiet_deepspeed_comm() -> None:
     """Set up DeepSpeed's communication backend on the process group Ray Train made, now,
-    without the line each rank prints about the op it builds (on CPU its shared-memory
-    all-reduce); `deepspeed.initialize` then reuses it. Ray Train turns print() in a
-    worker into a log record, so only muting print itself, for this call, reaches it."""
+    without its CPU shared-memory op (bertcore/op_builds.py: built on first use, never
+    used in training) and without the line each rank prints about the ops it loads;
+    `deepspeed.initialize` then reuses it. Ray Train turns print() in a worker into a log
+    record, so only muting print itself, for this call, reaches it."""
     import builtins
 
     import deepspeed
     import torch
 
+    from bertcore.op_builds import skip_shm_op
+
+    skip_shm_op()
     saved = builtins.print
     builtins.print = lambda *args, **kwargs: None
     try:

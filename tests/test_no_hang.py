@@ -49,3 +49,63 @@ def test_commands_wait_longer_for_prefects_server_unless_told(tmp_path):
     chosen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120,
                             env={**env, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600"})
     assert default.stdout.split()[-1] == "120" and chosen.stdout.split()[-1] == "600"
+
+
+# -- case 8: a DeepSpeed op build killed part-way ------------------------------------------------
+
+
+SHM_PROBE = r"""
+import os, torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+from pipelines.pretrain import _quiet_deepspeed_comm
+_quiet_deepspeed_comm()
+from deepspeed.comm import comm
+print("DONE", comm.cdb.shm_comm_op)
+"""
+
+
+def test_a_lock_left_by_a_killed_shm_op_build_no_longer_hangs_the_pretrain_workers(tmp_path):
+    """The probe's case: a first run killed while DeepSpeed built its CPU communication op
+    left `deepspeed_shm_comm/lock`, and every later run waited on it forever. The op is no
+    longer built at all (training never uses it), so its lock is never waited on."""
+    from processes import free_port
+
+    extensions = tmp_path / "torch_extensions"
+    (extensions / "deepspeed_shm_comm").mkdir(parents=True)
+    (extensions / "deepspeed_shm_comm" / "lock").touch()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "DS_ACCELERATOR": "cpu", "PROBE_PORT": str(free_port())}
+    try:
+        out = subprocess.run([sys.executable, "-c", SHM_PROBE], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("setting up DeepSpeed's communication still waits on a dead build's lock")
+    assert out.stdout.split()[-2:] == ["DONE", "None"], out.stderr[-3000:]
+    assert sorted(os.listdir(extensions / "deepspeed_shm_comm")) == ["lock"], "nothing was built, nothing removed"
+
+
+def test_a_stale_op_build_lock_ends_in_one_line_naming_the_file(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from bertcore.op_builds import StaleBuildLock, ops_to_build, prepare_builds
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert ops_to_build(use_gpu=False, optimizer="adamw", torch_adam=False) == ["fused_adam"]
+    assert ops_to_build(use_gpu=False, optimizer="adamw", torch_adam=True) == []
+    # not built yet: said before DeepSpeed starts compiling
+    with caplog.at_level(logging.INFO, logger="bertcore.op_builds"):
+        prepare_builds(["fused_adam"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"DeepSpeed compiles its fused_adam op now, once for this machine and Python (a few minutes; cached in {tmp_path / 'fused_adam'})"
+    ]
+    # a lock that a running builder holds open: waited for, and said so
+    lock = tmp_path / "fused_adam" / "lock"
+    lock.parent.mkdir()
+    caplog.clear()
+    with open(lock, "w"), caplog.at_level(logging.INFO, logger="bertcore.op_builds"):
+        prepare_builds(["fused_adam"])
+    assert f"being built by process {os.getpid()}; waiting for it (lock {lock})" in caplog.records[0].getMessage()
+    # the same lock once its builder is gone: one line naming it, no wait
+    with pytest.raises(StaleBuildLock) as stale:
+        prepare_builds(["fused_adam"])
+    assert str(stale.value).startswith(f"{lock}: a build of DeepSpeed's fused_adam op left this lock and no running process holds it")
+    assert f"rm {lock}" in str(stale.value) and "\n" not in str(stale.value)
