@@ -268,8 +268,10 @@ def _train_worker(config: dict) -> None:
 
 def _fit(job: WorkerJob) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
     from ray.util.queue import Queue
+
+    from pipelines.train_backend import torch_config
 
     cfg = job.cfg
     queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
@@ -277,7 +279,7 @@ def _fit(job: WorkerJob) -> None:
         _train_worker,
         train_loop_config={"job": job, "progress": queue},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        torch_config=torch_config(cfg.use_gpu),  # the store on 127.0.0.1 when Ray runs on this machine only
         run_config=RunConfig(
             name=f"pretrain-{job.resume_key[:8]}-{uuid.uuid4().hex[:6]}",
             storage_path=os.path.join(tempfile.gettempdir(), "bertpipe-ray-train"),
