@@ -34,11 +34,12 @@ def mask_text(text: str) -> str:
 
 
 def masked(value: Any) -> Any:
-    """`value` (a string, or lists, tuples and dicts of them) with URI user information masked."""
+    """`value` (a string, or lists, tuples and dicts of them, keys included) with URI user
+    information masked."""
     if isinstance(value, str):
         return mask_text(value)
     if isinstance(value, dict):
-        return {k: masked(v) for k, v in value.items()}
+        return {mask_text(k) if isinstance(k, str) else k: masked(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(masked(v) for v in value)
     return value

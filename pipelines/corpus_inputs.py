@@ -135,8 +135,9 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
             found = storage.list_files(spec.uri, include_hidden=True)
             matches = found.files
             folder, is_folder = _folder(storage, spec.uri)
-        except (FileNotFoundError, PermissionError, OSError) as exc:
-            matches, folder, is_folder, reason = [], "", False, f"cannot list {spec.uri}: {exc}"
+        except Exception as exc:  # OSError, or a remote filesystem's own (an HTTP 401, a botocore error)
+            text = " ".join(str(exc).split())[:300] or type(exc).__name__
+            matches, folder, is_folder, reason = [], "", False, f"cannot list {spec.uri}: {text}"
         else:
             reason = f"no file matches {spec.uri}"
             # links out of the folder or to folders, FIFOs, sockets, devices: never opened

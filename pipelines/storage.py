@@ -165,8 +165,9 @@ class Storage:
             found = []
         if not any(ch in path for ch in "*?[") and not include_hidden:
             found = [p for p in found if not is_hidden(p, path)]
-        def full(p: str) -> str:
-            return f"{protocol}://{p}" if protocol else p
+
+        def full(p: str) -> str:  # some filesystems (http) keep the protocol in their paths
+            return f"{protocol}://{p}" if protocol and "://" not in p else p
 
         return Found(sorted(full(p) for p in found), [(full(p), reason) for p, reason in skipped])
 
