@@ -93,8 +93,15 @@ def walk_files(folder: str) -> tuple[list[str], list[tuple[str, str]]]:
     a symbolic link leading out of the folder, or to a folder (never followed, so a walk
     never loops), a broken link, a FIFO, a socket, a device. A link to a regular file
     inside the folder is kept. Nothing is opened."""
+    files, _, skipped = walk(folder)
+    return files, skipped
+
+
+def walk(folder: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """`walk_files`, with the folders below `folder` too: (files, folders, skipped)."""
     real_folder = os.path.realpath(folder)
     files: list[str] = []
+    folders: list[str] = []
     skipped: list[tuple[str, str]] = []
     pending = [folder]
     while pending:
@@ -117,8 +124,9 @@ def walk_files(folder: str) -> tuple[list[str], list[tuple[str, str]]]:
                     files.append(entry.path)
             elif entry.is_dir(follow_symlinks=False):
                 pending.append(entry.path)
+                folders.append(entry.path)
             elif entry.is_file(follow_symlinks=False):
                 files.append(entry.path)
             else:
                 skipped.append((entry.path, not_regular(entry.path) or "not a regular file"))
-    return sorted(files), sorted(skipped)
+    return sorted(files), sorted(folders), sorted(skipped)

@@ -31,7 +31,7 @@ from fsspec.core import split_protocol
 
 from bertcore.config import StorageConfig
 from bertcore.errors import InputDataError
-from bertcore.paths import PathEscape, first_link, inside, not_regular, remove_within, walk_files
+from bertcore.paths import PathEscape, first_link, inside, not_regular, remove_within, walk, walk_files
 
 __all__ = ["PathEscape", "Storage", "WrittenFile", "Found", "join", "is_local", "is_hidden", "sha256_file"]
 
@@ -299,11 +299,23 @@ def _local_matches(path: str) -> tuple[list[str], list[tuple[str, str]]]:
         if not os.path.isdir(folder):
             return [], []
         pattern = re.compile(glob_translate(path))
-        files, skipped = walk_files(folder)
-        return [p for p in files if pattern.match(p)], [(p, r) for p, r in skipped if pattern.match(p)]
+        files, folders, skipped = walk(folder)
+        files = [p for p in files if pattern.match(p)]
+        # a folder the pattern names (`*.jsonl` meeting `x.jsonl/`) and none of whose files it matches
+        holding = {parent for f in files for parent in _parents(f, folder)}
+        skipped += [(p, "a folder (a glob matches files; name the folder itself to read what it holds)") for p in folders if p not in holding]
+        return files, sorted((p, r) for p, r in skipped if pattern.match(p))
     if os.path.isdir(path):  # a folder named explicitly may be a link to one
         return walk_files(path)
     if os.path.lexists(path):  # so may a file
         problem = not_regular(path)
         return ([path], []) if problem is None else ([], [(path, problem)])
     return [], []
+
+
+def _parents(path: str, top: str) -> Iterator[str]:
+    """The folders between `top` (excluded) and `path`."""
+    parent = os.path.dirname(path)
+    while len(parent) > len(top):
+        yield parent
+        parent = os.path.dirname(parent)

@@ -216,3 +216,16 @@ def test_verify_hashes_inputs_again_and_finds_an_edit_in_place_that_the_cache_mi
     assert any(reason.startswith("input inputs[0].files.news.txt.content: ") for reason in row["changed"]), row["changed"]
     # the cache now holds the new hash, so a plain status agrees
     assert {r["stage"]: r["state"] for r in Pipeline(cfg).status()}["corpus"] == "stale"
+
+
+def test_a_glob_that_meets_a_folder_lists_it_as_skipped_unless_it_reads_its_files(tmp_path):
+    """`*.jsonl` meeting a folder `x.jsonl/` dropped it without a word."""
+    (tmp_path / "x.jsonl").mkdir()
+    (tmp_path / "x.jsonl" / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "g.jsonl").write_text('{"text": "g"}\n')
+    storage = Storage(StorageConfig())
+    flat = storage.list_files(f"{tmp_path}/*.jsonl")
+    assert flat.files == [f"{tmp_path}/g.jsonl"]
+    assert flat.skipped == [(f"{tmp_path}/x.jsonl", "a folder (a glob matches files; name the folder itself to read what it holds)")]
+    deep = storage.list_files(f"{tmp_path}/**/*.jsonl")
+    assert deep.files == [f"{tmp_path}/g.jsonl", f"{tmp_path}/x.jsonl/a.jsonl"] and deep.skipped == []
