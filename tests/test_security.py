@@ -157,6 +157,25 @@ def test_a_planted_pickle_is_refused_by_export_and_resume_without_running(traine
     assert not marker.exists(), "the planted payload ran"
 
 
+def test_a_planted_pickle_in_an_init_from_folder_is_refused_in_one_line_without_running(tmp_path):
+    """pretrain.init_from with a pytorch_model.bin that would run code: torch's weights-only
+    loader stops it; the user gets one line naming the file (it was an UnpicklingError
+    with torch's multi-paragraph advice)."""
+    from bertcore.errors import InputDataError
+    from bertcore.pretrained import read_weights
+
+    marker = tmp_path / "the-payload-ran"
+    (tmp_path / "model").mkdir()
+    torch.save({"bert.embeddings.word_embeddings.weight": _Planted(str(marker))}, tmp_path / "model" / "pytorch_model.bin")
+    with pytest.raises(InputDataError) as refused:
+        read_weights(str(tmp_path / "model"))
+    assert str(refused.value) == (
+        f"{tmp_path / 'model' / 'pytorch_model.bin'}: refusing to load: the pickle would call io.open (torch's weights-only "
+        "loader stopped it); use the model's safetensors file, or one from a source you trust"
+    )
+    assert not marker.exists()
+
+
 def test_trainer_state_is_json_and_safetensors(trained):
     root, *_ = trained
     names = os.listdir(root / "pretrain" / CHECKPOINTS / checkpoint_tag(3))
