@@ -30,6 +30,11 @@ class RunConfig(Section):
     seed: int = 12345
     """Seed of every random choice; each draw is keyed by (seed, stage, shard or document, pass)."""
 
+    @field_validator("root", mode="before")
+    @classmethod
+    def _empty_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value  # `--set run.root=` parses as null
+
     @field_validator("root")
     @classmethod
     def _absolute_local_root(cls, value: str) -> str:

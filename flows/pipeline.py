@@ -2,7 +2,10 @@
 
 The flow only sequences stages, retries and reports; each stage decides from its manifest
 whether it is already complete (and is then shown as cached). The flow's parameter is the
-pydantic run config, so the Prefect UI shows a typed form.
+pydantic run config, so the Prefect UI shows a typed form. What Prefect stores of it (its
+JSON form) has every password inside a URI masked (bertcore/redact.py), while a run started
+in this process uses the object itself, real values included; so are the failure messages,
+log records and artifacts it stores.
 """
 
 from __future__ import annotations

@@ -234,6 +234,7 @@ def test_many_validation_errors_make_one_short_line(tmp_path):
     "root, message",
     [
         ("", r"run\.root: is empty"),
+        (None, r"run\.root: is empty"),  # `--set run.root=`
         ("/", r"run\.root: '/' is the file system's root"),
         ("/tmp/..", r"run\.root: '/tmp/\.\.' is the file system's root"),
         ("$BERTPIPE_TEST_UNSET_VARIABLE/x", r"run\.root: .*the environment variable BERTPIPE_TEST_UNSET_VARIABLE is not set"),
