@@ -86,6 +86,35 @@ def _fail_if_no_prefect_server(exc: BaseException) -> None:
         )
 
 
+def _stop_when_interrupted() -> None:
+    """Ctrl-C or SIGTERM ends `run` at once with one line: the lease is given back, Ray is
+    shut down, and the process exits. Prefect's temporary API server shares the
+    terminal's Ctrl-C and is already gone, so Prefect cannot record the end; waiting on it
+    would hang with a page of connection errors. Finished units are kept."""
+    import signal
+
+    def stop(signum: int, _frame: Any) -> None:
+        from pipelines.lease import release_all
+
+        release_all()
+        what = signal.Signals(signum).name
+        message = f"interrupted ({what}); finished work is kept: run the same command again to go on"
+        line = json.dumps({"level": "ERROR", "event": "error", "message": message}) if logs.configured() == "json" else f"bertpipe: error: {message}"
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+            if "ray" in sys.modules:  # Ray's processes, gracefully; at most 15 s
+                import threading
+
+                threading.Timer(15, os._exit, args=(128 + signum,)).start()
+                sys.modules["ray"].shutdown()
+        finally:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _load(config: Path | None, overrides: list[str] | None):
     from pipelines.registry import load_config
 
@@ -114,6 +143,8 @@ def run(
 
         select(_split_names(only), from_stage)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
+
+        _stop_when_interrupted()
 
         state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, verify=verify, return_state=True)
     except BertpipeError as exc:

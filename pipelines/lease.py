@@ -64,6 +64,20 @@ class LeaseRecord:
         )
 
 
+_HELD: set[RootLease] = set()
+"""The leases this process holds (`release_all` gives them back when it is interrupted)."""
+
+
+def release_all() -> None:
+    """Give back every lease this process holds (a run stopped by Ctrl-C or SIGTERM), so the
+    next run on the root does not wait for them to expire."""
+    for lease in list(_HELD):
+        try:
+            lease.release()
+        except Exception as exc:  # the process is ending: say so, go on
+            log.warning("run.root %s: the lease could not be given back (%s)", lease.root, exc)
+
+
 class RootLease:
     """The lease of one run root; use as a context manager around everything that writes."""
 
@@ -173,6 +187,7 @@ class RootLease:
             raise LeaseHeld(f"run.root {self.root}: could not take the lease (another writer keeps taking it); try again")
         self._thread = threading.Thread(target=self._heartbeat, name="bertpipe-lease", daemon=True)
         self._thread.start()
+        _HELD.add(self)
         return self
 
     def _heartbeat(self) -> None:
@@ -208,8 +223,9 @@ class RootLease:
             raise LeaseLost(f"run.root {self.root}: another writer took over this run's lease; stopping before writing more")
 
     def release(self) -> None:
+        _HELD.discard(self)
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         current, _ = self._read()
         if current is not None and current.token == self.record.token:
