@@ -17,6 +17,7 @@ launch and the export share the phase plan; the trainer itself is bertcore/train
 from __future__ import annotations
 
 import contextvars
+import errno
 import hashlib
 import json
 import logging
@@ -300,11 +301,26 @@ def _fit(job: WorkerJob) -> None:
             error = unwrap(failures[rank])
             if isinstance(error, BertpipeError):
                 raise error from None
+        if failures and (full := _full_disk(job.stage_uri)):
+            # torch's checkpoint writer reports a full disk as "unexpected pos": say what it is
+            log.warning("pretrain: the workers failed on a full disk: %s", " ".join(str(exc).split())[:500])
+            raise OSError(errno.ENOSPC, f"No space left on device ({shutil.disk_usage(full).free:,} bytes free)", full) from None
         raise
     finally:
         stop.set()
         relay.join(timeout=30)
         queue.shutdown()
+
+
+def _full_disk(stage_uri: str, margin: int = 16 << 20) -> str | None:
+    """The local stage folder when its file system has less than `margin` bytes free."""
+    if "://" in stage_uri and not stage_uri.startswith("file://"):
+        return None
+    folder = stage_uri.removeprefix("file://")
+    try:
+        return folder if shutil.disk_usage(folder).free < margin else None
+    except OSError:
+        return None
 
 
 # -- export ---------------------------------------------------------------------------------

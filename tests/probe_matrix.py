@@ -15,6 +15,8 @@
     nice python tests/probe_matrix.py [--workdir DIR] [--only SUBSTRING] [--keep]
 
 It prints one row per case, then the count per verdict. Run it on a quiet machine if you can.
+(One file of about 700 lines: the cases share one reference run and the helpers that run
+and classify `bertpipe`; it is a script, not a library.)
 """
 
 from __future__ import annotations
@@ -190,12 +192,17 @@ def error_lines(ran: Ran) -> list[str]:
     return [line for line in ran.err.splitlines() if line.startswith("bertpipe: error:")]
 
 
+RELAYED = ("(RayTrainWorker", "(TrainController", "(pid=", "(raylet")
+
+
 def failure_verdict(ran: Ran) -> tuple[str, str]:
     if ran.timed_out:
         return "hang", f"no answer in {ran.seconds:.0f} s"
     errors = error_lines(ran)
-    if ran.rc == 2 and len(errors) == 1 and "Traceback" not in ran.err:
-        return "clear error", errors[0].removeprefix("bertpipe: error: ")[:160]
+    own = [line for line in ran.err.splitlines() if not line.split(" ", 1)[-1].startswith(RELAYED) and not line.startswith(RELAYED)]
+    if ran.rc == 2 and len(errors) == 1 and not any("Traceback" in line for line in own):
+        relayed = any("Traceback" in line for line in ran.err.splitlines())
+        return "clear error", errors[0].removeprefix("bertpipe: error: ")[:160] + (" (below Ray Train's relayed worker traceback)" if relayed else "")
     tail = " / ".join(ran.err.strip().splitlines()[-2:])[:200]
     return "crash", f"exit {ran.rc}: {tail}"
 
@@ -315,7 +322,7 @@ def _bad_files(folder: Path) -> None:
         if data is not None:
             (folder / file).write_bytes(data)
     (folder / "mixed.txt").write_bytes(("A first line in UTF-8, café and naïve. " * 6 + "\n").encode() + ("Une ligne en latin-1, café. " * 8 + "\n").encode("latin-1"))
-    rows = ["text,title"] + [f'"{LONG}\nA second paragraph, after a newline inside the quotes. {LONG}",doc{i}' for i in range(3)]
+    rows = ["text,title"] + [f'"Record {i}. {LONG}\nA second paragraph of record {i}, after a newline inside the quotes. {LONG}",doc{i}' for i in range(3)]
     (folder / "quoted.csv").write_text("\n".join(rows) + "\n")
     page = "<page><title>{t}</title><ns>0</ns><id>{i}</id><revision><id>{i}</id>{body}</revision></page>"
     (folder / "notext.xml").write_text(
@@ -388,9 +395,10 @@ def interruptions(p: Probe, reference: Path) -> None:
                 p.record("interrupted", case, *failure_verdict(ran)) if ran.rc != 0 else p.record(
                     "interrupted", case, "recovered identically", f"(the stage ended before the signal: {ran.seconds:.0f} s)")
                 continue
-            notes = [f"killed run exit {ran.rc}" + (f", {len(ran.leftovers)} processes outlived it" if ran.leftovers else "")]
-            if "Traceback" in ran.err and sig == signal.SIGINT:
-                notes.append("a traceback on Ctrl-C")
+            notes = [f"killed run exit {ran.rc} in {ran.seconds:.0f} s" + (f", {len(ran.leftovers)} of its processes outlived it" if ran.leftovers else "")]
+            if sig == signal.SIGINT:
+                verdict, detail = failure_verdict(ran)
+                notes.append(f"Ctrl-C: {verdict}: {detail[:90]}" if ran.rc != 130 else f"Ctrl-C: one line: {error_lines(ran)[-1][17:90] if error_lines(ran) else '(none)'}")
             again = p.run("run", "-c", str(recipe), timeout=1800)
             if again.rc == 2 and "is in use by" in again.err:
                 notes.append("rerun refused by the dead run's lease until it expired")
@@ -477,7 +485,7 @@ def case_1_links(p: Probe, reference: Path) -> None:
         same, detail = same_outputs(root, reference, ("corpus",))
         read = (outside / "victim.txt").stat().st_atime_ns != atime
         p.record("8 cases", "1: a link in a stage directory, run --only corpus", "recovered identically" if same else "silent loss",
-                 f"verify exit {verified.rc} ({'damaged' if 'damaged' in verified.stdout else '?'}); link removed: "
+                 f"verify exit {verified.rc} ({'damaged' if 'damaged' in verified.out else '?'}); link removed: "
                  f"{not os.path.lexists(root / 'corpus' / 'evil')}; outside file intact{', but read' if read else ''}; {detail}")
 
 
