@@ -109,3 +109,42 @@ def test_a_stale_op_build_lock_ends_in_one_line_naming_the_file(tmp_path, monkey
         prepare_builds(["fused_adam"])
     assert str(stale.value).startswith(f"{lock}: a build of DeepSpeed's fused_adam op left this lock and no running process holds it")
     assert f"rm {lock}" in str(stale.value) and "\n" not in str(stale.value)
+
+
+# -- Ctrl-C during a run ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_ends_it_in_one_line_gives_the_root_back_and_a_rerun_finishes(tmp_path, gensim_data):
+    """Ctrl-C reaches the whole process group, Prefect's temporary API server included; the
+    old run then retried that dead server with a page of connection errors and never ended."""
+    import json
+    import signal
+    import time
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({"run": {"root": str(tmp_path / "run")}, "ray": {"num_cpus": 2},
+                                  "corpus": {"inputs": [{"uri": str(gensim_data / "lee_background.cor"), "format": "lines"}]}}))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "BERTPIPE_CACHE_DIR": str(tmp_path / "cache"), "PREFECT_API_URL": ""}
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as sink:
+        run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "-c", str(recipe), "--only", "corpus"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while "corpus: start" not in err.read_text() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert run.poll() is None, err.read_text()[-2000:]
+        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        try:
+            run.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            pytest.fail("bertpipe run does not end after Ctrl-C")
+    text = err.read_text()
+    assert run.returncode == 130, text[-2000:]
+    assert [line for line in text.splitlines() if "error" in line.lower()] == [
+        "bertpipe: error: interrupted (SIGINT); finished work is kept: run the same command again to go on"
+    ], text[-2000:]
+    assert not (tmp_path / "run" / "_lease.json").exists(), "the lease was given back"
+    again = bertpipe("run", "-c", str(recipe), "--only", "corpus", env=env, timeout=600)
+    assert again.returncode == 0 and (tmp_path / "run" / "corpus" / "_manifest.json").exists(), again.stderr[-2000:]
