@@ -303,7 +303,7 @@ def _fit(job: WorkerJob) -> None:
                 raise error from None
         if failures and (full := _full_disk(job.stage_uri)):
             # torch's checkpoint writer reports a full disk as "unexpected pos": say what it is
-            log.warning("pretrain: the workers failed on a full disk: %s", " ".join(str(exc).split())[:500])
+            log.warning("pretrain: the workers failed on a full disk: %s", " ".join(str(exc).split())[:200])
             raise OSError(errno.ENOSPC, f"No space left on device ({shutil.disk_usage(full).free:,} bytes free)", full) from None
         raise
     finally:

@@ -199,10 +199,12 @@ def failure_verdict(ran: Ran) -> tuple[str, str]:
     if ran.timed_out:
         return "hang", f"no answer in {ran.seconds:.0f} s"
     errors = error_lines(ran)
-    own = [line for line in ran.err.splitlines() if not line.split(" ", 1)[-1].startswith(RELAYED) and not line.startswith(RELAYED)]
-    if ran.rc == 2 and len(errors) == 1 and not any("Traceback" in line for line in own):
-        relayed = any("Traceback" in line for line in ran.err.splitlines())
-        return "clear error", errors[0].removeprefix("bertpipe: error: ")[:160] + (" (below Ray Train's relayed worker traceback)" if relayed else "")
+    if ran.rc == 2 and len(errors) == 1:  # the line the user reads; say what was printed above it
+        lines = ran.err.splitlines()
+        relayed = any("Traceback" in line and any(mark in line for mark in RELAYED) for line in lines)
+        logged = any(line.startswith("Traceback") for line in lines)
+        above = [what for what, seen in (("Ray Train's relayed worker traceback", relayed), ("a logged traceback", logged)) if seen]
+        return "clear error", errors[0].removeprefix("bertpipe: error: ")[:160] + (f" (below {' and '.join(above)})" if above else "")
     tail = " / ".join(ran.err.strip().splitlines()[-2:])[:200]
     return "crash", f"exit {ran.rc}: {tail}"
 
@@ -232,14 +234,22 @@ def same_outputs(root: Path, reference: Path, stages=STAGES) -> tuple[bool, str]
             if [r["step"] for r in ours] == [r["step"] for r in theirs] and all(abs(a["loss"] - b["loss"]) < 1e-4 for a, b in zip(ours, theirs)):
                 continue
             return False, f"pretrain: steps or losses differ from the uninterrupted run ({len(ours)} vs {len(theirs)} steps)"
-        if stage == "evaluate":
-            ours = json.loads((root / "eval" / "metrics.json").read_text())["tasks"]
-            theirs = json.loads((reference / "eval" / "metrics.json").read_text())["tasks"]
+        if stage == "evaluate":  # the same scores; how long each fine-tuning run took differs
+            ours = _untimed(json.loads((root / "eval" / "metrics.json").read_text())["tasks"])
+            theirs = _untimed(json.loads((reference / "eval" / "metrics.json").read_text())["tasks"])
             if json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True):
                 continue
         differing = sorted(set(got.items()) ^ set(want.items()))[:2]
         return False, f"{stage}: shards differ from the uninterrupted run ({differing})"
     return True, "same shards as the uninterrupted run" + (" (pretrain: same steps and losses)" if "pretrain" in stages else "")
+
+
+def _untimed(value):
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
 
 
 def copy_root(reference: Path, target: Path, keep: tuple[str, ...]) -> None:
@@ -410,7 +420,8 @@ def interruptions(p: Probe, reference: Path) -> None:
                 continue
             same, detail = same_outputs(root, reference)
             p.record("interrupted", case, "recovered identically" if same else "silent loss", f"{detail}; " + "; ".join(notes))
-            shutil.rmtree(root, ignore_errors=True)
+            if same:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 def full_disk(p: Probe, reference: Path) -> None:

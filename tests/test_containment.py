@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from bertcore.config import StorageConfig
-from bertcore.paths import PathEscape
+
 from pipelines.corpus_inputs import list_inputs
 from pipelines.registry import parse_config
 from pipelines.runner import Pipeline
-from pipelines.stage import MANIFEST, StageDir
+from pipelines.stage import MANIFEST, PathEscape, StageDir
 from pipelines.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
