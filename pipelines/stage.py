@@ -46,8 +46,6 @@ from bertcore.paths import PathEscape
 from bertcore.redact import mask_text, masked
 from pipelines.storage import Storage, join
 
-__all__ = ["PathEscape"]  # re-exported: where callers and tests have always found it
-
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"

@@ -31,9 +31,7 @@ from fsspec.core import split_protocol
 
 from bertcore.config import StorageConfig
 from bertcore.errors import InputDataError
-from bertcore.paths import PathEscape, first_link, inside, not_regular, remove_within, walk, walk_files
-
-__all__ = ["PathEscape", "Storage", "WrittenFile", "Found", "join", "is_local", "is_hidden", "sha256_file"]
+from bertcore.paths import first_link, inside, not_regular, remove_within, walk, walk_files
 
 
 def join(base: str, *parts: str) -> str:
