@@ -111,6 +111,7 @@ def _stop_when_interrupted() -> None:
         finally:
             os._exit(128 + signum)
 
+    stop.bertpipe_stops_the_run = True  # type: ignore[attr-defined]  # pipelines/pretrain.py keeps it in place
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import uuid
@@ -288,13 +289,17 @@ def _fit(job: WorkerJob) -> None:
             worker_runtime_env={"env_vars": job.env} if job.env else None,
         ),
     )
-    # fit() stays on this thread (it handles Ctrl-C there); the progress lines are logged
-    # from another one, in this thread's context (Prefect's flow-run log needs the run's)
+    # fit() stays on this thread, where it handles Ctrl-C, unless `bertpipe run` handles it
+    # (flows/cli.py: fit() would replace that handler with its own); the progress lines are
+    # logged from another thread, in this thread's context (Prefect's flow-run log needs it)
     stop = threading.Event()
     relay = threading.Thread(target=contextvars.copy_context().run, args=(relay_progress, queue, stop), daemon=True)
     relay.start()
     try:
-        trainer.fit()
+        if getattr(signal.getsignal(signal.SIGINT), "bertpipe_stops_the_run", False):
+            _on_another_thread(trainer.fit)
+        else:
+            trainer.fit()
     except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
         failures = getattr(exc, "worker_failures", None) or {}
         for rank in sorted(failures):
@@ -310,6 +315,24 @@ def _fit(job: WorkerJob) -> None:
         stop.set()
         relay.join(timeout=30)
         queue.shutdown()
+
+
+def _on_another_thread(call) -> None:
+    """`call()` on a thread of its own, this one waiting (and free to run signal handlers)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed back to the waiting thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), name="bertpipe-fit", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.5)
+    if failure:
+        raise failure[0]
 
 
 def _full_disk(stage_uri: str, margin: int = 16 << 20) -> str | None:

@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 VERDICTS = ("clear error", "counted skip", "recovered identically", "silent loss", "escape", "hang", "crash", "handled")
 STAGES = ("corpus", "vocab", "examples", "pretrain", "evaluate")
+CASE_FILTER = ""
+"""Run only the interruption cases whose name holds this (`--case "SIGINT during pretrain"`)."""
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
@@ -79,6 +81,8 @@ class Ran:
     timed_out: bool = False
     seconds: float = 0.0
     leftovers: list[int] = field(default_factory=list)
+    after_signal: float | None = None
+    """Seconds from the signal to the end of the process (interrupted runs)."""
 
 
 class Probe:
@@ -141,10 +145,12 @@ class Probe:
                         os.killpg(process.pid, sig)
                     else:
                         os.kill(process.pid, sig)
-                    sent = True
+                    sent = time.monotonic()
                 break
             time.sleep(0.2)
-        return self.finish(process, out_path, err_path, timeout, started, family), sent
+        ran = self.finish(process, out_path, err_path, timeout, started, family)
+        ran.after_signal = round(time.monotonic() - sent, 1) if sent else None
+        return ran, bool(sent)
 
     def record(self, group: str, case: str, verdict: str, detail: str) -> None:
         assert verdict in VERDICTS, verdict
@@ -398,17 +404,23 @@ def interruptions(p: Probe, reference: Path) -> None:
             root = p.workdir / f"killed-{stage}-{sig.name}"
             copy_root(reference, root, STAGES[: STAGES.index(stage)])
             recipe = p.recipe(f"killed-{stage}", tiny_recipe(root))
+            case = f"{sig.name} during {stage}"
+            if CASE_FILTER and CASE_FILTER not in case:
+                continue
             trigger, delay = triggers[stage]
             ran, sent = p.interrupt(["run", "-c", str(recipe)], trigger, sig, delay)
-            case = f"{sig.name} during {stage}"
             if not sent:
                 p.record("interrupted", case, *failure_verdict(ran)) if ran.rc != 0 else p.record(
                     "interrupted", case, "recovered identically", f"(the stage ended before the signal: {ran.seconds:.0f} s)")
                 continue
-            notes = [f"killed run exit {ran.rc} in {ran.seconds:.0f} s" + (f", {len(ran.leftovers)} of its processes outlived it" if ran.leftovers else "")]
+            notes = [f"killed run exit {ran.rc} {ran.after_signal} s after the signal" + (f", {len(ran.leftovers)} of its processes outlived it" if ran.leftovers else "")]
+            interrupt_verdict = None
             if sig == signal.SIGINT:
-                verdict, detail = failure_verdict(ran)
-                notes.append(f"Ctrl-C: {verdict}: {detail[:90]}" if ran.rc != 130 else f"Ctrl-C: one line: {error_lines(ran)[-1][17:90] if error_lines(ran) else '(none)'}")
+                if ran.rc == 130 and len(error_lines(ran)) == 1 and ran.after_signal < 60:
+                    notes.append(f"Ctrl-C: one line: {error_lines(ran)[-1][17:90]}")
+                else:  # Ctrl-C itself went wrong, whatever the rerun does
+                    interrupt_verdict = "hang" if ran.timed_out or ran.after_signal >= 60 else failure_verdict(ran)[0]
+                    notes.append(f"Ctrl-C: {interrupt_verdict}: exit {ran.rc} after {ran.after_signal} s: {failure_verdict(ran)[1][:90]}")
             again = p.run("run", "-c", str(recipe), timeout=1800)
             if again.rc == 2 and "is in use by" in again.err:
                 notes.append("rerun refused by the dead run's lease until it expired")
@@ -419,7 +431,8 @@ def interruptions(p: Probe, reference: Path) -> None:
                 p.record("interrupted", case, verdict, f"rerun: {detail}; " + "; ".join(notes))
                 continue
             same, detail = same_outputs(root, reference)
-            p.record("interrupted", case, "recovered identically" if same else "silent loss", f"{detail}; " + "; ".join(notes))
+            verdict = "silent loss" if not same else interrupt_verdict or "recovered identically"
+            p.record("interrupted", case, verdict, f"{detail}; " + "; ".join(notes))
             if same:
                 shutil.rmtree(root, ignore_errors=True)
 
@@ -635,8 +648,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--only", default="", help="run only the case groups whose function name holds this")
+    parser.add_argument("--case", default="", help="interruptions: only the cases whose name holds this")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
+    global CASE_FILTER
+    CASE_FILTER = args.case
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bertpipe-probe-"))
     workdir.mkdir(parents=True, exist_ok=True)
     p = Probe(workdir)
