@@ -14,10 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def own_prefect(tmp_path: Path, **more: str) -> dict:
+    """This environment with a Prefect home of its own and no API URL: the command starts
+    its own temporary Prefect server, as a user's first run does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    return {**env, "PREFECT_HOME": str(tmp_path / "prefect"), **more}
+
+
 def bertpipe(*args: str, env: dict | None = None, timeout: int = 300, cwd=ROOT) -> subprocess.CompletedProcess:
     try:
         return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
+                              timeout=timeout, cwd=cwd, env=env or dict(os.environ))
     except subprocess.TimeoutExpired:
         pytest.fail(f"bertpipe {' '.join(args)} hangs")
 
@@ -30,8 +37,7 @@ def test_a_prefect_server_that_does_not_start_in_time_ends_in_one_line_naming_th
     Prefect give up at once, as it would after waiting on a busy machine."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"run: {{root: {tmp_path / 'run'}}}\ncorpus: {{inputs: [{tmp_path / 'in.txt'}]}}\n")
-    env = {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0", "PREFECT_API_URL": ""}
-    out = bertpipe("run", "-c", str(recipe), env=env)
+    out = bertpipe("run", "-c", str(recipe), env=own_prefect(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0"))
     assert out.returncode == 2, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
     assert errors == [
@@ -125,7 +131,7 @@ def test_ctrl_c_during_a_run_ends_it_in_one_line_gives_the_root_back_and_a_rerun
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(json.dumps({"run": {"root": str(tmp_path / "run")}, "ray": {"num_cpus": 2},
                                   "corpus": {"inputs": [{"uri": str(gensim_data / "lee_background.cor"), "format": "lines"}]}}))
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "BERTPIPE_CACHE_DIR": str(tmp_path / "cache"), "PREFECT_API_URL": ""}
+    env = own_prefect(tmp_path, BERTPIPE_CACHE_DIR=str(tmp_path / "cache"))
     err = tmp_path / "stderr.txt"
     with open(err, "w") as sink:
         run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "-c", str(recipe), "--only", "corpus"], cwd=ROOT, env=env,
