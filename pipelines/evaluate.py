@@ -37,7 +37,7 @@ from typing import Any
 import ray
 
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.eval import finetune, report, summary
+from bertcore.eval import finetune, plots, report, summary
 from bertcore.eval.config import (
     TASK_FILES,
     EmbeddingsConfig,
@@ -52,14 +52,13 @@ from bertcore.rng import keyed_numpy, keyed_seed
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches
 from pipelines.stage import (
-    External,
     Output,
     ShardInfo,
-    Stage,
     StageDir,
     StageRun,
     Upstream,
 )
+from pipelines.stages.evaluate import check_lengths
 from pipelines.storage import Storage, is_local
 
 log = logging.getLogger(__name__)
@@ -235,55 +234,6 @@ def _model_name(random_init: bool) -> str:
     return "random_init" if random_init else "pretrained"
 
 
-def _absolute(uri: str) -> str:
-    return os.path.abspath(os.path.expanduser(uri)) if is_local(uri) and "://" not in uri else uri
-
-
-def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
-    """The task and STS files. Their identity is {config key: content signature}, not
-    where they lie (the section's fingerprint leaves the paths out, see
-    `task_location_free`), so a reinstall that moves the bundled files changes nothing;
-    the value is (the section with absolute local paths, {file URI: signature}). A file
-    that does not exist is a ConfigError naming its key."""
-    signatures: dict[str, str] = {}
-    identity: dict[str, str] = {}
-
-    def check(uri: str, key: str) -> str:
-        uri = _absolute(uri)
-        try:
-            fs, path = storage.fs(uri)
-            found = fs.isfile(path)
-        except OSError as exc:
-            raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
-        if not found:
-            raise ConfigError(f"{key}: {uri} does not exist (or is a folder); fix the path in the evaluate section")
-        signatures[uri] = identity[key.removeprefix("evaluate.")] = storage.signature(uri)
-        return uri
-
-    tasks = []
-    for i, task in enumerate(eval_cfg.tasks):
-        update = {s: check(getattr(task, s), f"evaluate.tasks[{i}].{s}") for s in TASK_FILES if getattr(task, s) is not None}
-        tasks.append(task.model_copy(update=update))
-    resolved = eval_cfg.model_copy(update={"tasks": tasks})
-    sts = eval_cfg.embeddings.sts
-    if eval_cfg.embeddings.enabled and sts is not None:
-        sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
-        resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return External(identity=identity, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
-
-
-def task_location_free(config: dict) -> dict:
-    """The evaluate section's JSON without where its task and STS files are: `identify`
-    puts their content signatures in the fingerprint instead."""
-    out = dict(config)
-    out["tasks"] = [{k: v for k, v in task.items() if k not in TASK_FILES} for task in config.get("tasks", [])]
-    embeddings = dict(config.get("embeddings") or {})
-    if isinstance(embeddings.get("sts"), dict):
-        embeddings["sts"] = {k: v for k, v in embeddings["sts"].items() if k != "file"}
-    out["embeddings"] = embeddings
-    return out
-
-
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
     """Up to cfg.sentences held-out corpus sentences, sampled with a keyed RNG from the first
     SENTENCE_POOL x that many of the validation split (in shard order)."""
@@ -316,29 +266,6 @@ def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dic
     return records, summary
 
 
-def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
-    """What can be checked before anything runs: intrinsic phases are examples phases, and
-    no task or embedding input is longer than the pretrained model's positions."""
-    phases = [p.name for p in reads["examples"].phases]
-    unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
-    if unknown:
-        raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
-    pretrain = reads["pretrain"]
-    positions = pretrain.max_position_embeddings
-    if positions is not None:  # None with pretrain.init_from: checked when the stage runs
-        _check_lengths(cfg, positions, f"pretrain.model_size {pretrain.model_size}", ValueError)
-
-
-def _check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[Exception]) -> None:
-    """No task or embedding input may be longer than the model's positions."""
-    lengths = [(f"evaluate.tasks[{i}].max_seq_length", t.max_seq_length) for i, t in enumerate(cfg.tasks)]
-    if cfg.embeddings.enabled:
-        lengths.append(("evaluate.embeddings.max_seq_length", cfg.embeddings.max_seq_length))
-    for key, length in lengths:
-        if length > positions:
-            raise error(f"{key} ({length}) exceeds the pretrained model's {positions} positions ({model})")
-
-
 # -- the stage ----------------------------------------------------------------------------------
 
 
@@ -369,7 +296,7 @@ def run(r: StageRun) -> Output:
     from bertcore.eval.intrinsic import model_config_of
 
     model_cfg = model_config_of(os.path.dirname(local_copy(r.storage, f"{model_uri}/config.json", cache_key)))
-    _check_lengths(resolved, model_cfg.max_position_embeddings, f"{model_uri}/config.json", ConfigError)
+    check_lengths(resolved, model_cfg.max_position_embeddings, f"{model_uri}/config.json", ConfigError)
     plan = _Plan(resolved, signatures, model_uri, cache_key, [False, True] if resolved.baseline else [False])
     _plan_jobs(plan, r, model_cfg.max_position_embeddings)
 
@@ -528,8 +455,8 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     plots: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:
         drawn = {
-            "pretraining": report.plot_pretraining(records, os.path.join(tmp, "pretraining.png")),
-            "tasks": report.plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
+            "pretraining": plots.plot_pretraining(records, os.path.join(tmp, "pretraining.png")),
+            "tasks": plots.plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
         }
         for name, ok in drawn.items():
             if ok:
@@ -541,10 +468,3 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode())))
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]
-
-
-STAGE = Stage(
-    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify, check=check,
-    fingerprint_config=task_location_free,
-    writes="metrics.json, report.md, plots/*.png",
-)

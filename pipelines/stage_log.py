@@ -6,9 +6,8 @@ its progress (pipelines/progress.py)."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
-
-import ray
 
 from pipelines.progress import count, duration, size
 from pipelines.stage import External, Manifest, Upstream
@@ -33,7 +32,8 @@ def headline_text(headline: dict[str, Any]) -> str:
 
 
 def _workers(parallelism: int | None) -> str:
-    cpus = ray.cluster_resources().get("CPU") if ray.is_initialized() else None
+    ray = sys.modules.get("ray")  # never imported here: a stage that runs on Ray has started it
+    cpus = ray.cluster_resources().get("CPU") if ray is not None and ray.is_initialized() else None
     if parallelism and cpus:
         return f"{min(parallelism, int(cpus))} of {int(cpus)} CPUs"
     if cpus:

@@ -5,7 +5,11 @@ stage needs nothing but its declaration to run under the contract."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,13 +59,47 @@ def test_layers_point_one_way():
             assert not top & {"prefect", "flows"}, (module, top & {"prefect", "flows"})
 
 
-def test_no_stage_module_imports_another():
+def _stage_modules() -> dict[str, set[str]]:
+    """Each stage's modules: its declaration (pipelines/stages/<name>.py) and its work."""
     from pipelines.registry import STAGES
 
-    stage_modules = {stage.run.__module__ for stage in STAGES}
-    assert len(stage_modules) == len(STAGES)
-    for module in stage_modules:
-        assert not (_internal(GRAPH[module]) & stage_modules) - {module}, module
+    return {stage.name: {f"pipelines.stages.{stage.name}", stage.run.partition(":")[0]} for stage in STAGES}
+
+
+def test_no_stage_module_imports_another():
+    modules = _stage_modules()
+    everything = set().union(*modules.values())
+    assert len(everything) == 2 * len(modules)
+    for name, own in modules.items():
+        for module in own:
+            assert not (_internal(GRAPH[module]) & everything) - own, (name, module)
+
+
+def test_every_stage_declares_its_work_by_name_and_its_declaration_stays_light():
+    """The registry imports the declarations; the work (Ray, torch, pyarrow) is imported when
+    the stage runs. A declaration that imported its work would bring it back."""
+    for name, own in _stage_modules().items():
+        declaration, work = sorted(own, key=lambda m: m.startswith("pipelines.stages."), reverse=True)
+        assert work == f"pipelines.{name}" and work not in GRAPH[declaration], (name, declaration, work)
+
+
+HEAVY = ("torch", "ray", "matplotlib", "scipy", "transformers", "deepspeed", "datasketch", "sklearn", "prefect")
+"""What reading a recipe or a manifest must not import (seconds each, before the command does anything)."""
+
+
+def heavy_imports(code: str) -> list[str]:
+    """The HEAVY modules a fresh interpreter has imported after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint('HEAVY=' + json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    found = [line for line in out.stdout.splitlines() if line.startswith("HEAVY=")]
+    assert found, out.stdout[-2000:] + out.stderr[-3000:]
+    return json.loads(found[-1].removeprefix("HEAVY="))
+
+
+def test_loading_every_shipped_recipe_imports_nothing_heavy():
+    code = "import glob\nfrom pipelines.registry import load_config\nfor path in sorted(glob.glob('configs/*.yaml')):\n    load_config(path)"
+    assert heavy_imports(code) == []
 
 
 def test_no_import_cycle():

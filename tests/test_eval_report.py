@@ -109,14 +109,14 @@ def test_pretraining_plot_is_a_png_and_marks_phases(tmp_path):
     records = [{"step": s, "loss": 10 - s / 100, "mlm_accuracy": s / 1000, "phase": "seq128" if s < 500 else "seq512"} for s in range(1, 1001)]
     records[3]["mlm_accuracy"] = None  # a step without masked tokens
     path = tmp_path / "curves.png"
-    assert report.plot_pretraining(records, str(path))
+    assert plots.plot_pretraining(records, str(path))
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_long_training_logs_are_binned_before_plotting(tmp_path):
     records = [{"step": s, "loss": 5.0 + math.sin(s)} for s in range(50_000)]
     path = tmp_path / "long.png"
-    assert report.plot_pretraining(records, str(path))  # only the loss: the accuracy panel says so
+    assert plots.plot_pretraining(records, str(path))  # only the loss: the accuracy panel says so
     steps = np.array([r["step"] for r in records], dtype=float)
     binned_steps, binned = plots._binned(steps, np.array([r["loss"] for r in records]), 100)
     assert len(binned_steps) == len(binned) == 100
@@ -124,15 +124,15 @@ def test_long_training_logs_are_binned_before_plotting(tmp_path):
 
 
 def test_no_plot_without_losses_or_tasks(tmp_path):
-    assert not report.plot_pretraining([], str(tmp_path / "a.png"))
-    assert not report.plot_pretraining([{"step": 1, "mlm_accuracy": 0.1}], str(tmp_path / "b.png"))
-    assert not report.plot_tasks({}, str(tmp_path / "c.png"))
+    assert not plots.plot_pretraining([], str(tmp_path / "a.png"))
+    assert not plots.plot_pretraining([{"step": 1, "mlm_accuracy": 0.1}], str(tmp_path / "b.png"))
+    assert not plots.plot_tasks({}, str(tmp_path / "c.png"))
     assert not list(tmp_path.iterdir())
 
 
 def test_task_plot_handles_a_metric_that_is_nan(tmp_path):
     path = tmp_path / "tasks.png"
-    assert report.plot_tasks(_metrics()["tasks"], str(path))
+    assert plots.plot_tasks(_metrics()["tasks"], str(path))
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 

@@ -12,15 +12,10 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from bertcore.figures import scale
+
 MAX_PLOTTED_STEPS = 2000
 """Longer training logs are averaged over equal bins of steps before plotting."""
-RAW_SCALE = ("loss", "perplexity", "mse", "count", "sequences", "batches", "tokens", "threshold", "anisotropy")
-"""Metric names containing these are shown as they are; every other score is shown x 100, as papers do."""
-
-
-def scale(metric: str) -> float:
-    """1 for raw quantities (losses, counts), 100 for scores shown in points."""
-    return 1.0 if any(word in metric for word in RAW_SCALE) else 100.0
 
 
 def _save(fig: Figure, path: str) -> None:

@@ -1,7 +1,8 @@
 """The evaluation report: markdown tables, PNG plots, and flat score rows, all made from
 the evaluate stage's metrics dictionary (what it writes as eval/metrics.json).
 
-The plots are drawn in bertcore/eval/plots.py.
+The plots are drawn in bertcore/eval/plots.py (matplotlib); this module needs neither
+numpy nor matplotlib, so `bertpipe inspect evaluate` reads metrics.json in an instant.
 
 The metrics dictionary, as far as the report reads it:
     model:           {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
@@ -29,14 +30,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
-from bertcore.eval.plots import plot_pretraining, plot_tasks, scale
-
-__all__ = ["json_dumps", "json_safe", "plot_pretraining", "plot_tasks", "read_training_log", "render_markdown", "score_rows"]
-
-
-
+from bertcore.figures import scale
 
 # --- inputs ---------------------------------------------------------------------------------
 
@@ -70,7 +64,7 @@ def json_safe(value: Any) -> Any:
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():  # a numpy scalar
         return json_safe(value.item())
     return value
 
