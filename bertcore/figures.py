@@ -1,9 +1,10 @@
 """How a figure is written, in one place, so that the console, the run summary, `bertpipe
 status` and `inspect`, the report and the trackers show one quantity the same way:
 
-- accuracies, F1, correlations and other scores: percent with one decimal (`8.8%`), and
-  differences between two of them in points (`gain 3.9 points`);
-- losses and perplexities: as they are, three decimals (`7.464`);
+- accuracies, F1 and other fractions: percent with one decimal (`8.8%`); correlations
+  (Spearman, Pearson, Matthews) x 100 with one decimal, named so (`Spearman x100 47.1`);
+  a difference between two scores in points (`gain 3.9 points`);
+- losses with three decimals (`7.464`), perplexities with one (`993.8`);
 - durations: `3.1s`, `4m05s`, `2h03m`; counts: `1,234`, `12.3k`; sizes: `7.6 MB`.
 
 Which metrics are scores is decided by name (`is_score`): everything but losses,
@@ -38,9 +39,17 @@ NAMES = {
 """Metric keys -> how people read them."""
 
 
+CORRELATIONS = ("spearman", "pearson", "matthews")
+"""Scores that are correlations: shown x 100, without a percent sign."""
+
+
+def is_correlation(metric: str) -> bool:
+    return any(word in metric for word in CORRELATIONS)
+
+
 def is_score(metric: str) -> bool:
-    """True for scores shown in percent (accuracy, F1, correlations, ...)."""
-    return not any(word in metric for word in RAW_SCALE)
+    """True for scores shown x 100 (accuracy, F1, correlations, ...)."""
+    return metric not in ("lr", "grad_norm") and not any(word in metric for word in RAW_SCALE)
 
 
 def scale(metric: str) -> float:
@@ -49,8 +58,10 @@ def scale(metric: str) -> float:
 
 
 def name(metric: str) -> str:
-    """A metric key as people read it: mlm_accuracy -> MLM accuracy."""
-    return NAMES.get(metric, metric.replace("_", " "))
+    """A metric key as people read it, with its unit where the value does not carry one:
+    mlm_accuracy -> MLM accuracy, spearman -> Spearman x100."""
+    text = NAMES.get(metric, metric.replace("_", " "))
+    return f"{text} x100" if is_correlation(metric) else text
 
 
 def _finite(value: Any) -> bool:
@@ -73,18 +84,22 @@ def loss(value: float | None) -> str:
 
 
 def metric(key: str, value: Any) -> str:
-    """A value of metric `key` with its unit: a score in percent, a loss with three
-    decimals, a count with separators, anything else with four significant digits and no
-    exponent."""
+    """A value of metric `key` as it is shown: a fraction in percent, a correlation x 100
+    (its name says so), a loss with three decimals, a count with separators, anything else
+    with four significant digits and no exponent."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
+    if key == "lr":
+        return f"{value:.3g}"
     if is_score(key):
-        return percent(value)
+        return points(value) if is_correlation(key) else percent(value)
     if isinstance(value, int):
         return f"{value:,}"
-    if "loss" in key or "perplexity" in key:
+    if "perplexity" in key:
+        return f"{value:,.1f}"
+    if "loss" in key:
         return f"{value:,.3f}"
     return plain(value)
 

@@ -15,6 +15,9 @@ WEIGHT_FILES = (WEIGHTS_FILE, SAFETENSORS_INDEX, PYTORCH_BIN)
 """Weight files in order of preference; a folder needs one of them."""
 MODEL_DIR = "model"
 """Where the pretrain stage puts the exported folder inside its directory."""
+MLM_SUFFIX = "-mlm"
+"""Beside a BertForPreTraining folder (model/), its BertForMaskedLM twin (model-mlm/): what
+AutoModelForMaskedLM and the fill-mask pipeline load without unexpected keys."""
 
 
 def weight_files(names: Iterable[str]) -> list[str]:

@@ -120,8 +120,9 @@ def run(
     for line in summary.table(summaries):
         typer.echo(line)
     for s in summaries:
-        for line in s.get("verdicts", []):
-            typer.echo(f"{s['stage']}: {line}")
+        for verdict in s.get("verdicts", []):
+            for line in summary.wrap(f"{s['stage']}: {verdict}"):
+                typer.echo(line)
     typer.echo("next:")
     for line in commands:
         typer.echo(f"  {line}")
@@ -154,7 +155,7 @@ def export(
         _fail(str(exc))
         return
     for item in written:
-        typer.echo(str(item.get("uri") or item.get("path") or item))
+        typer.echo(str(item["uri"]))
 
 
 @app.command(short_help="Each stage's state: complete, stale, incomplete, damaged, missing.")
@@ -164,7 +165,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard (default: only shards whose size or mtime/ETag changed).")] = False,
 ) -> None:
-    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, duration and location."""
+    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, the time its last run took (as the run summary shows it) and location."""
     try:
         cfg = _load(config, set_)
         from pipelines.runner import Pipeline
@@ -176,12 +177,14 @@ def status(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    typer.echo(f"{'stage':<10} {'state':<11} {'fingerprint':<21} {'rows':>9} {'size':>10} {'time':>8}  location")
+    from bertcore.figures import duration, size
+
+    typer.echo(f"{'stage':<10} {'state':<11} {'fingerprint':<21} {'rows':>9} {'size':>9} {'time':>7}  location")
     for r in rows:
-        size = f"{r['bytes'] / 2**20:.1f}MB" if r["bytes"] is not None else "-"
-        seconds = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "-"
-        rows_text = str(r["rows"]) if r["rows"] is not None else "-"
-        typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
+        size_text = size(r["bytes"]) if r["bytes"] is not None else "-"
+        rows_text = f"{r['rows']:,}" if r["rows"] else "-"  # a stage without records (evaluate's reports) shows none
+        line = f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size_text:>9} {duration(r['seconds']):>7}  {r['uri']}"
+        typer.echo(line)
         for reason in r.get("changed") or []:
             typer.echo(f"{'':<10} changed: {reason}")
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import ray
 
+from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.eval import finetune, plots, report, summary
 from bertcore.eval.config import (
@@ -47,7 +48,7 @@ from bertcore.eval.config import (
 )
 from bertcore.examples_config import ExamplesConfig, PhaseConfig
 from bertcore.export import HF_FILES, MODEL_DIR
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy, keyed_seed
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches
@@ -255,15 +256,29 @@ def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: 
     return [pool[i] for i in chosen]
 
 
-def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dict | None]:
+def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], list[dict], dict | None]:
+    """The pretraining log's records, its validations, and what the report says of them:
+    where the log is (relative to run.root), its final figures (the means over the last
+    logging interval, bertcore.metrics_log), the last validation and the loss jumps."""
     uri = pretrain.path(METRICS)
     if not storage.exists(uri):
-        return [], None
+        return [], [], None
     records, bad = report.read_training_log(storage.read_text(uri).splitlines())
-    summary = {"uri": uri, "records": len(records), "unreadable_lines": bad}
-    if records:
-        summary["first"], summary["last"] = records[0], records[-1]
-    return records, summary
+    validations: list[dict] = []
+    if storage.exists(pretrain.path(VALIDATION)):
+        validations, _ = report.read_training_log(storage.read_text(pretrain.path(VALIDATION)).splitlines())
+    every = int((pretrain.manifest.config or {}).get("log_every") or 1)
+    summary = {
+        "uri": f"{pretrain.dir.directory}/{METRICS}",
+        "records": len(records),
+        "unreadable_lines": bad,
+        "log_every": every,
+        "final": metrics_log.final(records, every),
+        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
+        "validations": len(validations),
+        "validation": validations[-1] if validations else None,
+    }
+    return records, validations, summary
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -306,13 +321,14 @@ def run(r: StageRun) -> Output:
 
     for note in plan.notes:
         log.info("evaluate: %s", note)
-    records, log_summary = _training_log(r.storage, pretrain)
+    records, validations, log_summary = _training_log(r.storage, pretrain)
     metrics = _metrics(plan, results, model_cfg, log_summary, r.seed, r.fingerprint)
+    metrics["model"]["uri"] = f"{pretrain.dir.directory}/{MODEL_DIR}"  # relative to run.root: the report survives a move
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records),
+        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, metrics),
         stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
@@ -447,7 +463,46 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
     return metrics
 
 
-def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[ShardInfo]:
+def _track(r: StageRun, metrics: dict) -> list[ShardInfo]:
+    """The scores and verdicts to the trackers pretraining used (its recorded `tracking`
+    section and the run ids in pretrain/tracking.json): TensorBoard files published under
+    eval/tensorboard/, W&B's offline files under eval/wandb/; returns them as shards."""
+    from bertcore.tracking import TrackingConfig, evaluation_scalars, log_evaluation
+
+    pretrain, storage = r.inputs["pretrain"], r.storage
+    cfg = TrackingConfig.model_validate((pretrain.manifest.config or {}).get("tracking") or {})
+    state_uri = pretrain.path(metrics_log.TRACKING_STATE)
+    state = storage.read_json(state_uri) if storage.exists(state_uri) else {}
+    verdicts: dict[str, str] = {}
+    for phase, scores in metrics["intrinsic"].items():
+        verdicts.update({f"{phase} {what}": line for what, line in (("MLM", summary.mlm_verdict(phase, scores)), ("NSP", summary.nsp_verdict(phase, scores))) if line})
+    verdicts.update({name: task["verdict"]["text"] for name, task in metrics["tasks"].items()})
+    shards = []
+    for folder in ("tensorboard", "wandb"):
+        storage.remove(r.dir.path(folder), recursive=True)  # the tracker files of this evaluation only
+    with tempfile.TemporaryDirectory(prefix="bertpipe-eval-tracking-") as tmp:
+        log_evaluation(
+            cfg, state, step=int(pretrain.manifest.stats.get("steps") or 0), scalars=evaluation_scalars(report.score_rows(metrics)),
+            verdicts=verdicts, tensorboard_dir=os.path.join(tmp, "tensorboard"), wandb_dir=os.path.join(tmp, "wandb"),
+            run_name=f"evaluate-{r.fingerprint[:8]}",
+        )
+        for folder, _, names in os.walk(tmp):
+            for name in sorted(names):
+                relative = os.path.relpath(os.path.join(folder, name), tmp).replace(os.sep, "/")
+                shards.append(r.dir.publish_copy(relative, os.path.join(folder, name), rows=0))
+    return shards
+
+
+def _unigram(metrics: dict) -> float | None:
+    """The unigram baseline's MLM accuracy of the last intrinsic phase (the plot's floor line)."""
+    for by_model in reversed(list((metrics.get("intrinsic") or {}).values())):
+        unigram = ((by_model.get("pretrained") or {}).get("baselines") or {}).get("unigram") or {}
+        if unigram.get("mlm_accuracy") is not None:
+            return unigram["mlm_accuracy"]
+    return None
+
+
+def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validations: list[dict]) -> list[ShardInfo]:
     """metrics.json, plots/*.png and report.md; returns them as the manifest's shards."""
     storage = stage.storage
     storage.remove(stage.path("plots"), recursive=True)  # a plot an earlier run drew may not apply now
@@ -455,7 +510,9 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     plots: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:
         drawn = {
-            "pretraining": plots.plot_pretraining(records, os.path.join(tmp, "pretraining.png")),
+            "pretraining": plots.plot_pretraining(
+                records, validations, (metrics.get("pretraining_log") or {}).get("log_every", 1), _unigram(metrics), os.path.join(tmp, "pretraining.png")
+            ),
             "tasks": plots.plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
         }
         for name, ok in drawn.items():

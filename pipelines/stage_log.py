@@ -26,9 +26,23 @@ def value_text(value: Any) -> str:
     return str(value)
 
 
-def headline_text(headline: dict[str, Any]) -> str:
-    """'documents 391 · sentences 9.7k': the figures in the order the stage gave them."""
-    return " · ".join(f"{label} {value_text(value)}" for label, value in headline.items())
+LINE_WIDTH = 100
+"""Columns a stage's start and end lines keep within (the run summary has every figure)."""
+
+
+def headline_text(headline: dict[str, Any], width: int | None = None) -> str:
+    """'documents 391 · sentences 9.7k': the figures in the order the stage gave them; with
+    `width`, only the first figures that fit, then '…' (never a figure cut in the middle)."""
+    figures = [f"{label} {value_text(value)}" for label, value in headline.items()]
+    if width is None:
+        return " · ".join(figures)
+    kept: list[str] = []
+    for i, figure in enumerate(figures):
+        more = ["…"] if i < len(figures) - 1 else []  # room for the mark of what is left out
+        if len(" · ".join([*kept, figure, *more])) > width:
+            return " · ".join([*kept, "…"])
+        kept.append(figure)
+    return " · ".join(kept)
 
 
 def _workers(parallelism: int | None) -> str:
@@ -59,8 +73,8 @@ def started(name: str, fingerprint: str, inputs: dict[str, Upstream], external: 
 
 
 def finished(name: str, manifest: Manifest, computed: bool, seconds: float) -> None:
-    figures = headline_text(manifest.headline)
     what = f"done in {duration(seconds)}" if computed else "cached (its complete output has this fingerprint)"
+    figures = headline_text(manifest.headline, LINE_WIDTH - len(f"HH:MM:SS {name}: {what} · "))
     log.info(
         "%s: %s%s",
         name,
