@@ -32,6 +32,8 @@ NAMES = {
     "spearman": "Spearman",
     "pearson": "Pearson",
     "matthews": "Matthews correlation",
+    "mcc": "Matthews correlation",
+    "macro_f1": "macro F1",
     "precision": "precision",
     "recall": "recall",
     "sts_spearman": "STS Spearman",
@@ -39,7 +41,7 @@ NAMES = {
 """Metric keys -> how people read them."""
 
 
-CORRELATIONS = ("spearman", "pearson", "matthews")
+CORRELATIONS = ("spearman", "pearson", "matthews", "mcc")
 """Scores that are correlations: shown x 100, without a percent sign."""
 
 

@@ -198,8 +198,8 @@ class Trainer:
         model's, see bertcore.pretrained) instead of a fresh initialisation; entries it
         lacks (the heads) keep the seeded initialisation. On rank 0, `on_step` receives each
         step's metrics record, and `on_log`, every log_every steps and at the last, the
-        summary of the interval's steps (bertcore.metrics_log.summarize: what the caller
-        reports as progress)."""
+        summary of the interval's steps (bertcore.metrics_log.summarize), and each validation's
+        record (with event: validation): what the caller reports as progress."""
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
             raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
         self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
@@ -474,6 +474,8 @@ class Trainer:
         if record is not None and self.rank0:
             self.validation_log.append(record)
             self.trackers.log(self.step, {k: record[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}, "validation")
+            if self.on_log is not None:
+                self.on_log({**record, "event": "validation"})
         return record
 
     def run(self) -> dict:

@@ -368,7 +368,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(logs.PROJECT_LOGGERS))
     # no network here or on most clusters: the temporary API server must not phone home
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    app()
+    app(prog_name="bertpipe")  # the same usage lines under `python -m flows.cli`
 
 
 if __name__ == "__main__":

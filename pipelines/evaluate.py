@@ -38,7 +38,8 @@ import ray
 
 from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.eval import finetune, plots, report, summary
+from bertcore.eval import finetune, report, summary
+from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import (
     TASK_FILES,
     EmbeddingsConfig,
@@ -510,10 +511,10 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validati
     plots: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:
         drawn = {
-            "pretraining": plots.plot_pretraining(
+            "pretraining": plot_pretraining(
                 records, validations, (metrics.get("pretraining_log") or {}).get("log_every", 1), _unigram(metrics), os.path.join(tmp, "pretraining.png")
             ),
-            "tasks": plots.plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
+            "tasks": plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
         }
         for name, ok in drawn.items():
             if ok:

@@ -1,10 +1,12 @@
 """Pretraining progress: every `pretrain.log_every` steps rank 0's trainer summarises the
 steps since its last line (bertcore.metrics_log: the same interval means TensorBoard and
-the other trackers get) and puts the summary on a Ray queue; the driver logs it, so the
-lines reach the terminal and Prefect's flow-run log like every other stage's, instead of
-a progress bar relayed from a worker. A loss jump the watcher saw gets a line of its own.
+the other trackers get) and puts the summary on a Ray queue, and each validation too; the
+driver logs them, so the lines reach the terminal and Prefect's flow-run log like every
+other stage's, instead of a progress bar relayed from a worker. A loss jump the watcher
+saw gets a line of its own.
 
     pretrain: steps 51-100/600 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · ETA 1m05s
+    pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ def jump_line(jump: dict[str, Any]) -> str:
     )
 
 
+def validation_line(v: dict[str, Any]) -> str:
+    """pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%"""
+    parts = [f"pretrain: validation at step {v['step']} ({count(v.get('sequences') or 0)} held-out sequences)", f"loss {v['loss']:.3f}"]
+    if v.get("mlm_accuracy") is not None:
+        parts.append(f"MLM acc {percent(v['mlm_accuracy'])}")
+    if v.get("nsp_accuracy") is not None:
+        parts.append(f"NSP acc {percent(v['nsp_accuracy'])}")
+    return " · ".join(parts)
+
+
 class StepReporter:
     """Rank 0's `on_log`: each interval summary, with the total steps and an ETA, goes to
     the driver's queue, which logs it."""
@@ -53,14 +65,19 @@ class StepReporter:
         self.queue, self.total_steps = queue, total_steps
 
     def __call__(self, summary: dict) -> None:
+        if summary.get("event") == "validation":
+            self._put(summary)
+            return
         per_step = summary["seconds"] / summary["steps"] if summary["steps"] else 0.0
-        line = {
+        self._put({
             "event": "train_progress",
             **{k: v for k, v in summary.items() if k != "loss_jumps"},
             "total_steps": self.total_steps,
             "eta_s": (self.total_steps - summary["step"]) * per_step,
             "loss_jumps": summary["loss_jumps"],
-        }
+        })
+
+    def _put(self, line: dict) -> None:
         from ray.util.queue import Full
 
         try:
@@ -74,6 +91,9 @@ def relay_progress(queue: Any, stop: threading.Event) -> None:
     from ray.util.queue import Empty
 
     def emit(summary: dict) -> None:
+        if summary.get("event") == "validation":
+            log.info(validation_line(summary), extra=summary)
+            return
         for jump in summary.get("loss_jumps") or []:
             log.warning(jump_line(jump), extra={"event": "loss_jump", **jump})
         log.info(step_line(summary), extra=summary)

@@ -26,8 +26,9 @@ def value_text(value: Any) -> str:
     return str(value)
 
 
-LINE_WIDTH = 100
-"""Columns a stage's start and end lines keep within (the run summary has every figure)."""
+LINE_WIDTH = 110
+"""Columns a stage's end line keeps within, before the time the console puts in front (the
+run summary has every figure)."""
 
 
 def headline_text(headline: dict[str, Any], width: int | None = None) -> str:
@@ -74,7 +75,7 @@ def started(name: str, fingerprint: str, inputs: dict[str, Upstream], external: 
 
 def finished(name: str, manifest: Manifest, computed: bool, seconds: float) -> None:
     what = f"done in {duration(seconds)}" if computed else "cached (its complete output has this fingerprint)"
-    figures = headline_text(manifest.headline, LINE_WIDTH - len(f"HH:MM:SS {name}: {what} · "))
+    figures = headline_text(manifest.headline, LINE_WIDTH - len(f"{name}: {what} · "))
     log.info(
         "%s: %s%s",
         name,

@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bertcore import figures
 from bertcore.eval import baselines, finetune
 from bertcore.eval.config import PRIMARY_METRIC, TRAINED_TYPES, TaskConfig
 
@@ -114,6 +115,8 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
         notes.append("one seed, so no seed spread to judge it by")
         if gain > AT_FLOOR_POINTS / 100 and at_floor == ["random_init"]:  # random init learned nothing, pretrained did
             text, measurable = f"gain {_points(gain)} points", True
+        elif len(at_floor) == 2:  # neither learned anything: nothing to judge
+            text, measurable = f"no measurable gain ({_points(gain)} points)", False
         else:
             text, measurable = f"undecided: {_points(gain)} points (add seeds to judge it)", False
     elif gain > spread:
@@ -167,7 +170,7 @@ def mlm_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
         return None
     token = unigram.get("token")
     guess = f"always guessing {token!r}" if token else "the unigram predictor"
-    sequences = f" ({mine['sequences']:,} sequences)" if isinstance(mine.get("sequences"), int) else ""
+    sequences = f" ({mine['sequences']:,} held-out sequences)" if isinstance(mine.get("sequences"), int) else ""
     text = f"{phase} validation MLM accuracy {_points(accuracy)}%{sequences} vs {_points(unigram['mlm_accuracy'])}% for {guess}"
     if "random_init" in scores:
         text += f" and {_points(scores['random_init'].get('mlm_accuracy'))}% for random init"
@@ -196,7 +199,7 @@ def verdicts(metrics: Mapping[str, Any]) -> list[str]:
     for phase, scores in (metrics.get("intrinsic") or {}).items():
         lines += [line for line in (mlm_verdict(phase, scores), nsp_verdict(phase, scores)) if line]
     for name, task in (metrics.get("tasks") or {}).items():
-        lines.append(f"{name} ({task['primary_metric']}): {task['verdict']['text']}")
+        lines.append(f"{name} ({figures.name(task['primary_metric'])}): {task['verdict']['text']}")
     return lines
 
 
