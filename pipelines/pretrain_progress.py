@@ -41,10 +41,7 @@ def step_line(s: dict[str, Any]) -> str:
 
 def jump_line(jump: dict[str, Any]) -> str:
     """pretrain: the loss jumped to 13.80 at step 95, 1.8x its running mean of 7.62; training goes on"""
-    return (
-        f"pretrain: the loss jumped to {jump['loss']:.2f} at step {jump['step']}, {jump['factor']:.1f}x its running mean of "
-        f"{jump['running_mean']:.2f}; training goes on (pretrain.loss_spike_factor decides when it stops)"
-    )
+    return f"pretrain: the loss jumped to {jump['loss']:.2f} at step {jump['step']}, {jump['factor']:.1f}x its running mean of {jump['running_mean']:.2f}; training goes on"
 
 
 def validation_line(v: dict[str, Any]) -> str:

@@ -43,9 +43,9 @@ def test_a_loss_beyond_the_spread_says_random_init_does_better():
 
 def test_both_models_at_the_majority_class_learned_nothing():
     verdict = summary.task_verdict(_entry([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]))
-    assert verdict["text"] == "no measurable gain (0.0 points, within the seed spread of 0.0); both models score at the majority-class level (50.0): neither learned the task"
+    assert verdict["text"] == "no measurable gain (0.0 points, within the seed spread of 0.0); both models score at the majority-class level (50.0%): neither learned the task"
     one = summary.task_verdict(_entry([0.70, 0.72, 0.74], [0.50, 0.50, 0.505]))
-    assert one["text"].endswith("; random init scores at the majority-class level (50.0)") and one["measurable"]
+    assert one["text"].endswith("; random init scores at the majority-class level (50.0%)") and one["measurable"]
 
 
 def test_one_seed_or_no_baseline_cannot_be_judged():
@@ -53,14 +53,14 @@ def test_one_seed_or_no_baseline_cannot_be_judged():
     assert undecided["text"] == "undecided: 10.0 points (add seeds to judge it); note: one seed, so no seed spread to judge it by"
     assert not undecided["measurable"]
     alone = summary.task_verdict(_entry([0.8, 0.81], None))
-    assert alone["text"].startswith("accuracy 80.5; no random-init baseline") and alone["gain"] is None
+    assert alone["text"].startswith("accuracy 80.5%; no random-init baseline") and alone["gain"] is None
 
 
 def test_a_one_seed_gain_over_a_random_init_that_learned_nothing_is_a_gain_with_a_note():
     # the case that led here: 27.2 points over a random init at the majority-class level, one seed
     verdict = summary.task_verdict(_entry([0.772], [0.5], majority=0.5))
     assert verdict["text"] == (
-        "gain 27.2 points; random init scores at the majority-class level (50.0); note: one seed, so no seed spread to judge it by"
+        "gain 27.2 points; random init scores at the majority-class level (50.0%); note: one seed, so no seed spread to judge it by"
     )
     assert verdict["measurable"] and verdict["gain"] == pytest.approx(0.272)
 
@@ -129,7 +129,7 @@ def test_task_entry_carries_floors_pooler_and_verdict():
     assert entry["baselines"] == {"chance": {"accuracy": 0.5, "mcc": 0.0}, "validation": {"majority": {"accuracy": 0.5}}}
     assert entry["pooler"] == {"pretrained": "pretrained", "random_init": "fresh"}
     assert entry["gain"]["accuracy"] == pytest.approx(0.35)
-    assert entry["verdict"]["text"] == "gain 35.0 points, above the seed spread of 10.0; random init scores at the majority-class level (50.0)"
+    assert entry["verdict"]["text"] == "gain 35.0 points, above the seed spread of 10.0; random init scores at the majority-class level (50.0%)"
     assert [r["seed"] for r in entry["pretrained"]["runs"]] == [1, 2] and "labels" not in entry["pretrained"]["runs"][0]
 
 

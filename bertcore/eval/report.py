@@ -180,8 +180,9 @@ def headline(stats: Mapping[str, Any]) -> dict[str, str]:
         mine = by_model.get("pretrained", {}).get("mlm_accuracy")
         if mine is not None:
             theirs = by_model.get("random_init", {}).get("mlm_accuracy")
-            against = f" (random init {figures.percent(theirs)})" if theirs is not None else ""
-            out[f"{phase} validation MLM accuracy"] = figures.percent(mine) + against
+            sequences = by_model.get("pretrained", {}).get("sequences")
+            notes = ([f"{sequences:,} sequences"] if isinstance(sequences, int) else []) + ([f"random init {figures.percent(theirs)}"] if theirs is not None else [])
+            out[f"{phase} validation MLM accuracy"] = figures.percent(mine) + (f" ({'; '.join(notes)})" if notes else "")
     return out
 
 

@@ -99,13 +99,13 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     floor = ""
     if majority is not None and mine is not None:
         if len(at_floor) == 2:
-            floor = f"; both models score at the majority-class level ({_points(majority)}): neither learned the task"
+            floor = f"; both models score at the majority-class level ({figures.metric(metric, majority)}): neither learned the task"
         elif at_floor:
-            floor = f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level ({_points(majority)})"
+            floor = f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level ({figures.metric(metric, majority)})"
     if mine is None:
         return {"text": f"no {metric} score", "gain": None, "spread": None, "measurable": False}
     if theirs is None:
-        return {"text": f"{metric} {_points(mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
+        return {"text": f"{figures.name(metric)} {figures.metric(metric, mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
     gain = mine - theirs
     if entry.get("type") not in TRAINED_TYPES:
         return _rank_verdict(entry, metric, mine, gain, floor)
