@@ -118,3 +118,21 @@ def test_the_loss_watch_reports_jumps_after_its_grace_and_acts_only_on_spikes():
     jump = watch.observe(13.0)
     assert jump == {"running_mean": 8.0, "factor": 13.0 / 8.0} and not watch.is_spike(13.0)
     assert watch.observe(9.0) is None and watch.is_spike(100.0)
+
+
+def test_the_start_line_of_a_continued_run_names_its_folder_and_shape():
+    from bertcore.model_config import ModelConfig
+    from bertcore.pretrain_config import PretrainConfig
+    from pipelines.external import ExternalFolder
+    from pipelines.pretrain import _start_line
+
+    phases = [{"name": "seq128", "steps": 600, "batch_size": 32, "max_seq_length": 128}]
+    cfg = PretrainConfig(model_size="tiny", num_workers=2, zero_stage=2, phases=phases, init_from="/models/minilm")
+    shape = ModelConfig(vocab_size=30522, num_hidden_layers=6, hidden_size=384, num_attention_heads=12)
+    init = ExternalFolder("/models/minilm", ["config.json", "model.safetensors"], {})
+    line = _start_line(cfg, shape, init, None)
+    assert line.startswith("pretrain: the model in /models/minilm (6 layers, hidden 384, from its config.json) continued on 2 CPU workers")
+    assert "tiny" not in line and "from scratch" not in line
+    assert "resuming from step 200" in _start_line(cfg, shape, init, {"step": 200})
+    fresh = _start_line(cfg.model_copy(update={"init_from": None}), ModelConfig.named("tiny", 8000), None, None)
+    assert fresh.startswith("pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x 32")

@@ -136,7 +136,7 @@ def test_training_curves_artifact_in_a_flow(prefect_harness, world_of_one, news_
     directory = StageDir(Storage(StorageConfig()), str(tmp_path), "pretrain")
     make_trainer(tiny_pretrain(eval_every=10), root, info, tmp_path / "pretrain").run()
     shards = [ShardInfo(name, 1, (tmp_path / "pretrain" / name).stat().st_size, "-") for name in (METRICS, VALIDATION)]
-    manifest = Manifest("pretrain", "1", "fp", {}, {}, shards, {"steps": 20}, {})
+    manifest = Manifest("pretrain", "1", "fp", {}, {"log_every": 5}, shards, {"steps": 20}, {})
 
     @flow
     def publish() -> bool:
@@ -155,10 +155,11 @@ def test_training_curves_artifact_in_a_flow(prefect_harness, world_of_one, news_
     curves = found[0].data
     steps = MetricsLog(str(tmp_path / "pretrain" / METRICS)).records()
     validations = MetricsLog(str(tmp_path / "pretrain" / VALIDATION)).records()
-    assert "Training loss, steps 1-20" in curves
-    assert f"| 20 | seq64 | {steps[-1]['loss']:.4g} |" in curves  # the last step is always a row
-    for v in validations:  # both validations, with their held-out MLM loss
-        assert f"| {v['step']} | seq64 | {v['mlm_loss']:.4g} | {v['mlm_accuracy']:.4g} |" in curves
+    assert "Training loss (means of 5 steps), steps 1-20" in curves
+    last = final(steps, 5)  # the last interval is always a row, as the console printed it
+    assert f"| 16-20 | seq64 | {last['loss']:.3f} | {last['mlm_loss']:.3f} | {100 * last['mlm_accuracy']:.1f}% |" in curves
+    for v in validations:  # both validations, with their held-out MLM loss and accuracy in percent
+        assert f"| {v['step']} | seq64 | {v['sequences']:,} | {v['loss']:.3f} | {v['mlm_loss']:.3f} | {100 * v['mlm_accuracy']:.1f}% |" in curves
 
 
 def test_sparkline_scales_from_the_lowest_to_the_highest_value():

@@ -181,8 +181,9 @@ def headline(stats: Mapping[str, Any]) -> dict[str, str]:
         if mine is not None:
             theirs = by_model.get("random_init", {}).get("mlm_accuracy")
             sequences = by_model.get("pretrained", {}).get("sequences")
-            notes = ([f"{sequences:,} sequences"] if isinstance(sequences, int) else []) + ([f"random init {figures.percent(theirs)}"] if theirs is not None else [])
-            out[f"{phase} validation MLM accuracy"] = figures.percent(mine) + (f" ({'; '.join(notes)})" if notes else "")
+            out[f"{phase} validation MLM accuracy"] = figures.percent(mine) + (f" ({sequences:,} sequences)" if isinstance(sequences, int) else "")
+            if theirs is not None:
+                out["random init"] = figures.percent(theirs)
     return out
 
 
