@@ -19,13 +19,18 @@ _INDENT = 30  # len(f"{'stage':<10} {'state':<9} {'time':>7}  ")
 
 def wrap_figures(text: str, width: int = WIDTH - _INDENT) -> list[str]:
     """'a 1 · b 2 · c 3' as lines of at most `width` columns, broken between figures (a
-    figure longer than the width gets a line of its own)."""
+    figure longer than the width gets lines of its own, broken at spaces)."""
+    import textwrap
+
     lines: list[str] = []
+    joinable = False  # the last line ends a whole figure that another may follow
     for figure in text.split(" · "):
-        if lines and len(lines[-1]) + 3 + len(figure) <= width:
+        if joinable and len(lines[-1]) + 3 + len(figure) <= width:
             lines[-1] += " · " + figure
-        else:
-            lines.append(figure)
+            continue
+        parts = textwrap.wrap(figure, width, break_long_words=False, break_on_hyphens=False) or [figure]
+        lines += parts
+        joinable = len(parts) == 1
     return lines or [""]
 
 

@@ -167,9 +167,10 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
 
 
 def headline(stats: Mapping[str, Any]) -> dict[str, str]:
-    """The evaluate stage's key figures for its end line and the run summary, bounded
-    whatever the task list (the verdict lines have each task): how many tasks show a
-    measurable gain, and the validation MLM accuracy of the last phase against random init."""
+    """The evaluate stage's key figures for its end line (which keeps the first that fit)
+    and the run summary (which wraps them all): how many tasks show a measurable gain, the
+    validation MLM accuracy of the last phase, then each task's primary score, each beside
+    random init, in percent (correlations x 100) and with the metric's full name."""
     tasks = stats["tasks"]
     out: dict[str, str] = {}
     if tasks:
@@ -179,12 +180,18 @@ def headline(stats: Mapping[str, Any]) -> dict[str, str]:
         phase, by_model = list(stats["intrinsic"].items())[-1]
         mine = by_model.get("pretrained", {}).get("mlm_accuracy")
         if mine is not None:
-            theirs = by_model.get("random_init", {}).get("mlm_accuracy")
             sequences = by_model.get("pretrained", {}).get("sequences")
-            out[f"{phase} validation MLM accuracy"] = figures.percent(mine) + (f" ({sequences:,} sequences)" if isinstance(sequences, int) else "")
-            if theirs is not None:
-                out["random init"] = figures.percent(theirs)
+            text = _against_random("mlm_accuracy", mine, by_model.get("random_init", {}).get("mlm_accuracy"))
+            out[f"{phase} validation MLM accuracy"] = text + (f" ({sequences:,} sequences)" if isinstance(sequences, int) else "")
+    for name, task in tasks.items():
+        metric = task["metric"]
+        out[f"{name} {figures.name(metric)}"] = _against_random(metric, task.get("pretrained"), task.get("random_init"))
     return out
+
+
+def _against_random(metric: str, mine: Any, theirs: Any) -> str:
+    text = figures.metric(metric, mine)
+    return f"{text} vs {figures.metric(metric, theirs)} for random init" if isinstance(theirs, (int, float)) else text
 
 
 def _heading(title: str, intro: str) -> list[str]:
