@@ -318,6 +318,14 @@ def _gain(metric: str, value: Any) -> str:
     return figures.points(value) if figures.is_score(metric) else figures.metric(metric, value)
 
 
+def _seeds(row: dict[str, Any]) -> str:
+    """3, or "1 vs 19" when random init was drawn more often (a task that trains nothing)."""
+    mine, theirs = row["seeds"], row.get("random_init_seeds")
+    if mine is None:
+        return "-"
+    return str(mine) if theirs in (None, mine) else f"{mine} vs {theirs}"
+
+
 def render_evaluate(data: dict[str, Any]) -> list[str]:
     """The scores grouped by section, each beside random init and what learning nothing
     scores (accuracy in percent, correlations x 100, gains in points), then the verdicts
@@ -327,7 +335,7 @@ def render_evaluate(data: dict[str, Any]) -> list[str]:
         rows = [
             [r["name"], figures.name(r["metric"]), _score(r["metric"], r["pretrained"]), _score(r["metric"], r["random_init"]),
              _gain(r["metric"], r["gain"]), f"{_score(r['metric'], r['baseline'])} ({r['baseline_name']})" if r["baseline"] is not None else "-",
-             str(r["seeds"]) if r["seeds"] is not None else "-"]
+             _seeds(r)]
             for r in data["scores"] if r["section"] == section
         ]
         lines.append(f"{section}:")

@@ -116,11 +116,12 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     table artifact and `bertpipe inspect evaluate`: section, name, metric, pretrained,
     pretrained_min, pretrained_max, random_init, gain, baseline (what learning nothing
     scores: the unigram predictor, the majority NSP label, the majority class) and its
-    name, seeds. Scores are fractions as in metrics.json (not x 100). Sections:
+    name, the seeds of each model (a task that trains nothing scores the pretrained model
+    once and draws random init once per seed). Scores are fractions as in metrics.json (not x 100). Sections:
     "pretraining" (validation MLM/NSP), "fine-tuning" (tasks that train), "no training"
     (word similarity), "embeddings"."""
 
-    def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None, baseline=None, baseline_name=None):
+    def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None, baseline=None, baseline_name=None, random_init_seeds=None):
         gain = None
         if isinstance(pretrained, (int, float)) and isinstance(random_init, (int, float)):
             gain = pretrained - random_init
@@ -130,7 +131,7 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
                 "pretrained": pretrained, "pretrained_min": low, "pretrained_max": high,
                 "random_init": random_init, "gain": gain,
                 "baseline": baseline, "baseline_name": baseline_name if baseline is not None else None,
-                "seeds": seeds,
+                "seeds": seeds, "random_init_seeds": random_init_seeds,
             }
         )
 
@@ -155,9 +156,10 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
             majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             label = name if split == "validation" else f"{name} (test)"
             for metric, summary in mine.items():
-                other = theirs.get(metric, {}).get("median")
+                other = theirs.get(metric, {})
                 rows.append(
-                    row(section, label, metric, summary["median"], other, summary["min"], summary["max"], summary["n"], majority.get(metric), "majority class")
+                    row(section, label, metric, summary["median"], other.get("median"), summary["min"], summary["max"], summary["n"],
+                        majority.get(metric), "majority class", other.get("n"))
                 )
     embeddings = metrics.get("embeddings") or {}
     for pooling, scores in (embeddings.get("pretrained") or {}).items():
