@@ -1,7 +1,9 @@
 """Evaluate stage: the pretrained model's held-out MLM/NSP scores, tasks against a randomly
 initialised model of the same size, and sentence embeddings, each beside what learning
 nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
-`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root.
+`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root; the
+scores and verdicts also go to the trackers pretraining used (TensorBoard files under
+`eval/tensorboard/`, the MLflow and W&B runs; bertcore/tracking.py).
 
 Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
 `evaluate.num_gpus` of a GPU each when set):
