@@ -55,13 +55,14 @@ from bertcore.vocab_config import (
     UNK,
     VocabConfig,
 )
+from bertcore.vocab_config import (  # noqa: F401 - the file names live with the section, without tokenizers; re-exported
+    CONFIG_FILE,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
+    VOCAB_FILE,
+)
 
-VOCAB_FILE = "vocab.txt"
-TOKENIZER_FILE = "tokenizer.json"
-CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
-TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)
-"""The files of a vocabulary folder (what `save_tokenizer` writes)."""
 
 # Text handed to the trainer in strings of about this many characters: one Rust call per
 # chunk instead of one per sentence, and enough chunks to keep its threads busy.

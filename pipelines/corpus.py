@@ -38,12 +38,12 @@ from bertcore.text.config import CorpusConfig
 from bertcore.text.dedup import content_hash, minhash_signature, near_duplicates
 from bertcore.text.lengths import Lengths
 from bertcore.text.records import InputError, RawDocument, ReadStats, iter_raw_documents
-from pipelines.corpus_inputs import InputFile, Piece, Unit, input_location_free, list_inputs, open_piece, plan_units
+from pipelines.corpus_inputs import InputFile, Piece, Unit, open_piece, plan_units
 from pipelines.corpus_stats import statistics
-from pipelines.progress import Progress, size
+from pipelines.progress import Progress
 from pipelines.ray_runtime import run_tasks, unwrap
 from pipelines.shards import read_table, write_table
-from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun
+from pipelines.stage import Output, ShardInfo, StageDir, StageRun
 
 log = logging.getLogger(__name__)
 
@@ -378,14 +378,6 @@ def write_output_shard(relative: str, pieces: list[tuple[str, np.ndarray]], stag
 # -- the stage ---------------------------------------------------------------------------------
 
 
-def identify(cfg: CorpusConfig, storage) -> External:
-    """The input files and what identifies their content (names relative to their input,
-    sizes, content hashes or ETags; never where they are); the files are listed once."""
-    listing = list_inputs(cfg, storage)
-    summary = f"{len(listing.files)} input files ({size(sum(f.size for f in listing.files))})"
-    return External(identity=listing.identity, value=listing, summary=summary)
-
-
 def run(r: StageRun) -> Output:
     """Clean every work unit, decide duplicates and the split, write the output shards."""
     corpus: CorpusConfig = r.section
@@ -512,11 +504,3 @@ def _signatures(stage: StageDir, works: list[str], meta, candidates, corpus: Cor
         sentences = cache[position].column("sentences")[int(meta["row"][i])].as_py()
         signatures.append(minhash_signature(sentences, corpus.minhash_num_perm, corpus.shingle_words, seed))
     return signatures
-
-
-# The split hashes document ids; only MinHash near-deduplication draws from the seed.
-STAGE = Stage(
-    "corpus", CorpusConfig, run, code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
-    fingerprint_config=input_location_free,
-    writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
-)

@@ -1,7 +1,9 @@
 """Evaluate stage: the pretrained model's held-out MLM/NSP scores, tasks against a randomly
 initialised model of the same size, and sentence embeddings, each beside what learning
 nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
-`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root.
+`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root; the
+scores and verdicts also go to the trackers pretraining used (TensorBoard files under
+`eval/tensorboard/`, the MLflow and W&B runs; bertcore/tracking.py).
 
 Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
 `evaluate.num_gpus` of a GPU each when set):
@@ -36,8 +38,10 @@ from typing import Any
 
 import ray
 
+from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.eval import finetune, report, summary
+from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import (
     TASK_FILES,
     EmbeddingsConfig,
@@ -47,19 +51,18 @@ from bertcore.eval.config import (
 )
 from bertcore.examples_config import ExamplesConfig, PhaseConfig
 from bertcore.export import HF_FILES, MODEL_DIR
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy, keyed_seed
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches
 from pipelines.stage import (
-    External,
     Output,
     ShardInfo,
-    Stage,
     StageDir,
     StageRun,
     Upstream,
 )
+from pipelines.stages.evaluate import check_lengths
 from pipelines.storage import Storage, is_local
 
 log = logging.getLogger(__name__)
@@ -235,55 +238,6 @@ def _model_name(random_init: bool) -> str:
     return "random_init" if random_init else "pretrained"
 
 
-def _absolute(uri: str) -> str:
-    return os.path.abspath(os.path.expanduser(uri)) if is_local(uri) and "://" not in uri else uri
-
-
-def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
-    """The task and STS files. Their identity is {config key: content signature}, not
-    where they lie (the section's fingerprint leaves the paths out, see
-    `task_location_free`), so a reinstall that moves the bundled files changes nothing;
-    the value is (the section with absolute local paths, {file URI: signature}). A file
-    that does not exist is a ConfigError naming its key."""
-    signatures: dict[str, str] = {}
-    identity: dict[str, str] = {}
-
-    def check(uri: str, key: str) -> str:
-        uri = _absolute(uri)
-        try:
-            fs, path = storage.fs(uri)
-            found = fs.isfile(path)
-        except OSError as exc:
-            raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
-        if not found:
-            raise ConfigError(f"{key}: {uri} does not exist (or is a folder); fix the path in the evaluate section")
-        signatures[uri] = identity[key.removeprefix("evaluate.")] = storage.signature(uri)
-        return uri
-
-    tasks = []
-    for i, task in enumerate(eval_cfg.tasks):
-        update = {s: check(getattr(task, s), f"evaluate.tasks[{i}].{s}") for s in TASK_FILES if getattr(task, s) is not None}
-        tasks.append(task.model_copy(update=update))
-    resolved = eval_cfg.model_copy(update={"tasks": tasks})
-    sts = eval_cfg.embeddings.sts
-    if eval_cfg.embeddings.enabled and sts is not None:
-        sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
-        resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return External(identity=identity, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
-
-
-def task_location_free(config: dict) -> dict:
-    """The evaluate section's JSON without where its task and STS files are: `identify`
-    puts their content signatures in the fingerprint instead."""
-    out = dict(config)
-    out["tasks"] = [{k: v for k, v in task.items() if k not in TASK_FILES} for task in config.get("tasks", [])]
-    embeddings = dict(config.get("embeddings") or {})
-    if isinstance(embeddings.get("sts"), dict):
-        embeddings["sts"] = {k: v for k, v in embeddings["sts"].items() if k != "file"}
-    out["embeddings"] = embeddings
-    return out
-
-
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
     """Up to cfg.sentences held-out corpus sentences, sampled with a keyed RNG from the first
     SENTENCE_POOL x that many of the validation split (in shard order)."""
@@ -305,38 +259,29 @@ def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: 
     return [pool[i] for i in chosen]
 
 
-def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dict | None]:
+def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], list[dict], dict | None]:
+    """The pretraining log's records, its validations, and what the report says of them:
+    where the log is (relative to run.root), its final figures (the means over the last
+    logging interval, bertcore.metrics_log), the last validation and the loss jumps."""
     uri = pretrain.path(METRICS)
     if not storage.exists(uri):
-        return [], None
+        return [], [], None
     records, bad = report.read_training_log(storage.read_text(uri).splitlines())
-    summary = {"uri": uri, "records": len(records), "unreadable_lines": bad}
-    if records:
-        summary["first"], summary["last"] = records[0], records[-1]
-    return records, summary
-
-
-def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
-    """What can be checked before anything runs: intrinsic phases are examples phases, and
-    no task or embedding input is longer than the pretrained model's positions."""
-    phases = [p.name for p in reads["examples"].phases]
-    unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
-    if unknown:
-        raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
-    pretrain = reads["pretrain"]
-    positions = pretrain.max_position_embeddings
-    if positions is not None:  # None with pretrain.init_from: checked when the stage runs
-        _check_lengths(cfg, positions, f"pretrain.model_size {pretrain.model_size}", ValueError)
-
-
-def _check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[Exception]) -> None:
-    """No task or embedding input may be longer than the model's positions."""
-    lengths = [(f"evaluate.tasks[{i}].max_seq_length", t.max_seq_length) for i, t in enumerate(cfg.tasks)]
-    if cfg.embeddings.enabled:
-        lengths.append(("evaluate.embeddings.max_seq_length", cfg.embeddings.max_seq_length))
-    for key, length in lengths:
-        if length > positions:
-            raise error(f"{key} ({length}) exceeds the pretrained model's {positions} positions ({model})")
+    validations: list[dict] = []
+    if storage.exists(pretrain.path(VALIDATION)):
+        validations, _ = report.read_training_log(storage.read_text(pretrain.path(VALIDATION)).splitlines())
+    every = int((pretrain.manifest.config or {}).get("log_every") or 1)
+    summary = {
+        "uri": f"{pretrain.dir.directory}/{METRICS}",
+        "records": len(records),
+        "unreadable_lines": bad,
+        "log_every": every,
+        "final": metrics_log.final(records, every),
+        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
+        "validations": len(validations),
+        "validation": validations[-1] if validations else None,
+    }
+    return records, validations, summary
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -369,7 +314,7 @@ def run(r: StageRun) -> Output:
     from bertcore.eval.intrinsic import model_config_of
 
     model_cfg = model_config_of(os.path.dirname(local_copy(r.storage, f"{model_uri}/config.json", cache_key)))
-    _check_lengths(resolved, model_cfg.max_position_embeddings, f"{model_uri}/config.json", ConfigError)
+    check_lengths(resolved, model_cfg.max_position_embeddings, f"{model_uri}/config.json", ConfigError)
     plan = _Plan(resolved, signatures, model_uri, cache_key, [False, True] if resolved.baseline else [False])
     _plan_jobs(plan, r, model_cfg.max_position_embeddings)
 
@@ -379,13 +324,14 @@ def run(r: StageRun) -> Output:
 
     for note in plan.notes:
         log.info("evaluate: %s", note)
-    records, log_summary = _training_log(r.storage, pretrain)
+    records, validations, log_summary = _training_log(r.storage, pretrain)
     metrics = _metrics(plan, results, model_cfg, log_summary, r.seed, r.fingerprint)
+    metrics["model"]["uri"] = f"{pretrain.dir.directory}/{MODEL_DIR}"  # relative to run.root: the report survives a move
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records),
+        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, metrics),
         stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
@@ -520,7 +466,46 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
     return metrics
 
 
-def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[ShardInfo]:
+def _track(r: StageRun, metrics: dict) -> list[ShardInfo]:
+    """The scores and verdicts to the trackers pretraining used (its recorded `tracking`
+    section and the run ids in pretrain/tracking.json): TensorBoard files published under
+    eval/tensorboard/, W&B's offline files under eval/wandb/; returns them as shards."""
+    from bertcore.tracking import TrackingConfig, evaluation_scalars, log_evaluation
+
+    pretrain, storage = r.inputs["pretrain"], r.storage
+    cfg = TrackingConfig.model_validate((pretrain.manifest.config or {}).get("tracking") or {})
+    state_uri = pretrain.path(metrics_log.TRACKING_STATE)
+    state = storage.read_json(state_uri) if storage.exists(state_uri) else {}
+    verdicts: dict[str, str] = {}
+    for phase, scores in metrics["intrinsic"].items():
+        verdicts.update({f"{phase} {what}": line for what, line in (("MLM", summary.mlm_verdict(phase, scores)), ("NSP", summary.nsp_verdict(phase, scores))) if line})
+    verdicts.update({name: task["verdict"]["text"] for name, task in metrics["tasks"].items()})
+    shards = []
+    for folder in ("tensorboard", "wandb"):
+        storage.remove(r.dir.path(folder), recursive=True)  # the tracker files of this evaluation only
+    with tempfile.TemporaryDirectory(prefix="bertpipe-eval-tracking-") as tmp:
+        log_evaluation(
+            cfg, state, step=int(pretrain.manifest.stats.get("steps") or 0), scalars=evaluation_scalars(report.score_rows(metrics)),
+            verdicts=verdicts, tensorboard_dir=os.path.join(tmp, "tensorboard"), wandb_dir=os.path.join(tmp, "wandb"),
+            run_name=f"evaluate-{r.fingerprint[:8]}",
+        )
+        for folder, _, names in os.walk(tmp):
+            for name in sorted(names):
+                relative = os.path.relpath(os.path.join(folder, name), tmp).replace(os.sep, "/")
+                shards.append(r.dir.publish_copy(relative, os.path.join(folder, name), rows=0))
+    return shards
+
+
+def _unigram(metrics: dict) -> float | None:
+    """The unigram baseline's MLM accuracy of the last intrinsic phase (the plot's floor line)."""
+    for by_model in reversed(list((metrics.get("intrinsic") or {}).values())):
+        unigram = ((by_model.get("pretrained") or {}).get("baselines") or {}).get("unigram") or {}
+        if unigram.get("mlm_accuracy") is not None:
+            return unigram["mlm_accuracy"]
+    return None
+
+
+def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validations: list[dict]) -> list[ShardInfo]:
     """metrics.json, plots/*.png and report.md; returns them as the manifest's shards."""
     storage = stage.storage
     storage.remove(stage.path("plots"), recursive=True)  # a plot an earlier run drew may not apply now
@@ -528,8 +513,10 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     plots: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:
         drawn = {
-            "pretraining": report.plot_pretraining(records, os.path.join(tmp, "pretraining.png")),
-            "tasks": report.plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
+            "pretraining": plot_pretraining(
+                records, validations, (metrics.get("pretraining_log") or {}).get("log_every", 1), _unigram(metrics), os.path.join(tmp, "pretraining.png")
+            ),
+            "tasks": plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
         }
         for name, ok in drawn.items():
             if ok:
@@ -541,10 +528,3 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode())))
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]
-
-
-STAGE = Stage(
-    "evaluate", EvaluateConfig, run, reads=("pretrain", "examples", "corpus"), directory="eval", identify=identify, check=check,
-    fingerprint_config=task_location_free,
-    writes="metrics.json, report.md, plots/*.png",
-)

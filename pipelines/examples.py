@@ -52,17 +52,16 @@ from pipelines.shards import local_copy, local_folder, read_batches, write_table
 from pipelines.stage import (
     Output,
     ShardInfo,
-    Stage,
     StageDir,
     StageRun,
     Upstream,
     fingerprint,
 )
+from pipelines.stages.examples import CODE_VERSION
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
 
-CODE_VERSION = "1"
 SPLITS = ("train", "validation")
 _TOKEN_LENGTH_CAP = 4096  # tokens per sentence counted exactly up to this
 FLUSH_ROWS = 4096
@@ -379,9 +378,3 @@ def _remove_leftovers(stage: StageDir, keep: set[str]) -> None:
     """Delete example shards an earlier run with other settings left behind."""
     phases = [p for p in stage.storage.listdir(stage.uri) if not p.startswith(("_", "."))]
     stage.remove_except([f"{phase}/{split}" for phase in phases for split in SPLITS], keep)
-
-
-STAGE = Stage(
-    "examples", ExamplesConfig, run, reads=("corpus", "vocab"), code_version=CODE_VERSION,
-    writes="masked pretraining sequences: PHASE/{train,validation}/part-NNNNN-lenBBB.arrow",
-)

@@ -223,7 +223,8 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     manifest, computed = evaluate(cfg, root, storage, seed=11)
     assert computed and manifest.stage == "evaluate"
     eval_dir = os.path.join(root, EVAL_DIR)
-    assert {s.path for s in manifest.shards} == {"metrics.json", "report.md", "plots/pretraining.png", "plots/tasks.png"}
+    assert {s.path for s in manifest.shards if not s.path.startswith("tensorboard/")} == {"metrics.json", "report.md", "plots/pretraining.png", "plots/tasks.png"}
+    assert [s.path for s in manifest.shards if s.path.startswith("tensorboard/events.out.tfevents")]  # the scores for TensorBoard
 
     def strict(constant):
         raise AssertionError(f"metrics.json holds {constant}")
@@ -278,10 +279,10 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     unigram = mlm["pretrained"]["baselines"]["unigram"]
     assert unigram["token"] == "the" and 0.03 < unigram["mlm_accuracy"] < 0.08
     assert abs(mlm["pretrained"]["mlm_accuracy"] - unigram["mlm_accuracy"]) < 0.02
-    assert any(line.startswith("seq128 held-out MLM accuracy") and "unigram plateau" in line for line in metrics["verdicts"])
+    assert any(line.startswith("seq128 validation MLM accuracy") and "unigram plateau" in line for line in metrics["verdicts"])
     balance = mlm["pretrained"]["baselines"]["nsp_balance"]
     assert balance["is_next"] + balance["random"] == pytest.approx(1.0) and balance["pairs"] == mlm["pretrained"]["sequences"]
-    assert any(line.startswith("seq128 held-out NSP accuracy") for line in metrics["verdicts"])
+    assert any(line.startswith("seq128 validation NSP accuracy") for line in metrics["verdicts"])
     # Fill-mask on held-out sentences: the masked word and the model's guesses.
     assert len(metrics["fill_mask"]) == 5
     for item in metrics["fill_mask"]:
@@ -300,7 +301,7 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
         md = handle.read()
     for name in expected_metrics:
         assert f"| {name} |" in md
-    assert "## Held-out masked LM" in md and "## Sentence embeddings" in md and "Skipped input rows" in md
+    assert "## Validation masked LM" in md and "## Sentence embeddings" in md and "Skipped input rows" in md
     assert "## Verdict" in md and "## Fill-mask on held-out sentences" in md
     assert manifest.stats["verdicts"] == metrics["verdicts"]
     for plot in ("pretraining", "tasks"):
@@ -426,11 +427,11 @@ def test_editing_a_task_file_reruns_and_run_reads_the_pipeline_section(root, sto
     metrics = json.load(open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8"))
     median = metrics["tasks"]["s"]["pretrained"]["validation"]["accuracy"]["median"]
     assert "random_init" not in metrics["tasks"]["s"]  # baseline: false
-    assert second.headline["s accuracy"] == f"{median:.3f}"
+    assert second.headline["tasks with a measurable gain"] == "0 of 1"  # no baseline: nothing to measure a gain against
     data, lines = inspect(storage, root, "evaluate", Options())
     row = next(r for r in data["scores"] if r["name"] == "s" and r["metric"] == "accuracy")
-    assert (row["pretrained"], row["random_init"]) == (median, None)
-    assert any(line.split()[:3] == ["fine-tuning", "s", "accuracy"] for line in lines)
+    assert (row["pretrained"], row["random_init"]) == (median, None) and row["section"] == "fine-tuning"
+    assert any(line.split()[:3] == ["s", "accuracy", f"{100 * median:.1f}%"] for line in lines[lines.index("fine-tuning:"):])
 
 
 # -- configuration --------------------------------------------------------------------------------
