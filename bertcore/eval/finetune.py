@@ -397,13 +397,20 @@ def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int
     return result
 
 
-def fine_tuned_model(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool = False) -> TaskModel:
+def fine_tuned_model(
+    task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool = False, fold: int | None = None
+) -> TaskModel:
     """The model `run_task` would fine-tune on the whole training file (no folds), for
-    diagnostics: what fine-tuning did to the encoder."""
+    diagnostics: what fine-tuning did to the encoder; with `fold` k, the model of
+    cross-validation fold k instead (trained without that fold's examples)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     train, labels, _, _, _ = _read(task)
+    examples, run_key = train.examples, "full"
+    if fold is not None:
+        train_idx, _ = fold_splits(task, train.examples)[fold]
+        examples, run_key = [train.examples[i] for i in train_idx], f"fold{fold}"
     kept: list[TaskModel] = []
-    _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {}, "full", keep=kept)
+    _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, examples, {}, run_key, keep=kept)
     return kept[0]
 
 
