@@ -189,12 +189,14 @@ def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
 def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:
     from bertcore.config import resolved_yaml
     from pipelines import onnx_export
+    from pipelines.stage import MANIFEST
 
     uri, manifest = onnx_export.export_onnx(
         cfg, pipeline.storage, stage=stage, task=task, int8=quantize == "int8", out=out, sentences=sentences, tolerance=tolerance,
         resolved_config=resolved_yaml(cfg),
     )
-    return [f"{uri.rstrip('/')}/{shard.path}" for shard in manifest.shards] + onnx_export.summary_lines(manifest)
+    files = [f"{uri.rstrip('/')}/{name}" for name in [shard.path for shard in manifest.shards] + [MANIFEST]]
+    return files + onnx_export.summary_lines(manifest)
 
 
 @app.command()

@@ -188,7 +188,7 @@ def export_onnx(
         "tolerance": tolerance, "check_sentences": sentences, "seed": seed,
     }
     started = time.perf_counter()
-    log.info("export: %s model %s to ONNX%s%s, checked on %d held-out sentences", stage, source["model"], " and int8" if int8 else "", f" with the {task} head" if task else "", len(texts))
+    log.info("export: %s model %s to ONNX (fp32%s)%s, checked on %d held-out sentences", stage, source["model"], " and int8" if int8 else "", f" with the {task} head" if task else "", len(texts))
     target = StageDir(storage, posixpath.dirname(out.rstrip("/")), posixpath.basename(out.rstrip("/")))
     with tempfile.TemporaryDirectory(prefix="bertpipe-onnx-") as tmp:
         report = export_folder(model_dir, tmp, texts, head_file=head_path, int8=int8, tolerance=tolerance, seed=keyed_seed(seed, "export", "mlm-positions"))
