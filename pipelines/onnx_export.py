@@ -38,8 +38,8 @@ from pipelines.storage import Storage, join
 log = logging.getLogger(__name__)
 
 EXPORTABLE = ("pretrain",)
-"""Stages whose output holds a model/ folder, in flow order; the last one the recipe runs
-is exported by default."""
+"""Stages whose output holds a model/ folder (the distill stage's student is one), in flow
+order; the last one the recipe runs is exported by default."""
 CODE_VERSION = "1"
 ONNX_DIR = "onnx"
 SENTENCE_POOL = 50
@@ -47,10 +47,11 @@ SENTENCE_POOL = 50
 
 
 def default_stage(cfg: Any) -> str:
-    """The last exportable stage the recipe runs (a section that says `enabled: false`
-    does not run): distill when the recipe distils, else pretrain."""
-    runs = [name for name in EXPORTABLE if getattr(getattr(cfg, name, None), "enabled", True)]
-    return runs[-1] if runs else EXPORTABLE[0]
+    """The last exportable stage the recipe runs (not among the stages it leaves out,
+    `cfg.off`): distill when the recipe distils, else pretrain."""
+    off = getattr(cfg, "off", None) or {}
+    runs = [name for name in EXPORTABLE if name not in off]
+    return runs[-1] if runs else EXPORTABLE[-1]
 
 
 def check_stage(name: str) -> str:

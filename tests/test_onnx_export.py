@@ -265,3 +265,15 @@ def test_cli_export_fails_in_one_line_when_fp32_differs_beyond_the_tolerance(run
     _one_error_line(result, "the fp32 ONNX graph differs from PyTorch by")
     assert "tolerance 1e-12" in result.stderr
     assert not (out / "_manifest.json").exists()  # nothing published as complete
+
+
+def test_the_default_stage_is_the_last_model_stage_the_recipe_runs(monkeypatch):
+    from types import SimpleNamespace
+
+    from pipelines import onnx_export
+
+    assert onnx_export.default_stage(SimpleNamespace(off={})) == "pretrain"
+    monkeypatch.setattr(onnx_export, "EXPORTABLE", ("pretrain", "distill"))  # once the distill stage is registered
+    assert onnx_export.default_stage(SimpleNamespace(off={})) == "distill"
+    assert onnx_export.default_stage(SimpleNamespace(off={"distill": "no distill section"})) == "pretrain"
+    assert onnx_export.default_stage(SimpleNamespace(off={"pretrain": "an external teacher"})) == "distill"
