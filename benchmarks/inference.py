@@ -265,7 +265,7 @@ def classification(task, folder: str, tmp: str, args: argparse.Namespace) -> dic
         same = total = 0
         for k, (_, held_idx) in enumerate(splits):
             held = [train.examples[i] for i in held_idx]
-            model = fine_tuned_model(task, folder, folder, seed, fold=k).eval()
+            model = fine_tuned_model(task, folder, folder, seed, fold=k).cpu().eval()
             predictions = _fold_predictions(model, _task_feed(tokenizer, task, held), os.path.join(tmp, f"{task.name}.onnx"), args.threads)
             gold = np.array([index[e.label] for e in held])
             for name in VARIANTS:
