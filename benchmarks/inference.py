@@ -3,7 +3,8 @@
 Speed: every model runs in one process, on the same inputs, with the same number of
 threads (torch.set_num_threads and ONNX Runtime's intra-op threads), interleaved: each
 repetition runs every model once, the order rotating by one per repetition, after
-untimed warm-up repetitions. Inputs are random token ids of full length (no padding).
+untimed warm-up repetitions. ONNX Runtime's threads do not spin between runs (they
+would take the CPU from the model timed next). Inputs are random token ids of full length (no padding).
 Figures: latency p50/p95 at batch 1 for 16, 128 and 512 tokens, and throughput
 (sequences/s) at batch 32 x 128 tokens, with ratios against the baseline.
 
@@ -142,7 +143,7 @@ def onnx_runners(name: str, model: torch.nn.Module, tmp: str, threads: int, int8
     parameters = sum(p.numel() for p in model.parameters())
     runners = []
     for label, path in ([] if int8_only else [("fp32", fp32)]) + [("int8", int8)]:
-        sess = session(path, threads)
+        sess = session(path, threads, spin=False)  # idle ORT threads must not spin while the next model runs
         runners.append(Runner(f"{name} ONNX {label}", lambda feed, s=sess: s.run(None, feed), parameters))
     return runners
 

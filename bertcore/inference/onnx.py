@@ -142,9 +142,11 @@ def quantize_int8(source: str, path: str) -> None:
         quiet.setLevel(level)
 
 
-def session(path: str, threads: int | None = None):
+def session(path: str, threads: int | None = None, *, spin: bool = True):
     """An ONNX Runtime CPU session of `path`; `threads`: intra-op threads (None: ORT's
-    default, every core), with one inter-op thread."""
+    default, every core), with one inter-op thread. spin=False: the threads sleep as soon
+    as a run ends, instead of spinning a while for the next one (which would take CPU
+    from whatever runs next in the process, e.g. another model in a benchmark)."""
     require("onnxruntime")
     import onnxruntime as ort
 
@@ -152,5 +154,7 @@ def session(path: str, threads: int | None = None):
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
