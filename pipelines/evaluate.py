@@ -21,7 +21,7 @@ fingerprint = hash(code version + evaluate section without its file paths + pret
 examples and corpus fingerprints + run seed + the content signature of every task file),
 so editing a task file in place re-runs the evaluation and moving it does not.
 
-The module is a little over 500 lines: it is the one place that turns the section into
+The module is under 600 lines: it is the one place that turns the section into
 jobs, runs them on Ray and folds their results into metrics; the scoring, floors,
 verdicts and report live in bertcore/eval.
 """
