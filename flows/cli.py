@@ -128,34 +128,81 @@ def run(
         typer.echo(f"  {line}")
 
 
-@app.command(short_help="Write a Hugging Face model folder from a checkpoint.")
+class ExportFormat(str, Enum):
+    hf = "hf"
+    onnx = "onnx"
+
+
+@app.command(short_help="Export a model: a Hugging Face folder, or ONNX files (fp32, int8) checked against PyTorch.")
 def export(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="Checkpoint step to export (default: the latest complete one).")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", metavar="URI", help="Output folder or URI (default: <run.root>/pretrain/model).")] = None,
+    format_: Annotated[ExportFormat, typer.Option("--format", metavar="hf|onnx", help="hf: a Hugging Face folder from a pretraining checkpoint; onnx: ONNX Runtime files from a stage's model folder, checked against PyTorch.")] = ExportFormat.hf,
+    step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="hf: checkpoint step to export (default: the latest complete one).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", metavar="URI", help="Output folder or URI (default: <run.root>/pretrain/model for hf, <run.root>/onnx/<stage>[-<task>] for onnx).")] = None,
+    quantize: Annotated[Optional[str], typer.Option("--quantize", metavar="int8", help="onnx: int8 also writes model.int8.onnx (ONNX Runtime dynamic quantization) and checks its predictions.")] = None,
+    stage: Annotated[Optional[str], typer.Option("--stage", metavar="STAGE", help="onnx: the stage whose model/ to export (default: distill when the recipe distils, else pretrain).")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", metavar="TASK", help="onnx: add the head of this evaluate task (the model the evaluate stage fine-tuned on it) and a logits output.")] = None,
+    check_sentences: Annotated[int, typer.Option("--check-sentences", min=2, metavar="N", help="onnx: held-out corpus sentences the export is checked on.")] = 256,
+    tolerance: Annotated[float, typer.Option("--tolerance", min=0.0, metavar="X", help="onnx: largest |difference| from PyTorch the fp32 graph may show.")] = 1e-3,
 ) -> None:
-    """Write a Hugging Face model folder (config.json, model.safetensors, tokenizer files) from a pretraining checkpoint."""
+    """Export a model: a Hugging Face folder (config.json, model.safetensors, tokenizer files) from a pretraining checkpoint, or with --format onnx an ONNX encoder (dynamic batch and sequence axes; int8 with --quantize int8; a task head with --task) checked with ONNX Runtime against PyTorch on held-out sentences, its figures in the folder's _manifest.json."""
     try:
+        _export_options(format_, step, quantize, stage, task)
         cfg = _load(config, set_)
-        from pipelines import pretrain
         from pipelines.lease import RootLease
-        from pipelines.ray_runtime import ensure_ray
-        from pipelines.registry import REGISTRY
-        from pipelines.runner import Pipeline, export_target, upstream
+        from pipelines.runner import Pipeline, export_target
 
         pipeline = Pipeline(cfg)
-        inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
         out = export_target(cfg.run.root, out)
         with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
-            ensure_ray(cfg.ray)
-            logs.route_ray_output()
-            written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
+            if format_ is ExportFormat.onnx:
+                lines = _export_onnx(cfg, pipeline, stage, task, quantize, out, check_sentences, tolerance)
+            else:
+                lines = _export_hf(cfg, pipeline, step, out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
-    for item in written:
-        typer.echo(str(item["uri"]))
+    for line in lines:
+        typer.echo(line)
+
+
+def _export_options(format_: ExportFormat, step: int | None, quantize: str | None, stage: str | None, task: str | None) -> None:
+    """Options that do not fit --format, as one ConfigError."""
+    if quantize is not None and quantize != "int8":
+        raise ConfigError(f"--quantize {quantize}: the one quantization is int8")
+    if format_ is ExportFormat.hf:
+        given = [name for name, value in (("--quantize", quantize), ("--stage", stage), ("--task", task)) if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --format onnx (the hf export writes a pretraining checkpoint as it is)")
+    elif step is not None:
+        raise ConfigError("--step is for --format hf: the ONNX export reads the stage's exported model/ folder")
+
+
+def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
+    from pipelines import pretrain
+    from pipelines.ray_runtime import ensure_ray
+    from pipelines.registry import REGISTRY
+    from pipelines.runner import upstream
+
+    inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
+    ensure_ray(cfg.ray)
+    logs.route_ray_output()
+    written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
+    return [str(item["uri"]) for item in written]
+
+
+def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:
+    from bertcore.config import resolved_yaml
+    from pipelines import onnx_export
+    from pipelines.stage import MANIFEST
+
+    uri, manifest = onnx_export.export_onnx(
+        cfg, pipeline.storage, stage=stage, task=task, int8=quantize == "int8", out=out, sentences=sentences, tolerance=tolerance,
+        resolved_config=resolved_yaml(cfg),
+    )
+    files = [f"{uri.rstrip('/')}/{name}" for name in [shard.path for shard in manifest.shards] + [MANIFEST]]
+    return files + onnx_export.summary_lines(manifest)
 
 
 @app.command(short_help="Each stage's state: complete, stale, incomplete, damaged, missing.")

@@ -10,7 +10,9 @@ Ray shape: one task per job, all submitted together (at most `parallelism` in fl
 - intrinsic: one per (examples phase, pretrained | random init), over the phase's
   validation shards (and its training shards, for the unigram baseline);
 - tasks: one per (task, seed, pretrained | random init); cross-validation folds run
-  inside the job;
+  inside the job; the job of a task's first seed on the pretrained model also keeps the
+  model fine-tuned on the whole training file, `heads/pretrained/<task>.safetensors`
+  (bertcore/eval/heads.py), which `bertpipe export --task` puts on the exported encoder;
 - embeddings: one per (pretrained | random init); fill-mask: one, pretrained.
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
 crashed, re-run with the same fingerprint, computes only the jobs still missing. Remote
@@ -21,7 +23,7 @@ fingerprint = hash(code version + evaluate section without its file paths + pret
 examples and corpus fingerprints + run seed + the content signature of every task file),
 so editing a task file in place re-runs the evaluation and moving it does not.
 
-The module is a little over 500 lines: it is the one place that turns the section into
+The module is under 600 lines: it is the one place that turns the section into
 jobs, runs them on Ray and folds their results into metrics; the scoring, floors,
 verdicts and report live in bertcore/eval.
 """
@@ -33,7 +35,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
@@ -44,6 +46,7 @@ from bertcore.eval import finetune, report, summary
 from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import (
     TASK_FILES,
+    TRAINED_TYPES,
     EmbeddingsConfig,
     EvaluateConfig,
     IntrinsicConfig,
@@ -181,17 +184,38 @@ def _fill_mask_job(model_uri: str, sentences: list[str], count: int, seed: int, 
 
 @ray.remote(max_retries=1)
 def _finetune_job(
-    task: TaskConfig, model_uri: str, random_init: bool, task_seed: int, storage: Storage, cache_key: str, file_keys: dict[str, str], num_threads: int
+    task: TaskConfig, model_uri: str, random_init: bool, task_seed: int, storage: Storage, cache_key: str, file_keys: dict[str, str], num_threads: int,
+    keep_in: StageDir | None = None,
 ) -> dict:
-    """One fine-tuning run (all folds of one seed); file names in messages are the task's URIs."""
+    """One fine-tuning run (all folds of one seed); file names in messages are the task's URIs.
+    With `keep_in` (the stage directory), the model fine-tuned on the whole training file is
+    saved there for `bertpipe export --task`; the result's "saved" is its shard record."""
     model_dir = _model_dir(storage, model_uri, cache_key)
     local, back = _local_task(task, storage, file_keys)
+    kept: list | None = [] if keep_in is not None else None
     try:
-        result = finetune.run_task(local, model_dir, model_dir, task_seed, random_init=random_init, num_threads=num_threads)
+        result = finetune.run_task(local, model_dir, model_dir, task_seed, random_init=random_init, num_threads=num_threads, keep=kept)
     except BertpipeError as exc:
         raise type(exc)(_original_paths(str(exc), back)) from None
     result["skipped_problems"] = [_original_paths(p, back) for p in result["skipped_problems"]]
+    if kept:
+        result["saved"] = asdict(_save_task_model(keep_in, task, kept[0], model_dir, task_seed, result))
     return result
+
+
+def _save_task_model(stage: StageDir, task: TaskConfig, model, model_dir: str, seed: int, result: dict) -> ShardInfo:
+    """heads/pretrained/<task>.safetensors: the fine-tuned model and what export needs to know of it."""
+    from bertcore.eval.heads import TaskHead, head_path, save_task_model
+    from bertcore.export import WEIGHTS_FILE
+    from pipelines.storage import sha256_file
+
+    head = TaskHead(
+        task=task.name, type=task.type, labels=list(result["labels"]), num_outputs=model.head.out_features,
+        layers=task.layers if isinstance(task.layers, str) else list(task.layers), combine=task.combine, pooling=task.pooling,
+        seed=seed, trained_on=f"the whole training file ({result['train_examples']} examples)",
+        encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)), max_seq_length=task.max_seq_length,
+    )
+    return stage.publish(head_path(_model_name(False), task.name), lambda path: save_task_model(path, model, head), rows=0)
 
 
 @ray.remote(max_retries=1)
@@ -230,6 +254,8 @@ class _Job:
     phase: str | None = None
     task: TaskConfig | None = None
     task_seed: int = 0
+    keep_model: bool = False
+    """finetune: save the model fine-tuned on the whole training file (heads/)."""
     shards: list[str] = field(default_factory=list)
     train_shards: list[str] = field(default_factory=list)
 
@@ -331,7 +357,7 @@ def run(r: StageRun) -> Output:
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, metrics),
+        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, metrics) + _saved_models(results),
         stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
@@ -364,7 +390,8 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
         for random_init in plan.models:
             for task_seed in summary.seeds_of(task, random_init):
                 key = f"finetune__{task.name}__{_model_name(random_init)}__seed{task_seed}"
-                plan.jobs.append(_Job(key, "finetune", random_init, task=task, task_seed=task_seed))
+                keep = not random_init and task.type in TRAINED_TYPES and task_seed == task.seeds[0]
+                plan.jobs.append(_Job(key, "finetune", random_init, task=task, task_seed=task_seed, keep_model=keep))
     fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
@@ -373,6 +400,11 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
             plan.jobs.append(_Job(f"embeddings__{_model_name(random_init)}", "embeddings", random_init))
     if plan.sentences and fill_mask:
         plan.jobs.append(_Job("fill_mask__pretrained", "fill_mask", False))
+
+
+def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
+    """The fine-tuned models the jobs saved (heads/), as shard records."""
+    return [ShardInfo(**result["saved"]) for result in results.values() if isinstance(result, dict) and result.get("saved")]
 
 
 def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
@@ -392,7 +424,8 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
             )
         if job.kind == "finetune":
             return _finetune_job.options(**options).remote(
-                job.task, plan.model_uri, job.random_init, job.task_seed, storage, plan.cache_key, plan.signatures, cfg.num_threads
+                job.task, plan.model_uri, job.random_init, job.task_seed, storage, plan.cache_key, plan.signatures, cfg.num_threads,
+                r.dir if job.keep_model else None,
             )
         return _embeddings_job.options(**options).remote(
             plan.model_uri, plan.sentences, cfg.embeddings, job.random_init, seed, storage, plan.cache_key, plan.signatures, cfg.num_threads
@@ -411,7 +444,7 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
     )
 
     def finished(index: int, result: Any) -> None:
-        r.dir.complete(todo[index].key, r.fingerprint, [], result)
+        r.dir.complete(todo[index].key, r.fingerprint, _saved_models({todo[index].key: result}), result)
 
     for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished, unit="jobs")):
         results[job.key] = result
@@ -446,6 +479,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
     for task in eval_cfg.tasks:
         runs = {_model_name(m): [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in summary.seeds_of(task, m)] for m in models}
         entry = summary.task_entry(task, runs)
+        entry["saved_model"] = next((run["saved"]["path"] for run in runs["pretrained"] if run.get("saved")), None)
         for split, n in entry["skipped"].items():
             if n:
                 files[getattr(task, split)] += n

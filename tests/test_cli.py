@@ -17,6 +17,9 @@ BERTPIPE = [sys.executable, "-m", "flows.cli"]
 
 def bertpipe(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # the command's flags decide Prefect's level; a CLI test run in this process before
+    # (CliRunner) leaves the level it chose in os.environ, which would override -q
+    env.pop("PREFECT_LOGGING_LEVEL", None)
     return subprocess.run([*BERTPIPE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -86,5 +86,6 @@ def check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[E
 STAGE = Stage(
     "evaluate", EvaluateConfig, "pipelines.evaluate:run", reads=("pretrain", "examples", "corpus"), directory="eval",
     identify=identify, check=check, fingerprint_config=task_location_free,
-    writes="metrics.json, report.md, plots/*.png, tensorboard/",
+    code_version="2",  # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`
+    writes="metrics.json, report.md, plots/*.png, tensorboard/, heads/<model>/<task>.safetensors",
 )
