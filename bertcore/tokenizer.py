@@ -317,6 +317,41 @@ def read_vocab(path: str) -> list[str]:
     return lines
 
 
+def encode_sentences(tok: Tokenizer, sentences: list[str], bounds) -> tuple:
+    """The token ids of every sentence, without special tokens, as (values, lengths): what
+    `tok.encode_batch_fast(sentences, add_special_tokens=False)` gives, about 10% cheaper.
+
+    `bounds` (n+1 ints) cut `sentences` into documents. A document's sentences are encoded
+    as one text, joined by [SEP]: an added token, which the tokenizer splits off before it
+    normalises or pre-tokenizes anything, so each sentence is still normalised and split into
+    words on its own; the ids are then cut at the [SEP] ids. A document whose text holds
+    [SEP] itself (more [SEP] ids than joins) is encoded sentence by sentence, as is
+    everything when the tokenizer truncates or pads."""
+    import numpy as np
+
+    sep = tok.token_to_id(SEP)
+    if sep is None or tok.truncation is not None or tok.padding is not None:
+        encodings = tok.encode_batch_fast(sentences, add_special_tokens=False)
+        ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        return (np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)), lengths
+    spans = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    joined = [f" {SEP} ".join(sentences[a:b]) for a, b in spans]
+    values: list = []
+    lengths = np.zeros(len(sentences), dtype=np.int64)
+    for (a, b), encoding in zip(spans, tok.encode_batch_fast(joined, add_special_tokens=False)):
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        cuts = np.flatnonzero(ids == sep)
+        if len(cuts) == b - a - 1:
+            lengths[a:b] = np.diff(cuts, prepend=-1, append=len(ids)) - 1
+            values.append(np.delete(ids, cuts))
+        else:  # a sentence holds [SEP] itself
+            for i, e in enumerate(tok.encode_batch_fast(sentences[a:b], add_special_tokens=False), a):
+                lengths[i] = len(e.ids)
+                values.append(np.asarray(e.ids, dtype=np.int64))
+    return (np.concatenate(values) if values else np.zeros(0, dtype=np.int64)), lengths
+
+
 def load_tokenizer(directory: str) -> Tokenizer:
     """Load tokenizer.json from `directory`; if vocab.txt is there too, check that its
     lines are the tokenizer's vocabulary in id order."""

@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
 _BATCH_BYTES = 8 << 20
 """Bytes of decompressed input (or characters of raw text) in one batch of a streamed file."""
-_FLUSH_CHARS = 4 << 20
+_FLUSH_CHARS = 1 << 20
 """Characters of cleaned text a task holds before it writes them out as one record batch."""
 
 DOCUMENT_SCHEMA = pa.schema(

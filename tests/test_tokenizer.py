@@ -26,6 +26,7 @@ from bertcore.tokenizer import (  # noqa: E402
     VocabConfig,
     VocabFilesMismatchError,
     count_alphabet,
+    encode_sentences,
     load_tokenizer,
     read_vocab,
     save_tokenizer,
@@ -48,6 +49,24 @@ def news(gensim_data) -> list[str]:
 def news_tok(news) -> tuple[Tokenizer, VocabConfig]:
     cfg = VocabConfig(vocab_size=1500)
     return train_wordpiece(news, cfg), cfg
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_sentences_encoded_a_document_at_a_time_get_their_own_ids(news, lowercase):
+    """encode_sentences joins a document's sentences with [SEP]: the ids must be those of
+    each sentence encoded alone, also at awkward joins (combining marks, Hangul, an empty
+    or blank sentence, special tokens and [SEP] itself inside the text)."""
+    import numpy as np
+
+    tok = train_wordpiece(news, VocabConfig(vocab_size=1500, lowercase=lowercase))
+    awkward = ["\u0301accent first", "ends with a\u0301", "", "   ", "Hangul 한국어 문장", "has [SEP] inside",
+               "[CLS] and [MASK] too", "x" * 300, "tab\tand\nnewline", "Ωμέγα ΣΊΣΥΦΟΣ"]
+    sentences = news[:400] + awkward + news[400:450]
+    bounds = np.array([0, 3, 3, 120, 400, 403, 405, 410, len(sentences)])  # one empty document
+    values, lengths = encode_sentences(tok, sentences, bounds)
+    expected = [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
+    assert lengths.tolist() == [len(ids) for ids in expected]
+    assert values.tolist() == [t for ids in expected for t in ids]
 
 
 # -- config ----------------------------------------------------------------------------
