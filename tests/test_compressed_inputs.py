@@ -97,6 +97,24 @@ def test_single_stream_bz2_in_block_ranges_gives_one_readers_documents(tmp_path,
     assert [(title, text) if fmt == "wikipedia" else text for _, title, text in records] == expected
 
 
+def test_block_ranges_pause_where_the_next_range_begins(tmp_path):
+    """Read up to the pause, ranges hand out the file's data exactly once, in order."""
+    from bertcore.text.compressed import Bz2Blocks
+
+    data = jsonl()
+    path = tmp_path / "input.jsonl.bz2"
+    path.write_bytes(bz2.compress(data, 1))
+    size = path.stat().st_size
+    for n in (1, 3, 7):
+        pieces = []
+        for i in range(n):
+            start, stop = i * size // n, ((i + 1) * size // n if i + 1 < n else None)
+            with open(path, "rb") as raw, Bz2Blocks(raw, start, stop, size) as blocks:
+                pieces.append(b"".join(iter(lambda: blocks.read(1 << 16), b"")))
+                assert blocks.paused == (stop is not None)
+        assert b"".join(pieces) == data
+
+
 def test_block_keys_are_file_bit_offsets_of_block_magic(tmp_path):
     data = jsonl()
     path = tmp_path / "input.jsonl.bz2"
