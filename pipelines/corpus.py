@@ -64,7 +64,7 @@ from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageR
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-_BATCH_BYTES = 8 << 20
+_BATCH_BYTES = 4 << 20
 """Bytes of decompressed input (or characters of raw text) in one batch of a streamed file."""
 _FLUSH_CHARS = 1 << 20
 """Characters of cleaned text a task holds before it writes them out as one record batch."""

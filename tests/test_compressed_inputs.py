@@ -42,11 +42,11 @@ def jsonl(lines: int = 4000) -> bytes:
     return "".join(json.dumps({"text": f"record {i}: {_text(rng, 20 + i % 30)}"}) + "\n" for i in range(lines)).encode()
 
 
-def read_pieces(path, fmt: str, split_bytes: int):
+def read_pieces(path, fmt: str, split_bytes: int, uri: str | None = None):
     """(order key, title, text) of every record, reading each planned piece on its own; and
     the units' piece kinds and the decompressed bytes they handed out."""
     storage = Storage(StorageConfig())
-    cfg = CorpusConfig(inputs=[{"uri": str(path), "format": fmt}], split_bytes=split_bytes)
+    cfg = CorpusConfig(inputs=[{"uri": uri or str(path), "format": fmt}], split_bytes=split_bytes)
     files = list_inputs(cfg, storage, HashCache(path.parent / "hash-cache")).files
     plan = plan_units(cfg, files, storage)
     records, decompressed = [], 0
@@ -193,3 +193,31 @@ def test_gzip_of_several_members_is_read_whole_and_a_cut_member_is_an_error(tmp_
             else:
                 with pytest.raises(InputError, match="cut.jsonl.gz: .*truncated or corrupt"):
                     list(record_chunks(opened.stream, "jsonl", 10_000, name=name))
+
+
+def test_bz2_block_ranges_and_gzip_read_from_s3(tmp_path, s3_bucket, monkeypatch):
+    """The libraries read through the storage layer's file objects: the same records from
+    s3:// (moto server on 127.0.0.1) as from local disk."""
+    import boto3
+
+    endpoint, bucket = s3_bucket
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    data = wiki_xml()
+    local = tmp_path / "dump.xml.bz2"
+    local.write_bytes(bz2.compress(data, 1))
+    client.upload_file(str(local), bucket, "raw/dump.xml.bz2")
+    remote, kinds, _ = read_pieces(local, "wikipedia", 40_000, uri=f"s3://{bucket}/raw/dump.xml.bz2")
+    assert {kind for kind, _ in kinds} == {"blocks"} and remote == read_pieces(local, "wikipedia", 40_000)[0]
+    gz = tmp_path / "dump.xml.gz"
+    gz.write_bytes(gzip.compress(data))
+    client.upload_file(str(gz), bucket, "raw/dump.xml.gz")
+    storage = Storage(StorageConfig())
+    with storage.open(f"s3://{bucket}/raw/dump.xml.gz", "rb") as handle:
+        from bertcore.text.compressed import open_gzip
+
+        stream = open_gzip(handle)
+        try:
+            assert "rapidgzip" in repr(stream.file) and b"".join(iter(lambda: stream.read(1 << 16), b"")) == data
+        finally:
+            stream.close()
