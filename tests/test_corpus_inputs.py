@@ -197,6 +197,15 @@ def test_tsv_and_csv_inputs_with_text_and_title_columns(tmp_path, ray_cluster):
     # a tsv larger than a task is read in ranges, each given the header's columns
     ranged = run(tmp_path / "ranged", inputs[:1], split_bytes=150, min_chars=20, validation_fraction=0.0)
     assert ranged.stats["work_units"] > 1 and [d["title"] for d in documents(tmp_path / "ranged", ranged)] == ["t0", "t1", "t2", "t3"]
+    # compressed and larger than a task: the tsv goes to the cleaning tasks in chunks of whole
+    # lines (the later ones with the header's columns), the csv (quoted newlines) as parsed records
+    for name in ("a.tsv", "b.csv"):
+        (tmp_path / "gz").mkdir(exist_ok=True)
+        (tmp_path / "gz" / f"{name}.gz").write_bytes(gzip.compress((tmp_path / name).read_bytes()))
+    zipped = [{**spec, "uri": str(tmp_path / "gz" / f"{Path(spec['uri']).name}.gz")} for spec in inputs]
+    streamed = run(tmp_path / "streamed", zipped, split_bytes=60, min_chars=20, validation_fraction=0.0)
+    assert streamed.stats["streamed_units"] == 2
+    assert [(d["title"], d["sentences"]) for d in documents(tmp_path / "streamed", streamed)] == [(d["title"], d["sentences"]) for d in docs]
 
 
 def test_latin1_book_needs_its_encoding(tmp_path, ray_cluster):
