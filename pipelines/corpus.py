@@ -13,7 +13,7 @@ Output order and boundaries depend only on the inputs and the config, never on t
 of workers or on how a file was cut: documents keep their input order (file, then a key
 that is the same whichever task read the record: its byte offset, or for a multistream
 dump its stream and offset inside it), exact duplicates keep the first occurrence, and
-shards are cut in that order at equal character counts. (About 500 lines: cleaning,
+shards are cut in that order at equal character counts. (About 600 lines: cleaning,
 deduplication and cutting share the record order; input planning is in corpus_inputs.py.)
 """
 
