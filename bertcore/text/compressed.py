@@ -10,9 +10,9 @@ at byte `start` behind a 4-byte stream header (`BZh9`), so the library takes the
 a bzip2 file and its block finder skips the bits before the first block; the task reads the
 blocks whose magic starts in its range, and reads on into the next range's blocks only to
 finish the record it has open there. So ranges that tile a file decode every block once,
-but for the block where a range's last record ends (the next range decodes it again) and
-what the library decodes ahead of the reads: about two blocks (2 MB of text) per range
-boundary, measured, which is 0.7% of a 64 MiB range.
+but for the block where a range's last record ends, which the next range decodes again:
+about one block (up to 900 kB of text) per range boundary, 0.4% of a 64 MiB range. Blocks
+are decoded on the task's own thread (`_OnThisThread`), so a task uses one core.
 
 Which task reads a record does not depend on how the file is cut: a record belongs to the
 range holding the block where it starts (for the line formats: where the newline before it
@@ -37,7 +37,7 @@ import zlib
 from typing import Any, BinaryIO
 
 _HEAD = b"BZh9"  # a bzip2 stream header, largest block size (the decoder's bound only)
-_THREADS = 2  # indexed_bzip2 reads a window with its block finder from 2 threads up
+_THREADS = 2  # the fallback: indexed_bzip2.open reads a window with its block finder from 2 threads up
 _READ = 1 << 16  # bytes per read: what a range reads past its last block is at most this
 
 
@@ -103,6 +103,32 @@ class _Window:
         self.closed = True
 
 
+class _OnThisThread:
+    """indexed_bzip2's block-finding reader with no decoding threads: blocks are decoded on
+    the calling thread when read, so a task uses the one core Ray gave it, and nothing is
+    decoded ahead of the reads. `indexed_bzip2.open` takes parallelization 1 to mean its
+    serial reader, which wants a block right after the stream header; the class it uses
+    for more threads takes 1 as well."""
+
+    def __init__(self, file: Any):
+        self.file = file
+
+    def read(self, size: int) -> bytes:
+        buffer = bytearray(size)
+        return bytes(memoryview(buffer)[: self.file.readinto(buffer)])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+
+def _open_bzip2(window: _Window) -> Any:
+    import indexed_bzip2
+
+    if hasattr(indexed_bzip2, "_IndexedBzip2FileParallel"):
+        return _OnThisThread(indexed_bzip2._IndexedBzip2FileParallel(window, 1))
+    return indexed_bzip2.open(window, parallelization=_THREADS)  # decodes ahead on _THREADS threads
+
+
 class Bz2Blocks:
     """The decompressed data of the bzip2 blocks whose magic starts in the compressed byte
     range [start, stop) (`stop` None: to the end), and of the blocks after them as far as
@@ -114,8 +140,6 @@ class Bz2Blocks:
     boundary is this range's. Close it (the library runs threads)."""
 
     def __init__(self, raw: BinaryIO, start: int, stop: int | None, size: int, line_records: bool = False):
-        import indexed_bzip2
-
         self.window = _Window(raw, start, size)
         self.start_bits = 8 * (start - len(_HEAD))  # library bit offset -> file bit offset
         self.stop_bits = None if stop is None else 8 * stop
@@ -128,7 +152,7 @@ class Bz2Blocks:
         self._bits: list[int] = []  # ... and the file bit offset of its magic
         self._block = -1  # the library's bit offset of the block being read
         self._past = False  # data past the boundary has been read
-        self._file: Any = indexed_bzip2.open(self.window, parallelization=_THREADS)
+        self._file: Any = _open_bzip2(self.window)
 
     def close(self) -> None:
         if self._file is not None:
@@ -149,8 +173,7 @@ class Bz2Blocks:
     def decoded_bytes(self) -> int:
         """Bytes the library handed out (some wait in `_pending`). Not counted: the rest of
         the block where the range's last record ends, which the library decodes whole and the
-        next range decodes again, and blocks it decoded ahead that nobody read (at most 2 x
-        `_THREADS`)."""
+        next range decodes again."""
         return self.decompressed
 
     def owns(self, position: int) -> bool:
