@@ -97,6 +97,23 @@ def test_single_stream_bz2_in_block_ranges_gives_one_readers_documents(tmp_path,
     assert [(title, text) if fmt == "wikipedia" else text for _, title, text in records] == expected
 
 
+def test_multistream_dump_without_its_index_is_read_in_block_ranges(tmp_path):
+    """Many bzip2 streams back to back (a multistream dump whose index is missing, or
+    pbzip2 output): the block finder crosses the stream headers."""
+    import io
+
+    from bertcore.text.multistream import split_dump, write_multistream
+
+    data = wiki_xml()
+    out, index = io.BytesIO(), io.BytesIO()
+    write_multistream(*split_dump(data), out, index, pages_per_stream=7)
+    path = tmp_path / "dump-multistream.xml.bz2"
+    path.write_bytes(out.getvalue())
+    records, kinds, _ = read_pieces(path, "wikipedia", 30_000)
+    assert {kind for kind, _ in kinds} == {"blocks"} and len(kinds) > 3
+    assert [(title, text) for _, title, text in records] == whole(data, "wikipedia")
+
+
 def test_block_ranges_pause_where_the_next_range_begins(tmp_path):
     """Read up to the pause, ranges hand out the file's data exactly once, in order."""
     from bertcore.text.compressed import Bz2Blocks
