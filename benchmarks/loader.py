@@ -22,6 +22,8 @@ Rows, each in this process with torch on one thread, for at least --seconds of C
   DataCollatorForWholeWordMask into it; it needs the offsets).
 Per core = sequences (or non-pad tokens) / CPU seconds of this process and its DataLoader
 workers. Batches hold --tokens-per-batch tokens (256 sequences at seq128, 64 at seq512).
+Both loaders start their workers once per epoch: with --workers, give --repeat so an
+epoch is long (the demo corpus makes about 35 batches at seq128).
 
 Loader cores per GPU: the sequences per second one GPU consumes at 50% MFU, divided by the
 loader's sequences per second per core for that masking. GPU demand, with every sequence
