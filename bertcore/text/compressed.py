@@ -286,6 +286,8 @@ def open_gzip(raw: BinaryIO) -> Any:
         import rapidgzip
     except ImportError:
         return gzip.GzipFile(fileobj=raw)
+    if not raw.seekable():
+        return gzip.GzipFile(fileobj=raw)
     try:
         return _Guarded(rapidgzip.RapidgzipFile(raw, parallelization=1), raw)
     except (ValueError, RuntimeError, OSError):  # refused (an unexpected header, say): the reader of old
