@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from bertcore.config import describe_errors
-from bertcore.model import ModelConfig, SizeName
+from bertcore.model_config import ModelConfig, SizeName
 from bertcore.section import Name, Section
 from bertcore.tracking import TrackingConfig
 

@@ -22,6 +22,7 @@ from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
+from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.redact import mask_text, masked
 from flows import logs
 from flows.artifacts import publish_stage
@@ -87,6 +88,10 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     }
     if manifest.report:
         summary["report"] = mask_text(directory.path(manifest.report))
+    for folder in (MODEL_DIR + MLM_SUFFIX, MODEL_DIR):  # the folder AutoModelForMaskedLM loads without unexpected keys
+        if manifest.shards_under(f"{folder}/"):
+            summary["model"] = mask_text(directory.path(folder))
+            break
     if manifest.stats.get("verdicts"):
         summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)
     for skipped in masked(manifest.skipped):

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import shutil
 import signal
 import tempfile
@@ -32,6 +33,7 @@ from typing import Any
 
 import ray
 
+from bertcore import metrics_log
 from bertcore.checkpoint import (
     CHECKPOINTS,
     checkpoint_tag,
@@ -42,6 +44,8 @@ from bertcore.checkpoint import (
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.examples_config import ExamplesConfig
 from bertcore.export import MODEL_DIR, consolidate_checkpoint, export_checkpoint
+from bertcore.figures import percent
+from bertcore.hf_files import MLM_SUFFIX
 from bertcore.masking import VocabTables
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.model import ModelConfig
@@ -50,77 +54,26 @@ from bertcore.pretrained import CONFIG_FILE, model_config, read_weights
 from bertcore.tokenizer import TOKENIZER_FILES, VOCAB_FILE, read_vocab
 from bertcore.tracking import TRACKING_ENV
 from bertcore.trainer import PhaseData, Trainer, WorkerContext
-from pipelines.external import ExternalFolder, model_folder
+from pipelines.external import ExternalFolder
 from pipelines.pretrain_progress import StepReporter, relay_progress
 from pipelines.ray_runtime import quiet_known_warnings, unwrap
 from pipelines.shards import local_copy, local_folder
 from pipelines.stage import (
-    External,
     Output,
     ShardInfo,
-    Stage,
     StageDir,
     StageRun,
     Upstream,
     UpstreamMissing,
 )
 from pipelines.stage_files import stage_files
+from pipelines.stages.pretrain import check_positions
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
 
 
-# -- inputs ---------------------------------------------------------------------------------
-
-
-def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
-    """pretrain.phases against the examples section: every phase names an examples phase,
-    is at least as long as its sequences, and fits the model's positions; init_from needs
-    an adopted vocabulary. Run when the config loads, and again against what the examples
-    and vocab stages recorded before training."""
-    examples: ExamplesConfig = reads["examples"]
-    produced = {p.name: p for p in examples.phases}
-    for i, phase in enumerate(cfg.phases):
-        source = produced.get(phase.name)
-        if source is None:
-            raise ValueError(
-                f"pretrain.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
-                "use one of those names or add the phase to examples.phases"
-            )
-        if phase.max_seq_length is not None and phase.max_seq_length < source.max_seq_length:
-            raise ValueError(
-                f"pretrain.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
-                f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
-            )
-    if cfg.init_from is not None and reads["vocab"].source != "pretrained":
-        raise ValueError(
-            "pretrain.init_from: a model continues pretraining on its own vocabulary; set vocab.source: pretrained "
-            "(vocab.pretrained then defaults to pretrain.init_from)"
-        )
-    if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
-        lengths = [phase.max_seq_length or produced[phase.name].max_seq_length for phase in cfg.phases]
-        check_positions(cfg, lengths, cfg.max_position_embeddings,
-                        "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
-
-
-def check_positions(cfg: PretrainConfig, lengths: list[int], positions: int, remedy: str) -> None:
-    """Every phase's sequences (`lengths`, phase by phase) fit the model's positions."""
-    for i, (phase, length) in enumerate(zip(cfg.phases, lengths)):
-        if length > positions:
-            raise ValueError(
-                f"pretrain.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
-            )
-
-
 # -- continued pretraining --------------------------------------------------------------------
-
-
-def identify(cfg: PretrainConfig, storage: Storage) -> External | None:
-    """The content identity of pretrain.init_from's config.json and weights (None without it)."""
-    if cfg.init_from is None:
-        return None
-    init = model_folder(storage, cfg.init_from, "pretrain.init_from")
-    return External(identity={"init_from": init.identity}, value=init)
 
 
 def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage) -> ModelConfig:
@@ -261,7 +214,7 @@ def _train_worker(config: dict) -> None:
         seed=job.seed,
         resume_key=job.resume_key,
         ctx=ctx,
-        on_step=StepReporter(queue, job.cfg.total_steps, job.cfg.log_every) if (ctx.rank == 0 and queue is not None) else None,
+        on_log=StepReporter(queue, job.cfg.total_steps) if (ctx.rank == 0 and queue is not None) else None,
         device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
         init_state_dict=read_weights(job.init.local(job.storage)) if job.init is not None else None,
     )
@@ -352,7 +305,9 @@ def _full_disk(stage_uri: str, margin: int = 16 << 20) -> str | None:
 @ray.remote(num_cpus=1, max_retries=1)
 def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, model_config: dict, out_uri: str, nsp: bool) -> list[dict]:
     """Consolidate checkpoint `tag` and publish the Hugging Face folder at `out_uri` (a
-    BertForMaskedLM when not `nsp`); returns [{name, bytes, sha256}] of the files written."""
+    BertForMaskedLM when not `nsp`; with NSP a BertForPreTraining, and its BertForMaskedLM
+    twin at `out_uri`-mlm, which AutoModelForMaskedLM loads without unexpected keys);
+    returns [{uri, folder, name, bytes, sha256, stamp}] of the files written."""
     storage = stage.storage
     with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
         files = stage_files(storage, stage.uri, f"export-{uuid.uuid4().hex[:8]}")
@@ -360,21 +315,24 @@ def _export_task(stage: StageDir, vocab_uri: str, vocab_key: str, tag: str, mode
         model_cfg = ModelConfig.model_validate(model_config)
         state = consolidate_checkpoint(files.local_path(f"{CHECKPOINTS}/{tag}"), model_cfg)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
-        out_local = os.path.join(tmp, "model")
-        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local, nsp=nsp)
+        vocab_dir = local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key)
+        folders = [(out_uri.rstrip("/"), nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if nsp else [])
         written = []
-        for name in names:
-            local = os.path.join(out_local, name)
-            info = storage.write_file(join(out_uri, name), lambda path, local=local: shutil.copyfile(local, path))
-            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256, "stamp": info.stamp})
+        for uri, with_nsp in folders:
+            out_local = os.path.join(tmp, posixpath.basename(uri))
+            for name in export_checkpoint(state, model_cfg, vocab_dir, out_local, nsp=with_nsp):
+                local = os.path.join(out_local, name)
+                info = storage.write_file(join(uri, name), lambda path, local=local: shutil.copyfile(local, path))
+                written.append({"uri": join(uri, name), "folder": posixpath.basename(uri), "name": name, "bytes": info.bytes, "sha256": info.sha256, "stamp": info.stamp})
         return written
 
 
 def export_model(stage: StageDir, inputs: dict[str, Upstream], *, step: int | None = None, out: str | None = None) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
-    one) to `out` (default: <root>/pretrain/model/); returns the files written. `inputs`:
-    the examples and vocab outputs it was trained on (an objective without NSP exports a
-    BertForMaskedLM). Needs Ray (ensure_ray) for the one task that does the work."""
+    one) to `out` (default: <root>/pretrain/model/), and with NSP its BertForMaskedLM twin
+    beside it (`out`-mlm); returns the files written. `inputs`: the examples and vocab
+    outputs it was trained on (an objective without NSP exports a BertForMaskedLM only).
+    Needs Ray (ensure_ray) for the one task that does the work."""
     files = stage_files(stage.storage, stage.uri, "driver")
     markers = complete_checkpoints(files)
     if step is not None:
@@ -426,30 +384,37 @@ def run(r: StageRun) -> Output:
         env=_worker_env(cfg),
         init=init,
     )
-    start = latest_checkpoint(files)
-    log.info(
-        "pretrain: %s model (%d layers, hidden %d) on %d %s workers, ZeRO-%d %s %s; %s; %s",
-        cfg.model_size, model_cfg.num_hidden_layers, model_cfg.hidden_size, cfg.num_workers, "GPU" if cfg.use_gpu else "CPU",
-        cfg.zero_stage, cfg.precision, cfg.optimizer,
-        ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases),
-        f"resuming from step {start['step']}" if start else "from scratch",
-    )
+    log.info("%s", _start_line(cfg, model_cfg, init, latest_checkpoint(files)))
     _fit(job)
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"pretrain: training ended without a final checkpoint under {r.dir.path(CHECKPOINTS)}")
     exported = export_model(r.dir, r.inputs, step=marker["step"])
-    shards = [ShardInfo(f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
+    shards = [ShardInfo(f"{f['folder']}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
     metrics_shard, records = _log_shard(r.storage, r.dir, METRICS)
     shards.append(metrics_shard)
     validations: list[dict] = []
     if r.storage.exists(r.dir.path(VALIDATION)):
         validation_shard, validations = _log_shard(r.storage, r.dir, VALIDATION)
         shards.append(validation_shard)
-    stats = _stats(marker, records, validations)
+    stats = _stats(cfg, marker, records, validations)
     if init is not None:
         stats["init_from"] = {"uri": init.uri, **(marker.get("init") or {})}
     return Output(shards=shards, stats=stats, headline=_headline(stats))
+
+
+def _start_line(cfg: PretrainConfig, model_cfg: ModelConfig, init: ExternalFolder | None, start: dict | None) -> str:
+    """pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x 32
+    With init_from, the model is the folder's (its config.json gives the shape) and the run continues it."""
+    shape = f"{model_cfg.num_hidden_layers} layers, hidden {model_cfg.hidden_size}"
+    model = f"the model in {init.uri} ({shape}, from its config.json)" if init else f"{cfg.model_size} model ({shape})"
+    if start:
+        origin = f"resuming from step {start['step']}"
+    else:
+        origin = "continued" if init else "from scratch"
+    hardware = f"{cfg.num_workers} {'GPU' if cfg.use_gpu else 'CPU'} workers, ZeRO-{cfg.zero_stage} {cfg.precision} {cfg.optimizer}"
+    phases = ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases)
+    return f"pretrain: {model} {origin} on {hardware}; {phases}"
 
 
 def _log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
@@ -497,15 +462,12 @@ def _thin(records: list[dict], points: int) -> list[dict]:
     return [records[i] for i in picks]
 
 
-def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
-    last = records[-1] if records else {}
-    window = records[-min(len(records), 50):]  # the final loss is noisy: also report a mean over the last steps
-
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in window if r.get(key) is not None]
-        return sum(values) / len(values) if values else None
-
+def _stats(cfg: PretrainConfig, marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
+    """The manifest statistics. `final` holds the final training figures: the means over the
+    last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
+    the last validation, on the held-out sample."""
     mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
+    final = metrics_log.final(records, cfg.log_every)
     return {
         "steps": marker["step"],
         "total_steps": marker["total_steps"],
@@ -515,8 +477,9 @@ def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[s
         "train_time_s": marker["train_time_s"],
         "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
         "mfu": sum(mfus) / len(mfus) if mfus else None,
-        "final": {k: last.get(k) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")},
-        "last_steps_mean": {k: mean(k) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")},
+        "log_every": cfg.log_every,
+        "final": {k: final.get(k) for k in ("first_step", "step", *metrics_log.VALIDATION_FIGURES)} if final else None,
+        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
         "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
         "validation": marker.get("validation"),
         "validation_curve": _thin(validations, CURVE_POINTS),
@@ -529,21 +492,15 @@ def _stats(marker: dict, records: list[dict], validations: list[dict]) -> dict[s
 
 
 def _headline(stats: dict) -> dict[str, Any]:
-    final = stats["last_steps_mean"]["loss"] if stats["last_steps_mean"]["loss"] is not None else stats["final"]["loss"]
-    headline: dict[str, Any] = {"steps": stats["steps"]}
-    if final is not None:
-        headline["final loss"] = round(final, 3)
-    held_out = (stats.get("validation") or {}).get("mlm_accuracy")
-    if held_out is not None:
-        headline["held-out MLM accuracy"] = f"{held_out:.1%}"
+    """final loss 7.464 (mean of steps 551-600) · validation MLM accuracy 8.8% (639 sequences) · tokens/s 12.3k · steps 600"""
+    headline: dict[str, Any] = {}
+    final = stats.get("final") or {}
+    if final.get("loss") is not None:
+        headline["final loss"] = f"{final['loss']:.3f} ({metrics_log.steps_text(final)})"
+    validation = stats.get("validation") or {}
+    if validation.get("mlm_accuracy") is not None:  # the sample validated during training (evaluate scores all of it)
+        headline["validation MLM accuracy"] = f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
     if stats["tokens_per_s"]:
         headline["tokens/s"] = round(stats["tokens_per_s"])
+    headline["steps"] = stats["steps"]
     return headline
-
-
-# Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
-STAGE = Stage(
-    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, identify=identify, resumable=False,
-    verify_inputs=True,
-    writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
-)

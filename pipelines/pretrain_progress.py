@@ -1,9 +1,12 @@
-"""Pretraining progress: rank 0 summarises the steps since its last line every
-`pretrain.log_every` steps and puts the summary on a Ray queue; the driver logs it, so the
-lines reach the terminal and Prefect's flow-run log like every other stage's, instead of
-a progress bar relayed from a worker.
+"""Pretraining progress: every `pretrain.log_every` steps rank 0's trainer summarises the
+steps since its last line (bertcore.metrics_log: the same interval means TensorBoard and
+the other trackers get) and puts the summary on a Ray queue, and each validation too; the
+driver logs them, so the lines reach the terminal and Prefect's flow-run log like every
+other stage's, instead of a progress bar relayed from a worker. A loss jump the watcher
+saw gets a line of its own.
 
-    pretrain: step 40/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · ETA 1m05s
+    pretrain: steps 51-100/600 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · ETA 1m05s
+    pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%
 """
 
 from __future__ import annotations
@@ -12,79 +15,72 @@ import logging
 import threading
 from typing import Any
 
-from pipelines.progress import count, duration
+from bertcore.figures import count, duration, percent
 
 log = logging.getLogger("pipelines.pretrain")
 
 
-class StepWindow:
-    """Pretraining steps since the last progress line, summarised for one line: mean loss
-    and MLM accuracy, tokens/s over the window, mean MFU (where the peak is known), ETA."""
-
-    def __init__(self, total_steps: int):
-        self.total_steps = total_steps
-        self.records: list[dict] = []
-
-    def add(self, record: dict) -> None:
-        self.records.append(record)
-
-    def summary(self) -> dict[str, Any]:
-        records, self.records = self.records, []
-        last = records[-1]
-
-        def mean(key: str) -> float | None:
-            values = [r[key] for r in records if r.get(key) is not None]
-            return sum(values) / len(values) if values else None
-
-        seconds = sum(r["step_time_s"] for r in records)
-        return {
-            "event": "train_progress",
-            "step": last["step"],
-            "total_steps": self.total_steps,
-            "phase": last["phase"],
-            "loss": mean("loss"),
-            "mlm_accuracy": mean("mlm_accuracy"),
-            "tokens_per_s": sum(r["tokens"] for r in records) / seconds if seconds else None,
-            "mfu": mean("mfu"),
-            "eta_s": (self.total_steps - last["step"]) * seconds / len(records),
-            "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
-        }
-
-
 def step_line(s: dict[str, Any]) -> str:
-    """pretrain: step 40/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · ETA 1m05s"""
-    parts = [f"pretrain: step {s['step']}/{s['total_steps']} {s['phase']}"]
+    """pretrain: steps 1-50/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · ETA 1m05s
+    (the figures are the means over the steps named)."""
+    steps = f"step {s['step']}" if s["first_step"] == s["step"] else f"steps {s['first_step']}-{s['step']}"
+    parts = [f"pretrain: {steps}/{s['total_steps']} {s['phase']}"]
     if s["loss"] is not None:
         parts.append(f"loss {s['loss']:.3f}")
     if s["mlm_accuracy"] is not None:
-        parts.append(f"MLM acc {s['mlm_accuracy']:.1%}")
+        parts.append(f"MLM acc {percent(s['mlm_accuracy'])}")
     if s["tokens_per_s"] is not None:
         parts.append(f"{count(s['tokens_per_s'])} tokens/s")
     if s["mfu"] is not None:
-        parts.append(f"MFU {s['mfu']:.1%}")
+        parts.append(f"MFU {percent(s['mfu'])}")
     if s["skipped_batches"]:
         parts.append(f"{s['skipped_batches']} micro-batches skipped")
     parts.append(f"ETA {duration(s['eta_s'])}" if s["step"] < s["total_steps"] else "done")
     return " · ".join(parts)
 
 
+def jump_line(jump: dict[str, Any]) -> str:
+    """pretrain: the loss jumped to 13.80 at step 95, 1.8x its running mean of 7.62; training goes on"""
+    return f"pretrain: the loss jumped to {jump['loss']:.2f} at step {jump['step']}, {jump['factor']:.1f}x its running mean of {jump['running_mean']:.2f}; training goes on"
+
+
+def validation_line(v: dict[str, Any]) -> str:
+    """pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%"""
+    parts = [f"pretrain: validation at step {v['step']} ({count(v.get('sequences') or 0)} held-out sequences)", f"loss {v['loss']:.3f}"]
+    if v.get("mlm_accuracy") is not None:
+        parts.append(f"MLM acc {percent(v['mlm_accuracy'])}")
+    if v.get("nsp_accuracy") is not None:
+        parts.append(f"NSP acc {percent(v['nsp_accuracy'])}")
+    return " · ".join(parts)
+
+
 class StepReporter:
-    """Rank 0's `on_step`: every `log_every` steps (and at the last), one summary of the
-    steps since the previous one goes to the driver's queue, which logs it."""
+    """Rank 0's `on_log`: each interval summary, with the total steps and an ETA, goes to
+    the driver's queue, which logs it."""
 
-    def __init__(self, queue: Any, total_steps: int, every: int):
-        self.queue, self.every = queue, every
-        self.window = StepWindow(total_steps)
+    def __init__(self, queue: Any, total_steps: int):
+        self.queue, self.total_steps = queue, total_steps
 
-    def __call__(self, record: dict) -> None:
-        self.window.add(record)
-        if record["step"] % self.every == 0 or record["step"] == self.window.total_steps:
-            from ray.util.queue import Full
+    def __call__(self, summary: dict) -> None:
+        if summary.get("event") == "validation":
+            self._put(summary)
+            return
+        per_step = summary["seconds"] / summary["steps"] if summary["steps"] else 0.0
+        self._put({
+            "event": "train_progress",
+            **{k: v for k, v in summary.items() if k != "loss_jumps"},
+            "total_steps": self.total_steps,
+            "eta_s": (self.total_steps - summary["step"]) * per_step,
+            "loss_jumps": summary["loss_jumps"],
+        })
 
-            try:
-                self.queue.put_nowait(self.window.summary())
-            except Full:  # the driver is not reading: drop a line rather than stall training
-                pass
+    def _put(self, line: dict) -> None:
+        from ray.util.queue import Full
+
+        try:
+            self.queue.put_nowait(line)
+        except Full:  # the driver is not reading: drop a line rather than stall training
+            pass
 
 
 def relay_progress(queue: Any, stop: threading.Event) -> None:
@@ -92,6 +88,11 @@ def relay_progress(queue: Any, stop: threading.Event) -> None:
     from ray.util.queue import Empty
 
     def emit(summary: dict) -> None:
+        if summary.get("event") == "validation":
+            log.info(validation_line(summary), extra=summary)
+            return
+        for jump in summary.get("loss_jumps") or []:
+            log.warning(jump_line(jump), extra={"event": "loss_jump", **jump})
         log.info(step_line(summary), extra=summary)
 
     while not stop.is_set():
