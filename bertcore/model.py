@@ -21,15 +21,15 @@ BERT has no such architecture, so it does not export to `transformers`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import nn
 
-from bertcore.section import Section
+from bertcore.model_config import NAMED_SIZES, ModelConfig, SizeName  # noqa: F401 - the model's config, importable from here too
 
 IGNORE_INDEX = -100
 """Label of a position the MLM loss skips (same as PyTorch's and HF's default)."""
@@ -49,97 +49,6 @@ them). Whatever rebuilds a full state dict from stored tensors fills these in fr
 TIED_KEYS = tuple(TIED)
 """Files that store each tensor once (safetensors, transformers' `save_pretrained`) leave
 these out; load such files with strict=False and expect exactly these keys missing."""
-
-SizeName = Literal["tiny", "mini", "small", "medium", "base", "large"]
-
-# (layers, hidden, heads): Devlin et al. 2019 (base, large); Turc et al. 2019 (the rest).
-NAMED_SIZES: dict[str, tuple[int, int, int]] = {
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-    "large": (24, 1024, 16),
-}
-
-
-class ModelConfig(Section):
-    """Shape and regularisation of a BERT encoder with pretraining heads."""
-
-    vocab_size: int = Field(gt=0)
-    """Number of rows of the word-embedding matrix (the tokenizer's vocabulary size)."""
-    hidden_size: int = Field(default=768, gt=0)
-    """Width of every token representation (H)."""
-    num_hidden_layers: int = Field(default=12, gt=0)
-    """Number of transformer layers (L)."""
-    num_attention_heads: int = Field(default=12, gt=0)
-    """Attention heads per layer; must divide hidden_size."""
-    intermediate_size: int = Field(default=None, gt=0, validate_default=False)  # type: ignore[assignment]
-    """Width of the feed-forward layer; 4 x hidden_size when not given."""
-    hidden_act: Literal["gelu", "gelu_new", "relu"] = "gelu"
-    """Feed-forward and MLM-transform activation: gelu (exact erf, as BERT), gelu_new (tanh approximation), relu."""
-    hidden_dropout_prob: float = Field(default=0.1, ge=0.0, lt=1.0)
-    """Dropout on embeddings and on each sublayer's output."""
-    attention_probs_dropout_prob: float = Field(default=0.1, ge=0.0, lt=1.0)
-    """Dropout on the attention probabilities."""
-    max_position_embeddings: int = Field(default=512, gt=0)
-    """Longest sequence the position embeddings cover."""
-    type_vocab_size: int = Field(default=2, gt=0)
-    """Number of segment (token type) ids: 2 for sentence pairs."""
-    layer_norm_eps: float = Field(default=1e-12, gt=0.0)
-    """Epsilon of every LayerNorm."""
-    initializer_range: float = Field(default=0.02, gt=0.0)
-    """Standard deviation of the normal initialisation of weights."""
-    pad_token_id: int = Field(default=0, ge=0)
-    """Id of [PAD]; its embedding row starts at zero and receives no gradient from the input side."""
-    pre_layer_norm: bool = False
-    """LayerNorm before each sublayer (pre-LN) instead of after the residual (post-LN, as in
-    the BERT paper). Pre-LN models do not export to transformers."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_intermediate(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("intermediate_size") is None:
-            data = {**data, "intermediate_size": 4 * int(data.get("hidden_size", 768))}
-        return data
-
-    @model_validator(mode="after")
-    def _check_shapes(self) -> ModelConfig:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
-                f"({self.num_attention_heads})"
-            )
-        if self.pad_token_id >= self.vocab_size:
-            raise ValueError(f"pad_token_id ({self.pad_token_id}) must be below vocab_size ({self.vocab_size})")
-        return self
-
-    @classmethod
-    def named(cls, size: str, vocab_size: int, **overrides: Any) -> ModelConfig:
-        """The published BERT shape `size` (tiny, mini, small, medium, base, large) with the
-        given vocabulary; any other field may be overridden."""
-        if size not in NAMED_SIZES:
-            raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(NAMED_SIZES)}")
-        layers, hidden, heads = NAMED_SIZES[size]
-        fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab_size)
-        return cls(**{**fields, **overrides})
-
-    def to_hf_config_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
-        """A `config.json` body that `transformers.BertConfig(**d)` accepts and that loads our
-        state dict into `transformers.BertForPreTraining` (or the `architecture` named)."""
-        if self.pre_layer_norm:
-            raise ValueError(
-                "pre_layer_norm models have no transformers BERT equivalent; export needs pre_layer_norm: false"
-            )
-        hf = self.model_dump(exclude={"pre_layer_norm"})
-        return {
-            "architectures": [architecture],
-            "model_type": "bert",
-            **hf,
-            "position_embedding_type": "absolute",  # read by transformers 4.x, ignored by 5.x
-            "tie_word_embeddings": True,
-        }
-
 
 def encoder_flops_per_token(cfg: ModelConfig, seq_len: int, masked_fraction: float = 0.0) -> float:
     """Training FLOPs (forward + backward) per processed token, for an MFU estimate.
@@ -195,7 +104,9 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """`probs`, when given, receives this layer's attention distributions (B, nh, T, T)
+        (before dropout): the explicit softmax then replaces the fused kernel."""
         b, t, h = x.shape
         # One (H, 3H) product instead of three (H, H) ones; the weights stay separate
         # parameters so the checkpoint keeps HF's names. The concatenation is a small copy.
@@ -207,7 +118,15 @@ class BertSelfAttention(nn.Module):
         # the real keys, so every row has a finite softmax.
         # With dropout (training) PyTorch picks its unfused "math" kernel; without, a fused one.
         dropout_p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if probs is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        else:  # what SDPA computes, with the distribution kept (attention distillation reads it)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            attention = scores.softmax(-1)
+            probs.append(attention)
+            out = F.dropout(attention, dropout_p) @ v if dropout_p else attention @ v
         return out.transpose(1, 2).reshape(b, t, h)  # (B, T, H)
 
 
@@ -246,17 +165,24 @@ class BertLayer(nn.Module):
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
         attn_out, ffn_out = self.attention.output, self.output
         if self.pre_layer_norm:
             # x + Attn(LN(x)), then x + FFN(LN(x))
-            x = x + attn_out.dropout(attn_out.dense(self.attention.self(attn_out.LayerNorm(x), mask)))
+            x = x + attn_out.dropout(attn_out.dense(self.attention.self(attn_out.LayerNorm(x), mask, probs)))
             hidden = self.act(self.intermediate.dense(ffn_out.LayerNorm(x)))  # (B, T, I)
             return x + ffn_out.dropout(ffn_out.dense(hidden))
         # LN(x + Attn(x)), then LN(x + FFN(x))
-        x = attn_out.LayerNorm(x + attn_out.dropout(attn_out.dense(self.attention.self(x, mask))))
+        x = attn_out.LayerNorm(x + attn_out.dropout(attn_out.dense(self.attention.self(x, mask, probs))))
         hidden = self.act(self.intermediate.dense(x))  # (B, T, I)
         return ffn_out.LayerNorm(x + ffn_out.dropout(ffn_out.dense(hidden)))
+
+
+class LayerOutputs(NamedTuple):
+    hidden_states: list[torch.Tensor]
+    """L + 1 tensors (B, T, H): the embeddings' output, then each layer's output."""
+    attentions: list[torch.Tensor] | None
+    """L tensors (B, nh, T, T): each layer's attention distribution over the keys, when asked for."""
 
 
 class BertEncoder(nn.Module):
@@ -270,6 +196,17 @@ class BertEncoder(nn.Module):
         for layer in self.layer:
             x = layer(x, mask)
         return x if self.LayerNorm is None else self.LayerNorm(x)
+
+    def every_layer(self, x: torch.Tensor, mask: torch.Tensor | None, attentions: bool = False) -> LayerOutputs:
+        """What `forward` computes, with every layer's output kept (and, with `attentions`,
+        its attention distributions)."""
+        states, probs = [x], [] if attentions else None
+        for layer in self.layer:
+            x = layer(x, mask, probs)
+            states.append(x)
+        if self.LayerNorm is not None:
+            states[-1] = self.LayerNorm(states[-1])
+        return LayerOutputs(states, probs)
 
 
 class BertPooler(nn.Module):
@@ -299,6 +236,10 @@ class BertModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1/True for real
         tokens, 0/False for padding. Returns the last hidden states (B, T, H)."""
+        return self.encoder(*self._embed(input_ids, token_type_ids, attention_mask))
+
+    def _embed(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embeddings' output (B, T, H) and the key mask (B, 1, 1, T), True = real token."""
         t = input_ids.shape[1]
         if t > self.cfg.max_position_embeddings:
             raise ValueError(
@@ -306,8 +247,19 @@ class BertModel(nn.Module):
             )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        return self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        return self.embeddings(input_ids, token_type_ids), mask
+
+    def every_layer(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        attentions: bool = False,
+    ) -> LayerOutputs:
+        """`forward` with every hidden state kept (hidden_states[-1] is its result) and,
+        with `attentions`, every layer's attention distributions (for distillation)."""
+        return self.encoder.every_layer(*self._embed(input_ids, token_type_ids, attention_mask), attentions)
 
 
 class BertPredictionHeadTransform(nn.Module):

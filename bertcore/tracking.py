@@ -21,14 +21,16 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from bertcore.checkpoint import StageFiles
 from bertcore.errors import ConfigError
 from bertcore.metrics_log import TENSORBOARD, TRACKING_STATE
 from bertcore.section import Section
+
+if TYPE_CHECKING:
+    from bertcore.checkpoint import StageFiles
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Pretraining progress: rank 0 summarises the steps since its last line every
-`pretrain.log_every` steps and puts the summary on a Ray queue; the driver logs it, so the
-lines reach the terminal and Prefect's flow-run log like every other stage's, instead of
-a progress bar relayed from a worker.
+"""Training progress (pretrain, distill): rank 0 summarises the steps since its last line
+every `<section>.log_every` steps and puts the summary on a Ray queue; the driver logs it,
+so the lines reach the terminal and Prefect's flow-run log like every other stage's,
+instead of a progress bar relayed from a worker.
 
     pretrain: step 40/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · ETA 1m05s
 """
@@ -14,15 +14,13 @@ from typing import Any
 
 from pipelines.progress import count, duration
 
-log = logging.getLogger("pipelines.pretrain")
-
-
 class StepWindow:
-    """Pretraining steps since the last progress line, summarised for one line: mean loss
+    """Training steps since the last progress line, summarised for one line: mean loss
     and MLM accuracy, tokens/s over the window, mean MFU (where the peak is known), ETA."""
 
-    def __init__(self, total_steps: int):
+    def __init__(self, total_steps: int, stage: str = "pretrain"):
         self.total_steps = total_steps
+        self.stage = stage
         self.records: list[dict] = []
 
     def add(self, record: dict) -> None:
@@ -39,6 +37,7 @@ class StepWindow:
         seconds = sum(r["step_time_s"] for r in records)
         return {
             "event": "train_progress",
+            "stage": self.stage,
             "step": last["step"],
             "total_steps": self.total_steps,
             "phase": last["phase"],
@@ -53,7 +52,7 @@ class StepWindow:
 
 def step_line(s: dict[str, Any]) -> str:
     """pretrain: step 40/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · ETA 1m05s"""
-    parts = [f"pretrain: step {s['step']}/{s['total_steps']} {s['phase']}"]
+    parts = [f"{s.get('stage', 'pretrain')}: step {s['step']}/{s['total_steps']} {s['phase']}"]
     if s["loss"] is not None:
         parts.append(f"loss {s['loss']:.3f}")
     if s["mlm_accuracy"] is not None:
@@ -72,9 +71,9 @@ class StepReporter:
     """Rank 0's `on_step`: every `log_every` steps (and at the last), one summary of the
     steps since the previous one goes to the driver's queue, which logs it."""
 
-    def __init__(self, queue: Any, total_steps: int, every: int):
+    def __init__(self, queue: Any, total_steps: int, every: int, stage: str = "pretrain"):
         self.queue, self.every = queue, every
-        self.window = StepWindow(total_steps)
+        self.window = StepWindow(total_steps, stage)
 
     def __call__(self, record: dict) -> None:
         self.window.add(record)
@@ -92,7 +91,7 @@ def relay_progress(queue: Any, stop: threading.Event) -> None:
     from ray.util.queue import Empty
 
     def emit(summary: dict) -> None:
-        log.info(step_line(summary), extra=summary)
+        logging.getLogger(f"pipelines.{summary.get('stage', 'pretrain')}").info(step_line(summary), extra=summary)
 
     while not stop.is_set():
         try:

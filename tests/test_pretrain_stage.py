@@ -31,6 +31,7 @@ from bertcore.export import HF_FILES, consolidate_checkpoint  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
+from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 from pipelines import pretrain  # noqa: E402
 from pipelines.registry import (
@@ -281,7 +282,7 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
 
     def trainer(files, on_step=None) -> Trainer:
         # the shards are read locally here; this test is about the checkpoints' way to the bucket
-        return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phase_data(news_root, info), files, seed=SEED,
+        return Trainer(cfg, Pretraining(cfg.build_model_config(len(info["tokens"]))), phase_data(news_root, info), files, seed=SEED,
                        resume_key="k", on_step=on_step)
 
     trainer(LocalStageFiles(str(tmp_path / "local"))).run()

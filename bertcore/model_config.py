@@ -1,0 +1,101 @@
+"""The shape of a BERT encoder (`ModelConfig`) and the published sizes, apart from the
+model code (bertcore/model.py) so that config sections can name them without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from bertcore.section import Section
+
+SizeName = Literal["tiny", "mini", "small", "medium", "base", "large"]
+
+# (layers, hidden, heads): Devlin et al. 2019 (base, large); Turc et al. 2019 (the rest).
+NAMED_SIZES: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+class ModelConfig(Section):
+    """Shape and regularisation of a BERT encoder with pretraining heads."""
+
+    vocab_size: int = Field(gt=0)
+    """Number of rows of the word-embedding matrix (the tokenizer's vocabulary size)."""
+    hidden_size: int = Field(default=768, gt=0)
+    """Width of every token representation (H)."""
+    num_hidden_layers: int = Field(default=12, gt=0)
+    """Number of transformer layers (L)."""
+    num_attention_heads: int = Field(default=12, gt=0)
+    """Attention heads per layer; must divide hidden_size."""
+    intermediate_size: int = Field(default=None, gt=0, validate_default=False)  # type: ignore[assignment]
+    """Width of the feed-forward layer; 4 x hidden_size when not given."""
+    hidden_act: Literal["gelu", "gelu_new", "relu"] = "gelu"
+    """Feed-forward and MLM-transform activation: gelu (exact erf, as BERT), gelu_new (tanh approximation), relu."""
+    hidden_dropout_prob: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Dropout on embeddings and on each sublayer's output."""
+    attention_probs_dropout_prob: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Dropout on the attention probabilities."""
+    max_position_embeddings: int = Field(default=512, gt=0)
+    """Longest sequence the position embeddings cover."""
+    type_vocab_size: int = Field(default=2, gt=0)
+    """Number of segment (token type) ids: 2 for sentence pairs."""
+    layer_norm_eps: float = Field(default=1e-12, gt=0.0)
+    """Epsilon of every LayerNorm."""
+    initializer_range: float = Field(default=0.02, gt=0.0)
+    """Standard deviation of the normal initialisation of weights."""
+    pad_token_id: int = Field(default=0, ge=0)
+    """Id of [PAD]; its embedding row starts at zero and receives no gradient from the input side."""
+    pre_layer_norm: bool = False
+    """LayerNorm before each sublayer (pre-LN) instead of after the residual (post-LN, as in
+    the BERT paper). Pre-LN models do not export to transformers."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_intermediate(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("intermediate_size") is None:
+            data = {**data, "intermediate_size": 4 * int(data.get("hidden_size", 768))}
+        return data
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> ModelConfig:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.pad_token_id >= self.vocab_size:
+            raise ValueError(f"pad_token_id ({self.pad_token_id}) must be below vocab_size ({self.vocab_size})")
+        return self
+
+    @classmethod
+    def named(cls, size: str, vocab_size: int, **overrides: Any) -> ModelConfig:
+        """The published BERT shape `size` (tiny, mini, small, medium, base, large) with the
+        given vocabulary; any other field may be overridden."""
+        if size not in NAMED_SIZES:
+            raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(NAMED_SIZES)}")
+        layers, hidden, heads = NAMED_SIZES[size]
+        fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab_size)
+        return cls(**{**fields, **overrides})
+
+    def to_hf_config_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
+        """A `config.json` body that `transformers.BertConfig(**d)` accepts and that loads our
+        state dict into `transformers.BertForPreTraining` (or the `architecture` named)."""
+        if self.pre_layer_norm:
+            raise ValueError(
+                "pre_layer_norm models have no transformers BERT equivalent; export needs pre_layer_norm: false"
+            )
+        hf = self.model_dump(exclude={"pre_layer_norm"})
+        return {
+            "architectures": [architecture],
+            "model_type": "bert",
+            **hf,
+            "position_embedding_type": "absolute",  # read by transformers 4.x, ignored by 5.x
+            "tie_word_embeddings": True,
+        }
