@@ -95,7 +95,7 @@ def run(
         cfg = _load(config, set_)
         from pipelines.registry import select
 
-        select(_split_names(only), from_stage)  # validate names before starting anything
+        select(_split_names(only), from_stage, cfg.off)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
 
         state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, verify=verify, return_state=True)
@@ -179,6 +179,8 @@ def status(
         typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
         for reason in r.get("changed") or []:
             typer.echo(f"{'':<10} changed: {reason}")
+        if r["state"] == "off":
+            typer.echo(f"{'':<10} off: {r['note']}")
 
 
 @app.command("inspect")

@@ -323,9 +323,9 @@ def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
     unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
     if unknown:
         raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
-    pretrain = reads["pretrain"]
-    positions = pretrain.max_position_embeddings
-    if positions is not None:  # None with pretrain.init_from: checked when the stage runs
+    pretrain = reads.get("pretrain")
+    positions = pretrain.max_position_embeddings if pretrain is not None else None
+    if positions is not None:  # None with pretrain.init_from or an external teacher: checked when the stage runs
         _check_lengths(cfg, positions, f"pretrain.model_size {pretrain.model_size}", ValueError)
 
 

@@ -163,9 +163,17 @@ def run(r: StageRun) -> Output:
     return Output(shards=shards, stats=stats, headline=headline(stats))
 
 
+def off(sections: dict[str, Any]) -> str | None:
+    """Nothing is pretrained when the recipe distils an external teacher."""
+    distill = sections["distill"]
+    if distill.enabled and distill.teacher is not None:
+        return f"distill.teacher ({distill.teacher}) is the teacher, so nothing is pretrained"
+    return None
+
+
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, identify=identify, resumable=False,
+    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, identify=identify, off=off, resumable=False,
     verify_inputs=True,
     writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
 )

@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.examples_config import ExamplesConfig
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.train_config import TrainingConfig
 from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
-from pipelines.stage_files import stage_files
 from pipelines.storage import Storage, join
 
 if TYPE_CHECKING:
+    from bertcore.examples_config import ExamplesConfig
     from bertcore.masking import VocabTables
     from bertcore.objectives import Objective
 
@@ -103,6 +102,7 @@ class Inputs:
 def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storage: Storage) -> tuple[Any, Inputs]:
     """The section with each phase's max_seq_length resolved from the examples phase, and
     the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
+    from bertcore.examples_config import ExamplesConfig
     from bertcore.masking import VocabTables
     from bertcore.tokenizer import VOCAB_FILE, read_vocab
     from pipelines.shards import local_copy
@@ -207,7 +207,6 @@ def _quiet_deepspeed_comm() -> None:
 
 def _train_worker(config: dict) -> None:
     """Body of one Ray Train worker: torch.distributed is set up by TorchTrainer."""
-    job: WorkerJob = config["job"]
     import ray.train
     import ray.train.torch
     import torch
@@ -215,7 +214,9 @@ def _train_worker(config: dict) -> None:
     from bertcore.trainer import Trainer, WorkerContext
     from pipelines.pretrain_progress import StepReporter
     from pipelines.ray_runtime import quiet_known_warnings
+    from pipelines.stage_files import stage_files
 
+    job: WorkerJob = config["job"]
     quiet_known_warnings()
     _quiet_deepspeed_comm()
     context = ray.train.get_context()
@@ -319,6 +320,8 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
 def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
     """Consolidate the checkpoint of `marker` and publish the Hugging Face folder at
     `out_uri`; returns [{name, bytes, sha256, stamp}] of the files written."""
+    from pipelines.stage_files import stage_files
+
     from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag
     from bertcore.export import export_checkpoint
     from bertcore.model import ModelConfig
@@ -347,6 +350,8 @@ def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
     one) to `out` (default: <stage>/model/); returns the files written. `vocab`: the
     vocabulary it was trained with. Needs Ray (ensure_ray) for the one task that does the work."""
+    from pipelines.stage_files import stage_files
+
     import ray
 
     from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
@@ -375,6 +380,8 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     model/; returns the final marker, the stage's shards (model/, metrics.jsonl,
     validation.jsonl) and its statistics (`metrics`: the record fields they summarise).
     With resume=auto a finished checkpoint is re-exported rather than retrained."""
+    from pipelines.stage_files import stage_files
+
     from bertcore.checkpoint import CHECKPOINTS, latest_checkpoint
 
     files = stage_files(stage.storage, stage.uri, "driver")

@@ -128,13 +128,17 @@ def identify(cfg: VocabConfig, storage: Storage) -> External | None:
 
 
 def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
-    """vocab.source: pretrained without vocab.pretrained adopts pretrain.init_from's vocabulary."""
+    """vocab.source: pretrained without vocab.pretrained adopts the vocabulary of the model
+    the run starts from: distill.teacher when the recipe distils one, else pretrain.init_from."""
     if cfg.source != "pretrained" or cfg.pretrained is not None:
         return {}
-    init_from = sections["pretrain"].init_from
-    if init_from is None:
-        raise ValueError("vocab.source is pretrained but neither vocab.pretrained nor pretrain.init_from names the vocabulary to adopt")
-    return {"pretrained": init_from}
+    distill = sections["distill"]
+    source = distill.teacher if distill.enabled and distill.teacher is not None else sections["pretrain"].init_from
+    if source is None:
+        raise ValueError(
+            "vocab.source is pretrained but neither vocab.pretrained, distill.teacher nor pretrain.init_from names the vocabulary to adopt"
+        )
+    return {"pretrained": source}
 
 
 def run(r: StageRun) -> Output:

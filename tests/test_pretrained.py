@@ -21,8 +21,8 @@ from bertcore.errors import InputDataError
 from bertcore.export import export_checkpoint
 from bertcore.metrics_log import METRICS, MetricsLog
 from bertcore.model import BertForPreTraining, ModelConfig
-from bertcore.pretrained import load_into, model_config, read_weights
 from bertcore.objectives import Pretraining
+from bertcore.pretrained import load_into, model_config, read_weights
 from bertcore.trainer import Trainer, WorkerContext, _batches, _loader
 
 torch.set_num_threads(1)
