@@ -42,6 +42,7 @@ class StepWindow:
             "total_steps": self.total_steps,
             "phase": last["phase"],
             "loss": mean("loss"),
+            "hidden_loss": mean("hidden_loss"),  # distillation's
             "mlm_accuracy": mean("mlm_accuracy"),
             "tokens_per_s": sum(r["tokens"] for r in records) / seconds if seconds else None,
             "mfu": mean("mfu"),
@@ -55,6 +56,8 @@ def step_line(s: dict[str, Any]) -> str:
     parts = [f"{s.get('stage', 'pretrain')}: step {s['step']}/{s['total_steps']} {s['phase']}"]
     if s["loss"] is not None:
         parts.append(f"loss {s['loss']:.3f}")
+    if s.get("hidden_loss") is not None:
+        parts.append(f"hidden-state loss {s['hidden_loss']:.3f}")
     if s["mlm_accuracy"] is not None:
         parts.append(f"MLM acc {s['mlm_accuracy']:.1%}")
     if s["tokens_per_s"] is not None:
