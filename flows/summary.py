@@ -43,9 +43,10 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
     recipe = f" -c {shlex.quote(str(config))}" if config else ""
     by_stage = {s["stage"]: s for s in summaries}
     lines = []
-    if "pretrain" in by_stage:
-        model = _shown(f"{by_stage['pretrain']['uri'].rstrip('/')}/model")
-        lines.append(f'load the model:  AutoModelForMaskedLM.from_pretrained("{model}")  (transformers)')
+    for stage, what in (("pretrain", "the model"), ("distill", "the student")):
+        if stage in by_stage:
+            model = _shown(f"{by_stage[stage]['uri'].rstrip('/')}/model")
+            lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{model}")  (transformers)')
     if "report" in by_stage.get("evaluate", {}):
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:
