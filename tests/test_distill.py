@@ -231,6 +231,19 @@ def test_distillation_trains_in_the_one_loop_and_a_crash_resumes_to_the_same_ste
 
     assert steps(tmp_path / "crashed") == steps(tmp_path / "reference")
 
+    # the export: the checkpoint holds the projections beside the student; the folder written from it does not
+    from bertcore.checkpoint import checkpoint_tag
+    from bertcore.export import export_checkpoint
+    from pipelines.distill import DistillSpec
+
+    spec = DistillSpec(marker["model_config"], marker["teacher_config"], None, [2], DistillLoss(attention=1.0), "random", True)
+    state = spec.exportable(str(tmp_path / "reference" / "checkpoints" / checkpoint_tag(20)), marker)
+    assert not any(name.startswith(PROJECTIONS) for name in state) and "bert.encoder.layer.0.output.dense.weight" in state
+    folder = tmp_path / "student"
+    export_checkpoint(state, ModelConfig.model_validate(marker["model_config"]), str(root / "vocab"), str(folder), nsp=False)
+    student = transformers.BertForMaskedLM.from_pretrained(str(folder))
+    assert student.config.num_hidden_layers == 1 and student.config.hidden_size == 16
+
 
 # -- the recipe ----------------------------------------------------------------------------------
 
