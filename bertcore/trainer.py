@@ -13,9 +13,10 @@ torch.distributed, and hands over a `StageFiles` that knows where the stage dire
 lives (a local folder, or a local mirror of an object-store prefix).
 
 Every <section>.eval_every steps it scores the objective on a fixed held-out sample
-(validation.jsonl), and rank 0 reports to the trackers (bertcore.tracking). The module is over 500 lines because
-it is one class whose set-up, steps, validation and checkpoints share the engine, the
-loader and the counters; the pieces that need none of them live in the modules it imports.
+(validation.jsonl), and rank 0 reports to the trackers (bertcore.tracking). The module is
+about 500 lines because it is one class whose set-up, steps, validation and checkpoints
+share the engine, the loader and the counters; the pieces that need none of them live in
+the modules it imports.
 """
 
 from __future__ import annotations
