@@ -3,20 +3,25 @@ the evaluate stage's metrics dictionary (what it writes as eval/metrics.json).
 
 The plots are drawn in bertcore/eval/plots.py.
 
-The metrics dictionary, as far as the report reads it:
-    model:           {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
+The metrics dictionary, as far as the report reads it (SUBJECT is the model judged
+against random init, "pretrained", or "student" after distillation, where "teacher" is
+scored beside it; `subject` names it, "pretrained" when absent):
+    subject:         "pretrained" | "student"
+    models:          {name: {"uri", "parameters", "config", "random_init"}}
+    model:           models[subject]: {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
     pretraining_log: {"uri", "records", "unreadable_lines", "last": {...}} or None
-    intrinsic:       {phase: {"pretrained": scores, "random_init": scores}}, scores with
+    intrinsic:       {phase: {SUBJECT: scores, "random_init": scores}}, scores with
                       "baselines": {"unigram": {"token", "mlm_accuracy", "mlm_loss"},
                       "nsp_balance": {"is_next", "random", "majority_accuracy"}}
     fill_mask:       [{"text", "answer", "predictions": [[token, p], ...], "answer_rank"}]
-    tasks:           {name: {"type", "primary_metric", "seeds", "folds", "pretrained":
-                      {"validation": {metric: summary}, "test": ...}, "random_init": ...,
+    tasks:           {name: {"subject", "type", "primary_metric", "seeds", "folds", SUBJECT:
+                      {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ...,
                       "gain": {metric: float}, "baselines": {"chance": {metric: value},
                       "validation": {"majority": {metric: value}}}, "verdict": {"text", ...},
                       "pooler", "pooling", "skipped": {split: rows}, "skipped_problems"}}
     verdicts:        [str], one line per pretraining objective and task
-    embeddings:      {"sentences", "sts_pairs", "pretrained": {pooling: {...}}, "random_init": ...} or None
+    embeddings:      {"sentences", "sts_pairs", SUBJECT: {pooling: {...}}, "random_init": ..., "teacher": ...} or None
+    speed, distillation: after distillation, bertcore/eval/speed.py's and bertcore/eval/distillation.py's
     skipped_rows:    {"total", "files": {uri: rows}}
     notes:           [str]
 where a summary is {median, min, max, std, n, n_nan} over seeds (metrics.summarize).
@@ -31,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from bertcore.eval import distillation
 from bertcore.eval.plots import plot_pretraining, plot_tasks, scale
 
 __all__ = ["json_dumps", "json_safe", "plot_pretraining", "plot_tasks", "read_training_log", "render_markdown", "score_rows"]
@@ -104,6 +110,10 @@ def _summary_cell(metric: str, summary: Mapping | None, spread: bool = True) -> 
     return text
 
 
+def _subject(metrics: Mapping[str, Any]) -> str:
+    return metrics.get("subject", "pretrained")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
@@ -116,7 +126,9 @@ _INTRINSIC_COLUMNS = ("sequences", "masked_tokens", "mlm_loss", "mlm_perplexity"
 def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     """One flat row per (section, name, metric), with the same keys in every row, for a
     table artifact: section, name, metric, pretrained, pretrained_min, pretrained_max,
-    random_init, gain, seeds. Scores are fractions as in metrics.json (not x 100)."""
+    random_init, gain, seeds. Scores are fractions as in metrics.json (not x 100); after
+    distillation the "pretrained" columns hold the student's."""
+    subject = _subject(metrics)
 
     def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None):
         gain = None
@@ -139,12 +151,12 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     rows = []
     for phase, by_model in (metrics.get("intrinsic") or {}).items():
         for metric in ("mlm_loss", "mlm_perplexity", "mlm_accuracy", "nsp_accuracy"):
-            mine = by_model.get("pretrained", {}).get(metric)
+            mine = by_model.get(subject, {}).get(metric)
             if mine is not None:
                 rows.append(row("pretraining", phase, metric, mine, by_model.get("random_init", {}).get(metric)))
     for name, task in (metrics.get("tasks") or {}).items():
         for split in ("validation", "test"):
-            mine = task.get("pretrained", {}).get(split) or {}
+            mine = task.get(subject, {}).get(split) or {}
             theirs = task.get("random_init", {}).get(split) or {}
             label = name if split == "validation" else f"{name} (test)"
             for metric, summary in mine.items():
@@ -153,7 +165,7 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
                     row("fine-tuning", label, metric, summary["median"], other, summary["min"], summary["max"], summary["n"])
                 )
     embeddings = metrics.get("embeddings") or {}
-    for pooling, scores in (embeddings.get("pretrained") or {}).items():
+    for pooling, scores in (embeddings.get(subject) or {}).items():
         for metric, value in scores.items():
             rows.append(row("embeddings", pooling, metric, value, (embeddings.get("random_init") or {}).get(pooling, {}).get(metric)))
     return rows
@@ -171,10 +183,11 @@ def headline(stats: Mapping[str, Any]) -> dict[str, str]:
     """The run summary's key figures from the evaluate stage's manifest statistics (its
     `tasks` medians and `intrinsic` scores): each task's primary score, and the held-out
     MLM accuracy of the last phase, each against random init."""
-    headline = {f"{name} {task['metric']}": _against_random(task.get("pretrained"), task.get("random_init")) for name, task in stats["tasks"].items()}
+    subject = "student" if any("student" in task for task in stats["tasks"].values()) else "pretrained"
+    headline = {f"{name} {task['metric']}": _against_random(task.get(subject), task.get("random_init")) for name, task in stats["tasks"].items()}
     if stats["intrinsic"]:
         phase, by_model = list(stats["intrinsic"].items())[-1]
-        mine = by_model.get("pretrained", {}).get("mlm_accuracy")
+        mine = by_model.get(subject, {}).get("mlm_accuracy")
         if mine is not None:
             headline[f"{phase} MLM accuracy"] = _against_random(mine, by_model.get("random_init", {}).get("mlm_accuracy"), percent=True)
     return headline
@@ -206,6 +219,13 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
             f"Model `{model.get('uri', '?')}`: {shape.get('num_hidden_layers')} layers, hidden size "
             f"{shape.get('hidden_size')}, {shape.get('num_attention_heads')} heads, vocabulary {shape.get('vocab_size'):,}, "
             f"{model.get('parameters', 0):,} parameters. Seed {metrics.get('seed')}."
+        )
+        out.append("")
+    if _subject(metrics) == "student":
+        teacher = (metrics.get("models") or {}).get("teacher") or {}
+        out.append(
+            f"This is the distilled student; its teacher `{teacher.get('uri', '?')}` is scored beside it, and the random init "
+            "has the student's architecture."
         )
         out.append("")
     if metrics.get("baseline", True):
@@ -255,11 +275,11 @@ def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> 
     columns = _INTRINSIC_COLUMNS if with_nsp else tuple(c for c in _INTRINSIC_COLUMNS if not c.startswith("nsp"))
     rows = []
     for phase, by_model in intrinsic.items():
-        for model_name in ("pretrained", "random_init"):
+        for model_name in (_subject(metrics), "random_init"):
             if model_name in by_model:
                 scores = by_model[model_name]
                 rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in columns])
-        floors = (by_model.get("pretrained") or {}).get("baselines") or {}
+        floors = (by_model.get(_subject(metrics)) or {}).get("baselines") or {}
         unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
         if unigram or balance:
             label = f"unigram{' / majority label' if with_nsp else ''} (always {unigram.get('token', '?')!r})"
@@ -294,22 +314,22 @@ def _floor_cell(task: Mapping[str, Any], metric: str) -> tuple[str, str]:
 
 
 def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    tasks = metrics["tasks"]
+    tasks, subject = metrics["tasks"], _subject(metrics)
     out = _heading(
         "Tasks",
-        "Validation scores x 100: median over seeds [min, max]; gain = pretrained median - random-init median; "
+        f"Validation scores x 100: median over seeds [min, max]; gain = {subject} median - random-init median; "
         "majority = always the training data's most frequent label; chance = uniform random guessing.",
     )
     rows = []
     for name, task in tasks.items():
         metric = task["primary_metric"]
-        mine = (task.get("pretrained") or {}).get("validation", {}).get(metric)
+        mine = (task.get(subject) or {}).get("validation", {}).get(metric)
         theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
         gain = (task.get("gain") or {}).get(metric)
         rows.append(
             [name, task["type"], metric, _summary_cell(metric, mine), _summary_cell(metric, theirs), _fmt(metric, gain), *_floor_cell(task, metric), task.get("seeds"), _how(task)]
         )
-    out += _table(["task", "type", "metric", "pretrained", "random init", "gain", "majority", "chance", "seeds", "scored on"], rows)
+    out += _table(["task", "type", "metric", subject, "random init", "gain", "majority", "chance", "seeds", "scored on"], rows)
     out.append("")
     out += [f"- {name}: {task['verdict']['text']}" for name, task in tasks.items() if task.get("verdict")] + [""]
     if "tasks" in plots:
@@ -318,12 +338,12 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     rows = []
     for name, task in tasks.items():
         for split in ("validation", "test"):
-            mine = (task.get("pretrained") or {}).get(split) or {}
+            mine = (task.get(subject) or {}).get(split) or {}
             theirs = (task.get("random_init") or {}).get(split) or {}
             majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             for metric, summary in mine.items():
                 rows.append([name, split, metric, _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric)), _fmt(metric, majority.get(metric))])
-    out += _table(["task", "split", "metric", "pretrained", "random init", "majority"], rows)
+    out += _table(["task", "split", "metric", subject, "random init", "majority"], rows)
     out.append("")
     return out
 
@@ -337,7 +357,7 @@ def _how(task: Mapping[str, Any]) -> str:
     if task.get("freeze_encoder"):
         how += ", frozen encoder"
     if task.get("pooling"):
-        pooler = (task.get("pooler") or {}).get("pretrained")
+        pooler = (task.get("pooler") or {}).get(task.get("subject", "pretrained"))
         how += f", {task['pooling']} pooling" + (f" (pooler: {pooler})" if task["pooling"] == "pooler" and pooler else "")
     return how
 
@@ -356,7 +376,7 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
     )
     out.append("")
     rows = []
-    for model_name in ("pretrained", "random_init"):
+    for model_name in ("teacher", _subject(metrics), "random_init"):
         for pooling, scores in (embeddings.get(model_name) or {}).items():
             rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
     out += _table(["model", "pooling", "anisotropy", "STS Spearman (x100)"], rows)
@@ -383,6 +403,7 @@ def _skipped_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> li
 _SECTIONS = (
     (None, _model_section),
     ("verdicts", _verdict_section),
+    ("distillation", distillation.report_section),
     (None, _pretraining_section),
     ("intrinsic", _intrinsic_section),
     ("fill_mask", _fill_mask_section),
