@@ -1,8 +1,9 @@
 """The distill stage on a real local Ray (2 CPUs) with Ray Train workers running DeepSpeed on
 CPU: a 2-layer student distilled from a 4-layer teacher that transformers wrote from random
 weights (a BertModel, as all-MiniLM-L6-v2 is: no MLM head, so the soft targets are skipped
-and said so), exported as a Hugging Face folder that transformers loads; and a run killed
-with SIGKILL, resumed, ends with the student weights of an uninterrupted run, bit for bit."""
+and said so), exported as a Hugging Face folder that transformers loads, then evaluated
+beside its teacher and a random init of its size; and a run killed with SIGKILL, resumed,
+ends with the student weights of an uninterrupted run, bit for bit."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from pipelines.storage import Storage  # noqa: E402
 STORAGE = Storage(StorageConfig())
 READS = ("examples", "vocab")
 """An external teacher: the pretrain stage is not part of the run."""
+EVALUATE_READS = ("distill", "examples", "corpus")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,32 @@ def inputs(tmp_path_factory, gensim_data) -> tuple[Path, Path]:
     manifest = json.loads((root / "vocab" / "_manifest.json").read_text())
     manifest["config"] = VocabConfig.model_validate({**manifest["config"], "source": "pretrained", "pretrained": str(teacher)}).model_dump(mode="json")
     (root / "vocab" / "_manifest.json").write_text(json.dumps(manifest))
+    _corpus(root, gensim_data, manifest)
     return root, teacher
+
+
+def _corpus(root: Path, gensim_data: Path, like: dict) -> None:
+    """What the corpus stage would leave: a validation shard of news articles (evaluate draws
+    its embedding sentences there) and its manifest."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from bertcore.text.config import CorpusConfig
+
+    lines = [line for line in (gensim_data / "lee_background.cor").read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    docs = [[s.strip() for s in line.split(". ") if s.strip()] for line in lines[-20:]]
+    table = pa.table({"doc_id": [f"d{i}" for i in range(len(docs))], "source": ["news"] * len(docs), "title": [""] * len(docs), "sentences": docs})
+    path = root / "corpus" / "validation" / "part-00000.arrow"
+    path.parent.mkdir(parents=True)
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    shard = {"path": "validation/part-00000.arrow", "rows": len(docs), "bytes": path.stat().st_size,
+             "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "extra": {}}
+    manifest = {**like, "stage": "corpus", "fingerprint": "corpus-test", "config": CorpusConfig(inputs=["unused.txt"]).model_dump(mode="json"),
+                "shards": [shard], "stats": {}}
+    (root / "corpus" / "_manifest.json").write_text(json.dumps(manifest))
 
 
 def section(teacher: Path, **overrides) -> DistillConfig:
@@ -71,7 +98,7 @@ def section(teacher: Path, **overrides) -> DistillConfig:
 
 def _fresh_root(inputs, target: Path) -> Path:
     root, _ = inputs
-    for part in READS:
+    for part in (*READS, "corpus"):
         shutil.copytree(root / part, target / part)
     return target
 
@@ -114,6 +141,41 @@ def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_for_transf
 
     again, computed = run_stage("distill", section(teacher), root=str(root), storage=STORAGE, seed=SEED, reads=READS)
     assert not computed and again.fingerprint == manifest.fingerprint
+    _evaluate_three_ways(root, teacher, tmp_path)
+
+
+def _evaluate_three_ways(root: Path, teacher: Path, tmp_path: Path) -> None:
+    """The evaluate stage after distillation: teacher, student and a student-sized random
+    init on a word-similarity task and an STS file, the speed of each, and the lines on what
+    the student keeps."""
+    from bertcore.eval.config import EvaluateConfig
+    from bertcore.sample_data import gensim_data_dir
+
+    sts = tmp_path / "sts.tsv"
+    pairs = [("the minister said", "the minister told", 4.5), ("fire crews fought", "the fires burned", 3.0), ("the bank rates", "a cricket match", 0.5),
+             ("police said", "the police told", 4.0), ("the talks ended", "the match began", 1.0), ("oil prices rose", "the price of oil rose", 4.8)]
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{score}\n" for a, b, score in pairs))
+    cfg = EvaluateConfig.model_validate({
+        "tasks": [{"name": "wordsim353", "type": "word_similarity", "format": "word_pairs", "validation": str(gensim_data_dir() / "wordsim353.tsv"),
+                   "seeds": [1, 2, 3]}],
+        "embeddings": {"sentences": 40, "num_pairs": 100, "max_seq_length": 64, "sts": {"file": str(sts)}},
+        "intrinsic": {"max_batches": 2, "fill_mask": 0},
+        "speed": {"batch_size": 4, "max_seq_length": 32, "passes": 2},
+    })
+    manifest, computed = run_stage("evaluate", cfg, root=str(root), storage=STORAGE, seed=SEED, reads=EVALUATE_READS)
+    metrics = json.loads((root / "eval" / "metrics.json").read_text())
+    assert computed and metrics["subject"] == "student"
+    assert metrics["models"]["teacher"]["uri"] == str(teacher) and metrics["models"]["student"]["uri"].endswith("distill/model")
+    assert metrics["models"]["random_init"]["random_init"] and metrics["models"]["random_init"]["config"]["num_hidden_layers"] == 2
+    task = metrics["tasks"]["wordsim353"]
+    assert task["student"]["runs"][0]["seed"] == 1 and len(task["random_init"]["runs"]) == 3 and len(task["teacher"]["runs"]) == 1
+    assert set(metrics["embeddings"]) >= {"teacher", "student", "random_init"} and metrics["embeddings"]["sts_pairs"] == 6
+    assert set(metrics["speed"]) == {"teacher", "student", "random_init"} and all(s["sequences_per_s"] > 0 for s in metrics["speed"].values())
+    assert "nsp_accuracy" not in metrics["intrinsic"]["seq64"]["student"]  # exported without an NSP head
+    lines = [line for line in metrics["verdicts"] if "the teacher's gain" in line or "nothing to keep" in line]
+    assert [line.split(" (")[0] for line in lines] == ["wordsim353", "STS", "STS"] and all("x its speed" in line for line in lines)
+    assert lines == manifest.stats["verdicts"][-3:]
+    assert "## Distillation: teacher, student, random init" in (root / "eval" / "report.md").read_text()
 
 
 @pytest.mark.slow
