@@ -22,9 +22,7 @@ import json
 import os
 import re
 import shutil
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from bertcore.errors import InputDataError
 from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
@@ -32,6 +30,9 @@ from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATIO
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
 _TAG = re.compile(r"step-(\d{7,})")
+
+if TYPE_CHECKING:  # the functions that need torch import it: `bertpipe inspect pretrain` reads checkpoints without it
+    import torch
 
 SAFE_GLOBALS = (
     "deepspeed.runtime.zero.config.ZeroStageEnum",
@@ -50,6 +51,8 @@ class UnsafeCheckpoint(InputDataError):
 def check_pickles(folder: str) -> None:
     """Refuse a checkpoint folder any of whose pickle files names a global outside
     SAFE_GLOBALS (scanned, never unpickled). Call before DeepSpeed or torch loads it."""
+    import torch
+
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if not name.endswith((".pt", ".pth", ".bin", ".pkl")) or not os.path.isfile(path):
@@ -99,6 +102,8 @@ def load_rank_state(folder: str, rank: int) -> tuple[dict, dict[str, torch.Tenso
 
 def safe_load(path: str) -> dict:
     """torch.load of a checked DeepSpeed file with `weights_only=True` (SAFE_GLOBALS allowed)."""
+    import torch
+
     check_pickles(os.path.dirname(path) or ".")
     allowed = []
     for qualified in SAFE_GLOBALS:

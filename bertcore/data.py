@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from os import PathLike
 from typing import Literal
 
@@ -39,94 +40,131 @@ from bertcore.rng import keyed_numpy, keyed_seed
 IGNORE_INDEX = -100
 
 
-class _MappedFile:
-    """One shard's record batches with their list offsets as numpy views of the map."""
+@dataclass
+class _Columns:
+    """One record batch of a shard: its list columns as (offsets, values) numpy views of the
+    map (offsets as memoryviews: indexing one gives a Python int, which is what slicing
+    wants, several times faster than a numpy scalar)."""
 
-    def __init__(self, path: str):
-        self.batches = []
-        starts = [0]
-        # The numpy views keep the mapping alive after the file is closed (here, not at garbage
-        # collection), so an epoch over thousands of shards holds no descriptor per shard.
-        with pa.memory_map(path) as source:
-            reader = ipc.open_file(source)
-            for i in range(reader.num_record_batches):
-                batch = reader.get_batch(i)
-                columns = {}
-                for name in ("input_ids", "masked_positions", "masked_ids"):
-                    array = batch.column(name)
-                    columns[name] = (array.offsets.to_numpy(), array.values.to_numpy(zero_copy_only=False))
-                for name in ("segment_b_start", "next_sentence_label", "length"):
-                    columns[name] = batch.column(name).to_numpy()
-                self.batches.append(columns)
-                starts.append(starts[-1] + batch.num_rows)
-        self.starts = np.asarray(starts)
+    ids: tuple[memoryview, np.ndarray]
+    positions: tuple[memoryview, np.ndarray]
+    masked_ids: tuple[memoryview, np.ndarray]
 
-    def record(self, row: int) -> dict:
-        b = int(np.searchsorted(self.starts, row, side="right") - 1)
-        columns = self.batches[b]
-        r = row - self.starts[b]
-        out = {}
-        for name in ("input_ids", "masked_positions", "masked_ids"):
-            offsets, values = columns[name]
-            out[name] = values[offsets[r] : offsets[r + 1]]
-        for name in ("segment_b_start", "next_sentence_label", "length"):
-            out[name] = int(columns[name][r])
-        return out
+
+def _list_column(batch: pa.RecordBatch, name: str) -> tuple[memoryview, np.ndarray]:
+    array = batch.column(name)
+    return memoryview(array.offsets.to_numpy()), array.values.to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class Rows:
+    """The records of one batch, gathered: scalars per record, list columns back to back."""
+
+    lengths: np.ndarray  # (B,) int64
+    segment_b_start: np.ndarray  # (B,)
+    next_sentence_label: np.ndarray  # (B,) int8
+    ids: np.ndarray  # (sum of lengths,) every record's input_ids in turn
+    mask_counts: np.ndarray | None = None  # (B,) stored masked positions per record (static)
+    positions: np.ndarray | None = None  # (sum of mask_counts,)
+    masked_ids: np.ndarray | None = None  # (sum of mask_counts,)
 
 
 class ExamplesDataset(Dataset):
-    """Records of a list of local examples shards; item i -> dict (numpy id arrays).
+    """Records of a list of local examples shards, gathered a batch at a time (`rows`).
 
-    Files are mapped lazily in each process that reads (DataLoader workers included); only
-    the `length` column is read up front.
+    The scalar columns (length, segment_b_start, next_sentence_label) are read up front into
+    arrays over all records; the list columns stay in the files, which are mapped lazily in
+    each process that reads (DataLoader workers included). Item i -> dict (one record, numpy
+    id arrays), for inspection.
     """
 
     def __init__(self, paths: Sequence[str | PathLike]):
         self.paths = [str(p) for p in paths]
-        lengths, file_of = [], []
+        lengths, b_starts, labels, file_of, batch_rows, batch_file = [], [], [], [], [], []
         for k, path in enumerate(self.paths):
             try:
-                table = ipc.open_file(pa.memory_map(path)).read_all().select(["length"])
+                table = ipc.open_file(pa.memory_map(path)).read_all()
+                columns = table.select(["length", "segment_b_start", "next_sentence_label"])
+                sizes = [len(chunk) for chunk in table.column("length").chunks]
             except (OSError, pa.ArrowInvalid, KeyError) as exc:
                 raise ValueError(f"{path}: not a readable examples shard ({exc})") from None
-            lengths.append(table.column("length").to_numpy().astype(np.int64))
+            lengths.append(columns.column("length").to_numpy().astype(np.int64))
+            b_starts.append(columns.column("segment_b_start").to_numpy())
+            labels.append(columns.column("next_sentence_label").to_numpy())
             file_of.append(np.full(table.num_rows, k, dtype=np.int64))
+            batch_rows += sizes
+            batch_file += [k] * len(sizes)
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        self.segment_b_start = np.concatenate(b_starts) if b_starts else np.zeros(0, dtype=np.int64)
+        self.next_sentence_label = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int8)
         self.file_of = np.concatenate(file_of) if file_of else np.zeros(0, dtype=np.int64)
-        self.file_starts = np.concatenate([[0], np.cumsum([len(x) for x in lengths])]).astype(np.int64)
-        self._files: dict[int, _MappedFile] = {}
+        # record batches of all files in turn: where each starts (global record number), its file
+        self.batch_starts = np.concatenate([[0], np.cumsum(batch_rows, dtype=np.int64)]).astype(np.int64)
+        self.batch_file = np.asarray(batch_file, dtype=np.int64)
+        self._columns: list[_Columns | None] = [None] * len(batch_rows)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def _map(self, batch: int) -> None:
+        """Map the file holding record batch `batch` (all its batches at once)."""
+        k = int(self.batch_file[batch])
+        first = int(np.searchsorted(self.batch_file, k, side="left"))
+        # The numpy views keep the mapping alive after the file is closed (here, not at garbage
+        # collection), so an epoch over thousands of shards holds no descriptor per shard.
+        with pa.memory_map(self.paths[k]) as source:
+            reader = ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                record_batch = reader.get_batch(i)
+                self._columns[first + i] = _Columns(*(_list_column(record_batch, name) for name in ("input_ids", "masked_positions", "masked_ids")))
+
+    def rows(self, indices: np.ndarray, masks: bool = True) -> Rows:
+        """The records `indices` (global record numbers), in that order; `masks`: gather the
+        stored masked positions and ids too."""
+        indices = np.asarray(indices, dtype=np.int64)
+        batch = np.searchsorted(self.batch_starts, indices, side="right") - 1
+        row = indices - self.batch_starts[batch]
+        ids, positions, masked = [], [], []
+        columns = self._columns
+        for b, r in zip(batch.tolist(), row.tolist()):
+            c = columns[b]
+            if c is None:
+                self._map(b)
+                c = columns[b]
+            offsets, values = c.ids
+            ids.append(values[offsets[r] : offsets[r + 1]])
+            if masks:
+                offsets, values = c.positions
+                positions.append(values[offsets[r] : offsets[r + 1]])
+                offsets, values = c.masked_ids
+                masked.append(values[offsets[r] : offsets[r + 1]])
+        out = Rows(self.lengths[indices], self.segment_b_start[indices], self.next_sentence_label[indices], _joined(ids))
+        if masks:
+            out.mask_counts = np.fromiter(map(len, positions), dtype=np.int64, count=len(positions))
+            out.positions, out.masked_ids = _joined(positions), _joined(masked)
+        return out
+
     def __getitem__(self, index: int) -> dict:
-        k = int(self.file_of[index])
-        if k not in self._files:
-            self._files[k] = _MappedFile(self.paths[k])
-        return self._files[k].record(int(index - self.file_starts[k]))
+        rows = self.rows(np.asarray([index]))
+        return {
+            "input_ids": rows.ids, "masked_positions": rows.positions, "masked_ids": rows.masked_ids,
+            "segment_b_start": int(rows.segment_b_start[0]), "next_sentence_label": int(rows.next_sentence_label[0]),
+            "length": int(rows.lengths[0]),
+        }
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_files"] = {}  # memory maps do not pickle; workers reopen
+        state["_columns"] = [None] * len(self._columns)  # memory maps do not pickle; workers reopen
         return state
 
 
-class _Keyed(Dataset):
-    """Adds the batch key to each item so the collator can key the dynamic mask."""
-
-    def __init__(self, dataset: ExamplesDataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, int, int]) -> tuple[int, int, dict]:
-        epoch, batch_index, index = key
-        return epoch, batch_index, self.dataset[index]
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
 class Collator:
-    """Records -> padded tensors (see the module docstring)."""
+    """Gathered records -> padded tensors (see the module docstring), numpy for the whole
+    batch at once."""
 
     def __init__(
         self,
@@ -146,46 +184,60 @@ class Collator:
             pad_id = mask_config.vocab.special.pad
         self.seed, self.masking, self.mask_config = seed, masking, mask_config
         self.pad_id, self.multiple, self.max_length = pad_id, pad_to_multiple_of, max_length
+        if mask_config is not None:
+            self._never = np.zeros(mask_config.vocab_size, dtype=bool)  # (V,) never a target
+            self._never[sorted(mask_config.never_masked)] = True
 
-    def __call__(self, items: Sequence[tuple[int, int, dict]]) -> dict[str, torch.Tensor]:
-        epoch, batch_index, _ = items[0]
-        records = [record for _, _, record in items]
-        lengths = torch.tensor([r["length"] for r in records])  # (B,)
+    def __call__(self, rows: Rows, epoch: int, batch_index: int) -> dict[str, torch.Tensor]:
+        lengths = rows.lengths  # (B,)
         longest = int(lengths.max())
         T = math.ceil(longest / self.multiple) * self.multiple
         if self.max_length is not None:
             T = max(longest, min(T, self.max_length))
-        B = len(records)
-        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
-        if self.masking == "static" and not any(len(r["masked_positions"]) for r in records):
-            # Static records always have at least one target (the quota is >= 1).
-            raise ValueError("these examples carry no stored masks (written with dynamic masking): use masking='dynamic'")
-        for b, r in enumerate(records):
-            input_ids[b, : r["length"]] = torch.from_numpy(r["input_ids"].astype(np.int64))
-            if self.masking == "static":
-                positions = torch.from_numpy(r["masked_positions"].astype(np.int64))
-                labels[b, positions] = torch.from_numpy(r["masked_ids"].astype(np.int64))
-        position = torch.arange(T)[None, :]  # (1, T)
-        attention_mask = (position < lengths[:, None]).long()  # (B, T)
-        b_start = torch.tensor([r["segment_b_start"] for r in records])[:, None]
-        token_type_ids = ((position >= b_start) & (attention_mask == 1)).long()
-        nsp = torch.tensor([r["next_sentence_label"] for r in records], dtype=torch.long)
-        nsp = torch.where(nsp < 0, torch.full_like(nsp, IGNORE_INDEX), nsp)
+        B = len(lengths)
+        position = np.arange(T)
+        real = position < lengths[:, None]  # (B, T) real tokens, in row-major order as rows.ids
+        input_ids = np.full((B, T), self.pad_id, dtype=np.int64)
+        input_ids[real] = rows.ids
+        labels = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
+        if self.masking == "static":
+            if not rows.mask_counts.any():
+                # Static records always have at least one target (the quota is >= 1).
+                raise ValueError("these examples carry no stored masks (written with dynamic masking): use masking='dynamic'")
+            labels[np.repeat(np.arange(B), rows.mask_counts), rows.positions] = rows.masked_ids
+        token_type_ids = (position >= rows.segment_b_start[:, None]) & real
+        nsp = rows.next_sentence_label.astype(np.int64)
+        nsp[nsp < 0] = IGNORE_INDEX
+        out = {
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(token_type_ids.astype(np.int64)),
+            "attention_mask": torch.from_numpy(real.astype(np.int64)),
+            "labels": torch.from_numpy(labels),
+            "next_sentence_label": torch.from_numpy(nsp),
+        }
         if self.masking == "dynamic":
             cfg = self.mask_config
-            never = torch.tensor(sorted(cfg.never_masked))
-            special_mask = torch.isin(input_ids, never) | (attention_mask == 0)
-            continuation = torch.from_numpy(cfg.vocab.is_continuation)[input_ids] & (attention_mask == 1)
+            special_mask = torch.from_numpy(self._never[input_ids] | ~real)
+            continuation = torch.from_numpy(cfg.vocab.is_continuation[input_ids] & real)
             generator = torch.Generator().manual_seed(keyed_seed(self.seed, "dynamic-mask", epoch, batch_index) >> 1)
-            input_ids, labels = mask_batch(input_ids, special_mask, continuation, generator, cfg)
-        return {
-            "input_ids": input_ids,
-            "token_type_ids": token_type_ids,
-            "attention_mask": attention_mask,
-            "labels": labels,
-            "next_sentence_label": nsp,
-        }
+            out["input_ids"], out["labels"] = mask_batch(out["input_ids"], special_mask, continuation, generator, cfg)
+        return out
+
+
+class _Batches(Dataset):
+    """Item (epoch, global batch index, record numbers) -> the collated batch: what a
+    DataLoader worker computes."""
+
+    def __init__(self, dataset: ExamplesDataset, collator: Collator):
+        self.dataset, self.collator = dataset, collator
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int, np.ndarray]) -> dict[str, torch.Tensor]:
+        epoch, batch_index, indices = key
+        rows = self.dataset.rows(indices, masks=self.collator.masking == "static")
+        return self.collator(rows, epoch, batch_index)
 
 
 class ExamplesLoader:
@@ -275,17 +327,12 @@ class ExamplesLoader:
         epoch, start = self.epoch, self._consumed
         batches = self._global_batches(epoch)
         positions = self._rank_positions(len(batches))[start:]
-        keys = [[(epoch, p, int(i)) for i in batches[p]] for p in positions]
+        keys = [(epoch, p, batches[p]) for p in positions]
+        collate = _Batches(self.dataset, self.collator)
         if self.num_workers > 0:
-            stream = DataLoader(
-                _Keyed(self.dataset),
-                batch_sampler=keys,
-                collate_fn=self.collator,
-                num_workers=self.num_workers,
-            )
+            stream = DataLoader(collate, sampler=keys, batch_size=None, num_workers=self.num_workers)
         else:
-            keyed = _Keyed(self.dataset)
-            stream = (self.collator([keyed[key] for key in batch]) for batch in keys)
+            stream = (collate[key] for key in keys)
         for k, batch in enumerate(stream):
             self._consumed = start + k + 1  # counted before handing over: state_dict is exact
             yield batch

@@ -202,20 +202,36 @@ class _Block:
         self._clear()
 
     def _clear(self) -> None:
-        self.sequences: list[list[int]] = []
+        self.tokens: list[int] = []  # every sequence, back to back
+        self.lengths: list[int] = []
         self.b_starts: list[int] = []
         self.labels: list[int] = []
         self.draws: list[MaskDraws] = []
         self.span_masks: list[MaskedExample] = []
 
     def __len__(self) -> int:
-        return len(self.sequences)
+        return len(self.lengths)
 
     def add(self, tokens: list[int], segment_b_start: int, label: int, rng: random.Random) -> None:
-        self.sequences.append(tokens)
+        self.tokens.extend(tokens)
+        self._added(len(tokens), segment_b_start, label, rng)
+
+    def add_pair(self, tokens_a: list[int], tokens_b: list[int], label: int, rng: random.Random) -> None:
+        """Add [CLS] A [SEP] B [SEP]."""
+        special, tokens = self.vocab.special, self.tokens
+        tokens.append(special.cls)
+        tokens.extend(tokens_a)
+        tokens.append(special.sep)
+        tokens.extend(tokens_b)
+        tokens.append(special.sep)
+        self._added(len(tokens_a) + len(tokens_b) + 3, len(tokens_a) + 2, label, rng)
+
+    def _added(self, length: int, segment_b_start: int, label: int, rng: random.Random) -> None:
+        self.lengths.append(length)
         self.b_starts.append(segment_b_start)
         self.labels.append(label)
         if self.mask is not None and self.mask.span:
+            tokens = self.tokens[-length:]
             is_continuation = self.vocab.is_continuation[np.asarray(tokens, dtype=np.int64)].tolist()
             self.span_masks.append(mask_tokens(tokens, is_continuation, rng, self.mask))
 
@@ -223,15 +239,15 @@ class _Block:
         """Draw the masks of the last `sequences` sequences added (one document's)."""
         if self.mask is None or self.mask.span or not sequences:
             return
-        tokens = sum(len(s) for s in self.sequences[-sequences:])
+        tokens = sum(self.lengths[-sequences:])
         generator = np.random.default_rng(rng.getrandbits(64))
         self.draws.append(MaskDraws.draw(generator, tokens, self.vocab))
 
     def take(self) -> pa.RecordBatch:
         """The sequences added so far as a record batch (then forgotten)."""
-        lengths = np.fromiter(map(len, self.sequences), dtype=np.int64, count=len(self.sequences))
+        lengths = np.array(self.lengths, dtype=np.int64)
         offsets = offsets_of(lengths)
-        ids = np.fromiter(chain.from_iterable(self.sequences), dtype=np.int64, count=int(offsets[-1]))
+        ids = np.array(self.tokens, dtype=np.int64)
         if self.mask is None:
             masked = MaskedSequences(ids, np.zeros(len(lengths), dtype=np.int64), *(np.zeros(0, dtype=np.int64),) * 3)
         elif self.mask.span:
@@ -271,13 +287,11 @@ def _document_sequences(
     block: _Block,
 ) -> None:
     """Add one document's pairs for one pass (objectives bert and sop) to `block`."""
-    special = block.vocab.special
     pairs = build_pairs(docs.get(doc_index), rng, cfg.pair_config(phase), docs, doc_index)
     if block.stats is not None and pairs:
         block.stats.add_document(pairs[0].target_was_short)
     for pair in pairs:
-        tokens = [special.cls, *pair.tokens_a, special.sep, *pair.tokens_b, special.sep]
-        block.add(tokens, len(pair.tokens_a) + 2, int(pair.is_random_next), rng)
+        block.add_pair(pair.tokens_a, pair.tokens_b, int(pair.is_random_next), rng)
         if block.stats is not None:
             block.stats.add_pair(pair)
     block.draw_masks(rng, len(pairs))

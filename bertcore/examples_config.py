@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from bertcore.masking import MaskConfig, VocabTables
-from bertcore.pairs import PairConfig
 from bertcore.section import Name, Section
+
+if TYPE_CHECKING:  # numpy and torch come with them; recipes load this section and must stay fast
+    from bertcore.masking import MaskConfig, VocabTables
+    from bertcore.pairs import PairConfig
 
 Objective = Literal["bert", "roberta", "sop"]
 UINT16_MAX = 65_535
@@ -153,6 +154,8 @@ class ExamplesConfig(Section):
         raise KeyError(f"examples.phases has no phase {name!r} (have {[p.name for p in self.phases]})")
 
     def pair_config(self, phase: PhaseConfig) -> PairConfig:
+        from bertcore.pairs import PairConfig
+
         return PairConfig(
             max_seq_length=phase.max_seq_length,
             short_seq_prob=self.short_seq_prob,
@@ -161,6 +164,8 @@ class ExamplesConfig(Section):
         )
 
     def mask_config(self, phase: PhaseConfig, vocab: VocabTables) -> MaskConfig:
+        from bertcore.masking import MaskConfig
+
         return MaskConfig(
             vocab=vocab,
             masked_lm_prob=self.masked_lm_prob,
@@ -177,6 +182,8 @@ class ExamplesConfig(Section):
 def length_bin(lengths, bins: Sequence[int]):
     """The bin of a length, or of each in an array: the smallest bound >= it. Records of
     one bin share an examples shard, and a training batch."""
+    import numpy as np
+
     bounds = np.asarray(sorted(bins))
     index = np.searchsorted(bounds, lengths, side="left")
     if np.any(index >= len(bounds)):

@@ -29,15 +29,12 @@ import torch
 
 from bertcore.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
+from bertcore.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
 from bertcore.optim import parameter_group_names
 from bertcore.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
-MODEL_DIR = "model"
-"""Where the pretrain stage puts the exported folder inside its directory."""
 
 
 def _expected_keys(model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None) -> tuple[list[str], list[list[str]]]:

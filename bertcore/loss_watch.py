@@ -1,9 +1,14 @@
-"""Divergence detection for pretraining: NaN/inf losses and loss spikes."""
+"""Divergence detection for pretraining: NaN/inf losses and loss spikes, and the jumps a
+reader should hear about although training goes on."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+JUMP_FACTOR = 1.5
+"""A step loss above this multiple of the running mean is a jump: reported (console,
+report, `inspect pretrain`), not acted on; `loss_spike_factor` is what stops or skips."""
 
 
 @dataclass
@@ -24,11 +29,17 @@ class LossWatch:
             return False
         return loss > self.factor * self.mean
 
-    def observe(self, step_loss: float) -> None:
+    def observe(self, step_loss: float) -> dict | None:
+        """Feed a step's loss into the running mean. Returns {"running_mean", "factor"} when,
+        after `grace` steps, the loss was above JUMP_FACTOR times the mean before it."""
         if not math.isfinite(step_loss):
-            return
+            return None
+        jump = None
+        if self.mean is not None and self.seen >= self.grace and self.mean > 0 and step_loss > JUMP_FACTOR * self.mean:
+            jump = {"running_mean": self.mean, "factor": step_loss / self.mean}
         self.mean = step_loss if self.mean is None else (1 - self.alpha) * self.mean + self.alpha * step_loss
         self.seen += 1
+        return jump
 
     def reset(self) -> None:
         self.mean, self.seen = None, 0

@@ -257,6 +257,34 @@ def _spans(words: list[list[int]], quota: int, rng: random.Random, cfg: MaskConf
     return chosen
 
 
+def greedy_words(lengths: np.ndarray, n_words: np.ndarray, quota: np.ndarray) -> np.ndarray:
+    """Google's walk over each row's words in their (random) order: a word is taken when it
+    fits the room left under the quota, skipped otherwise. lengths: (B, W) word lengths in
+    walk order, a row's first n_words[b] entries being its words; returns (B, W) bool.
+
+    Every word before a row's first overflow is taken (the running total stays within the
+    quota), so only the words after that one are walked one by one, and only in rows with
+    room left: a few scalar steps per row instead of W steps over the batch."""
+    B, W = lengths.shape
+    inside = np.arange(W) < np.asarray(n_words)[:, None]
+    running = np.cumsum(np.where(inside, lengths, 0), axis=1)
+    quota = np.asarray(quota)
+    take = inside & (running <= quota[:, None])
+    over = inside & ~take  # from the first word that did not fit on
+    for b in np.flatnonzero(over.any(axis=1)).tolist():
+        k = int(over[b].argmax())
+        room = int(quota[b]) - (int(running[b, k - 1]) if k else 0)
+        if room <= 0:
+            continue
+        for r, length in enumerate(lengths[b, k + 1 : int(n_words[b])].tolist(), k + 1):
+            if length <= room:
+                take[b, r] = True
+                room -= length
+                if not room:
+                    break
+    return take
+
+
 def mask_batch(
     input_ids: torch.Tensor,
     special_mask: torch.Tensor,
@@ -302,14 +330,7 @@ def mask_batch(
         take = valid & (rank < quota[:, None])  # every word is one token
     else:
         # Greedy as in Google: walk words in random order, skip the ones that overflow.
-        take = torch.zeros(B, T, dtype=torch.bool)
-        room = quota.clone()
-        for r in range(int(n_words.max().item()) if B else 0):
-            fits = valid[:, r] & (ordered_len[:, r] <= room)
-            take[:, r] = fits
-            room -= fits.long() * ordered_len[:, r]
-            if not bool((room > 0).any()):
-                break
+        take = torch.from_numpy(greedy_words(ordered_len.numpy(), n_words.numpy(), quota.numpy()))
     word_taken = torch.zeros(B, T + 1, dtype=torch.bool).scatter_(1, order, take)
     selected = torch.gather(word_taken, 1, word_of) & candidate  # (B, T)
 
@@ -401,14 +422,14 @@ def mask_sequences(ids: np.ndarray, offsets: np.ndarray, draws: MaskDraws, cfg: 
     if B == 0 or len(ids) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return MaskedSequences(np.asarray(ids).copy(), np.zeros(B, dtype=np.int64), empty, empty.copy(), empty.copy())
+    ids = np.asarray(ids, dtype=np.int64)
     T = int(lengths.max())
     pos = np.arange(T)
     valid = pos < lengths[:, None]  # (B, T)
-    flat_index = np.minimum(offsets[:-1, None] + pos, len(ids) - 1)
-    tokens = np.where(valid, np.asarray(ids, dtype=np.int64)[flat_index], special.pad)
+    flat_index = np.minimum(offsets[:-1, None] + pos, len(ids) - 1)  # (B, T) -> position in ids
     never = np.zeros(cfg.vocab_size, dtype=bool)
     never[list(cfg.never_masked)] = True
-    candidate = valid & ~never[tokens]
+    candidate = valid & ~never[ids][flat_index]
     quota = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(lengths * cfg.masked_lm_prob))).astype(np.int64)
     keys = np.where(candidate, draws.order[flat_index], 2.0)
 
@@ -420,7 +441,7 @@ def mask_sequences(ids: np.ndarray, offsets: np.ndarray, draws: MaskDraws, cfg: 
     else:
         previous = np.zeros_like(candidate)
         previous[:, 1:] = candidate[:, :-1]
-        starts = candidate & ~(cfg.vocab.is_continuation[tokens] & previous)
+        starts = candidate & ~(cfg.vocab.is_continuation[ids][flat_index] & previous)
         word = np.where(candidate, np.cumsum(starts, axis=1) - 1, T)  # (B, T), T = no word
         rows = np.repeat(np.arange(B), T)
         word_len = np.bincount(rows * (T + 1) + word.ravel(), minlength=B * (T + 1)).reshape(B, T + 1)
@@ -429,30 +450,24 @@ def mask_sequences(ids: np.ndarray, offsets: np.ndarray, draws: MaskDraws, cfg: 
         word_key[r, word[r, c]] = keys[r, c]
         order = np.argsort(word_key[:, :T], axis=1, kind="stable")  # words in random order
         ordered_len = np.take_along_axis(word_len, order, axis=1)
-        n_words = starts.sum(axis=1)
-        take = np.zeros((B, T), dtype=bool)
-        room = quota.copy()
-        for rank in range(int(n_words.max())):
-            fits = (rank < n_words) & (ordered_len[:, rank] <= room) & (room > 0)
-            take[:, rank] = fits
-            room -= np.where(fits, ordered_len[:, rank], 0)
-            if not room.any():
-                break
+        take = greedy_words(ordered_len, starts.sum(axis=1), quota)
         taken = np.zeros((B, T + 1), dtype=bool)
         np.put_along_axis(taken, order, take, axis=1)
         selected = candidate & np.take_along_axis(taken, word, axis=1)
 
-    kind_draw = draws.kind[flat_index]
-    kinds = np.where(kind_draw < 0.8, MASKED, np.where(kind_draw < 0.9, KEPT, RANDOM))
-    out = tokens.copy()
-    out[selected & (kinds == MASKED)] = special.mask
-    randomised = selected & (kinds == RANDOM)
-    out[randomised] = cfg.vocab.replacement_ids[draws.replacement[flat_index[randomised]]]
+    # only the selected positions need a kind and a replacement: work on them in `ids` order
     _, cols = np.nonzero(selected)
+    at = flat_index[selected]  # (M,) positions in ids, sequence by sequence, ascending
+    kind_draw = draws.kind[at]
+    kinds = np.where(kind_draw < 0.8, MASKED, np.where(kind_draw < 0.9, KEPT, RANDOM))
+    out = ids.copy()
+    out[at[kinds == MASKED]] = special.mask
+    randomised = at[kinds == RANDOM]
+    out[randomised] = cfg.vocab.replacement_ids[draws.replacement[randomised]]
     return MaskedSequences(
-        input_ids=out[valid],
+        input_ids=out,
         counts=selected.sum(axis=1),
         positions=cols,
-        masked_ids=tokens[selected],
-        kinds=kinds[selected],
+        masked_ids=ids[at],
+        kinds=kinds,
     )

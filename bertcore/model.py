@@ -29,47 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertcore.model_config import NAMED_SIZES, ModelConfig, SizeName  # noqa: F401 - the model's config, importable from here too
-
-IGNORE_INDEX = -100
-"""Label of a position the MLM loss skips (same as PyTorch's and HF's default)."""
-
-NO_NSP_LABEL = IGNORE_INDEX
-"""next_sentence_label of an example without an NSP target (objectives without NSP). The
-same value as IGNORE_INDEX, so the data loader's labels go in unchanged and HF's NSP loss
-skips them too."""
-
-TIED = {
-    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
-"""state_dict entry that aliases another -> the entry it aliases (BertLMPredictionHead ties
-them). Whatever rebuilds a full state dict from stored tensors fills these in from here."""
-
-TIED_KEYS = tuple(TIED)
-"""Files that store each tensor once (safetensors, transformers' `save_pretrained`) leave
-these out; load such files with strict=False and expect exactly these keys missing."""
-
-def encoder_flops_per_token(cfg: ModelConfig, seq_len: int, masked_fraction: float = 0.0) -> float:
-    """Training FLOPs (forward + backward) per processed token, for an MFU estimate.
-
-        flops = 6 * N + 12 * L * H * T  (+ 6 * (H*H + V*H) * masked_fraction)
-
-    N = L * (4*H*H + 2*H*I) is the number of weights in the encoder's matrix products (Q, K,
-    V, attention output, two feed-forward matrices; biases, LayerNorms and embedding lookups
-    are negligible). Each weight costs 2 FLOPs per token forward and 4 backward, hence 6*N.
-    Attention scores (Q K^T) and the weighted sum (P V) each cost 2*T*H FLOPs per token and
-    layer forward, 3x that with backward: 12*L*H*T (Kaplan et al. 2020; Chinchilla appendix F).
-    T is the padded sequence length the kernels actually run on. The optional last term is
-    the MLM head (transform H*H, vocabulary projection V*H) run on `masked_fraction` of tokens,
-    as this model does in training; pooler and NSP work once per sequence and are left out.
-    """
-    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    matmul_weights = layers * (4 * h * h + 2 * h * i)
-    attention = 12 * layers * h * seq_len
-    mlm_head = 6 * (h * h + cfg.vocab_size * h) * masked_fraction
-    return float(6 * matmul_weights + attention + mlm_head)
-
+from bertcore.model_config import (  # noqa: F401 - the shape lives without torch; re-exported here
+    IGNORE_INDEX,
+    NAMED_SIZES,
+    NO_NSP_LABEL,
+    TIED,
+    TIED_KEYS,
+    ModelConfig,
+    SizeName,
+    encoder_flops_per_token,
+)
 
 _ACTIVATIONS = {
     "gelu": F.gelu,

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from bertcore.model import ModelConfig, SizeName
+from bertcore.model_config import ModelConfig, SizeName
 from bertcore.train_config import TrainingConfig
 
 INIT_OVERRIDABLE = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")

@@ -25,14 +25,18 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
-from bertcore.export import CONFIG_FILE, WEIGHTS_FILE
+from bertcore.hf_files import (  # noqa: F401 - the file names live without torch; re-exported here
+    CONFIG_FILE,
+    PYTORCH_BIN,
+    SAFETENSORS_INDEX,
+    WEIGHT_FILES,
+    WEIGHTS_FILE,
+    shard_names,
+    weight_files,
+)
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
 
 SAFETENSORS = WEIGHTS_FILE
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-PYTORCH_BIN = "pytorch_model.bin"
-WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN)
-"""Weight files in order of preference; a folder needs one of them."""
 
 MAY_START_FRESH = re.compile(r"bert\.pooler\..*|cls\..*")
 """Model entries a checkpoint may lack (heads and pooler); the rest must be there."""
@@ -65,18 +69,6 @@ def model_config(folder: str) -> ModelConfig:
         return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"})
     except ValueError as exc:
         raise InputDataError(f"{path}: {' '.join(str(exc).split())}") from None
-
-
-def weight_files(names: Iterable[str]) -> list[str]:
-    """The weight file of a folder listing (by preference), or [] when it has none."""
-    present = set(names)
-    return [next(name for name in WEIGHT_FILES if name in present)] if present & set(WEIGHT_FILES) else []
-
-
-def shard_names(index_path: str) -> list[str]:
-    """The safetensors shards a model.safetensors.index.json names, sorted."""
-    with open(index_path, encoding="utf-8") as handle:
-        return sorted(set(json.load(handle)["weight_map"].values()))
 
 
 def read_weights(folder: str) -> dict[str, torch.Tensor]:

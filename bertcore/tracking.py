@@ -1,7 +1,11 @@
 """Experiment tracking of a pretraining run, on rank 0: TensorBoard event files always,
 MLflow and Weights & Biases when `pretrain.tracking` enables them and the package is
-installed. What they get: the training metrics every `pretrain.log_every` steps
-(`train/...`), each validation (`validation/...`), and the config once.
+installed. What they get: the training figures every `pretrain.log_every` steps and at the
+last (`train/...`, the means over the interval, bertcore.metrics_log), each validation
+(`validation/...`), and the config once. The evaluate stage then adds its scores
+(`eval/<phase or task>/<metric>`, with `_random_init` and `_gain`) at the last training
+step, and its verdicts (`log_evaluation`): into the same MLflow and W&B runs, and into
+TensorBoard event files under eval/tensorboard/.
 
     pretrain/tensorboard/   event files (torch's SummaryWriter); uploaded with every
                             checkpoint when run.root is remote
@@ -29,7 +33,7 @@ from bertcore.errors import ConfigError
 from bertcore.metrics_log import TENSORBOARD, TRACKING_STATE
 from bertcore.section import Section
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch comes with it; the section above is read by recipes, which must load fast
     from bertcore.checkpoint import StageFiles
 
 log = logging.getLogger(__name__)
@@ -178,3 +182,56 @@ def _flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
+
+
+def log_evaluation(
+    cfg: TrackingConfig, state: dict, *, step: int, scalars: dict[str, float], verdicts: dict[str, str],
+    tensorboard_dir: str, wandb_dir: str, run_name: str,
+) -> None:
+    """The evaluate stage's scores and verdicts, at optimizer step `step`: TensorBoard event
+    files under `tensorboard_dir` always; the MLflow and W&B runs pretraining logged into
+    (their ids in `state`, pretrain/tracking.json), or new runs named `run_name`, when
+    `cfg` (pretraining's tracking section) enables them and they are installed. Verdicts
+    go to TensorBoard as text, to MLflow as tags `verdict.<name>`, to W&B's run summary.
+    A tracker that cannot be reached is a warning: the evaluation is written regardless."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tensorboard_dir)
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+    writer.add_text("verdicts", "\n".join(f"- {name}: {text}" for name, text in verdicts.items()), step)
+    writer.close()
+    if cfg.mlflow and _installed("mlflow", "mlflow"):
+        try:
+            run = _MlflowRun(cfg, state.get("mlflow_run_id"), cfg.run_name or run_name, {})
+            run.log(step, scalars)
+            for name, text in verdicts.items():
+                run.client.set_tag(run.run_id, f"verdict.{name}", text[:5000])
+            run.close(False)
+        except Exception as exc:  # noqa: BLE001 - the client's errors vary by store; the evaluation stands without it
+            log.warning("evaluate: MLflow did not take the evaluation (%s); it is in eval/metrics.json", _one_line(exc))
+    if cfg.wandb and _installed("wandb", "wandb"):
+        import wandb as wandb_module
+
+        os.makedirs(wandb_dir, exist_ok=True)
+        try:
+            run = wandb_module.init(project=cfg.project, name=cfg.run_name or run_name, id=state.get("wandb_run_id"), resume="allow", dir=wandb_dir)
+            run.summary.update({**scalars, **{f"verdict/{name}": text for name, text in verdicts.items()}})
+            run.finish()
+        except Exception as exc:  # noqa: BLE001 - wandb's errors vary by mode; the evaluation stands without it
+            log.warning("evaluate: W&B did not take the evaluation (%s); it is in eval/metrics.json", _one_line(exc))
+
+
+def evaluation_scalars(rows: list[dict]) -> dict[str, float]:
+    """eval/<name>/<metric> (pretrained), ..._random_init and ..._gain of the validation
+    score rows (bertcore.eval.report.score_rows), as fractions like train/ and validation/."""
+    out: dict[str, float] = {}
+    for row in rows:
+        if row["name"].endswith("(test)"):
+            continue
+        key = f"eval/{row['name']}/{row['metric']}"
+        for suffix, field in (("", "pretrained"), ("_random_init", "random_init"), ("_gain", "gain")):
+            value = row.get(field)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key + suffix] = float(value)
+    return out

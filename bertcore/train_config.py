@@ -5,19 +5,23 @@ budget, validation, tracking and the divergence policy. `pretrain:` (PretrainCon
 `SECTION` names the section in messages.
 
 `resume_key` hashes what decides a training trajectory, so a checkpoint resumes only into
-a run that would have produced it.
+a run that would have produced it; `check_phases` and `check_positions` are the checks of
+the phases against the examples stage and the model that every training stage makes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from bertcore.section import Name, Section
 from bertcore.tracking import TrackingConfig
+
+if TYPE_CHECKING:
+    from bertcore.examples_config import ExamplesConfig
 
 
 class TrainingPhase(Section):
@@ -189,6 +193,35 @@ class TrainingConfig(Section):
             if step < end:
                 return i
         raise ValueError(f"step {step} is past the last phase ({self.total_steps} steps)")
+
+    def check_phases(self, examples: ExamplesConfig) -> list[int]:
+        """Every phase names an examples phase and is at least as long as its sequences
+        (ValueError naming the key); returns each phase's sequence length."""
+        key = self.SECTION
+        produced = {p.name: p for p in examples.phases}
+        lengths = []
+        for i, phase in enumerate(self.phases):
+            source = produced.get(phase.name)
+            if source is None:
+                raise ValueError(
+                    f"{key}.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
+                    "use one of those names or add the phase to examples.phases"
+                )
+            if phase.max_seq_length is not None and phase.max_seq_length < source.max_seq_length:
+                raise ValueError(
+                    f"{key}.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
+                    f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
+                )
+            lengths.append(phase.max_seq_length or source.max_seq_length)
+        return lengths
+
+    def check_positions(self, lengths: list[int], positions: int, remedy: str) -> None:
+        """Every phase's sequences (`lengths`, phase by phase) fit the model's positions."""
+        for i, (phase, length) in enumerate(zip(self.phases, lengths)):
+            if length > positions:
+                raise ValueError(
+                    f"{self.SECTION}.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
+                )
 
     def resume_key(self, inputs: dict[str, Any]) -> str:
         """Hash of what decides the trajectory: this section minus the fields that do not

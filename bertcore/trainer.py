@@ -49,7 +49,7 @@ from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.loss_watch import LossWatch
 from bertcore.masking import MaskConfig
-from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, MetricsLog
+from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
 from bertcore.mfu import peak_flops
 from bertcore.objectives import MicroBatchResult, Objective
 from bertcore.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
 TRACKED = ("lr", "grad_norm", "tokens_per_s", "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
-"""Fields of a step's record that the trackers get (train/<field>) every log_every steps,
-after the loss and the objective's metrics."""
+"""Figures of an interval's summary (bertcore.metrics_log) that the trackers get as
+train/<field>, every log_every steps and at the last, after the loss and the objective's
+metrics."""
 
 
 class TrainingDiverged(BertpipeError):
@@ -176,18 +177,22 @@ class Trainer:
         resume_key: str,
         ctx: WorkerContext | None = None,
         on_step: Callable[[dict], None] | None = None,
+        on_log: Callable[[dict], None] | None = None,
         device_name: str | None = None,
     ):
         """`cfg`: the training section (pretrain, distill); `objective`: what a step
-        optimises (bertcore.objectives). `on_step` receives each step's metrics record on
-        rank 0 (the caller reports progress)."""
+        optimises (bertcore.objectives). On rank 0, `on_step` receives each step's metrics
+        record, and `on_log`, every log_every steps and at the last, the summary of the
+        interval's steps (bertcore.metrics_log.summarize), and each validation's record
+        (with event: validation): what the caller reports as progress."""
         self.key = cfg.SECTION
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
             raise ValueError(f"phase data {[p.name for p in phases]} does not match {self.key}.phases {[p.name for p in cfg.phases]}")
         self.cfg, self.objective, self.phases, self.files = cfg, objective, list(phases), files
         self.seed, self.resume_key = seed, resume_key
         self.ctx = ctx or WorkerContext()
-        self.on_step = on_step
+        self.on_step, self.on_log = on_step, on_log
+        self.interval = Interval(cfg.log_every, means=("loss", *objective.metrics, "grad_norm", "mfu"))
         self.peak = peak_flops(cfg, device_name)
         self.rank0 = self.ctx.rank == 0
         self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
@@ -441,6 +446,8 @@ class Trainer:
         if record is not None and self.rank0:
             self.validation_log.append(record)
             self.trackers.log(self.step, {k: record[k] for k in ("loss", *self.objective.metrics)}, "validation")
+            if self.on_log is not None:
+                self.on_log({**record, "event": "validation"})
         return record
 
     def run(self) -> dict:
@@ -454,6 +461,7 @@ class Trainer:
                 if self.files.exists(name):
                     self.files.download(name)
                 log_file.truncate(self.step)
+            self.interval.resumed(self.metrics.records(), self.step)
         total = self.cfg.total_steps
         if self.step >= total and marker is not None:
             return marker
@@ -475,15 +483,16 @@ class Trainer:
                 elapsed = time.perf_counter() - t0
                 self.train_time_s += elapsed
                 self.tokens_seen += record["tokens"]
-                self.watch.observe(record["loss"])
+                if jump := self.watch.observe(record["loss"]):
+                    record["loss_jump"] = jump
                 if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
                     # any rank over budget stops all of them, so they save the same step
                     over_budget = time.perf_counter() - started >= self.cfg.time_budget_s
                     if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
                         stopped_by = "time_budget"
-                if self.rank0:
-                    self._log(record, data_hash, elapsed)
                 final = stopped_by is not None or self.step == total
+                if self.rank0:
+                    self._log(record, data_hash, elapsed, final)
                 validation = self._validate_if_due(final)
                 if final or self.step % self.cfg.checkpoint_every == 0:
                     marker = self._save(stopped_by, {"validation": validation, "init": self.objective.init_report} if final else None)
@@ -494,7 +503,9 @@ class Trainer:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
         return marker
 
-    def _log(self, record: dict, data_hash: str, elapsed: float) -> None:
+    def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
+        """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its
+        summary (bertcore.metrics_log: means over the interval) to the trackers and `on_log`."""
         world = self.ctx.world_size
         flops = record.pop("flops")
         out = {
@@ -512,7 +523,11 @@ class Trainer:
             "data_hash": data_hash,
         }
         self.metrics.append(out)
-        if self.step % self.cfg.log_every == 0:
-            self.trackers.log(self.step, {k: out[k] for k in ("loss", *self.objective.metrics, *TRACKED)}, "train")
+        self.interval.add(out)
+        if self.interval.ends(self.step, final):
+            summary = self.interval.close()
+            self.trackers.log(self.step, {k: summary.get(k) for k in ("loss", *self.objective.metrics, *TRACKED)}, "train")
+            if self.on_log is not None:
+                self.on_log(summary)
         if self.on_step is not None:
             self.on_step(out)

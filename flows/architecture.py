@@ -31,7 +31,7 @@ def render_table() -> str:
         if stage.identify is not None and stage.reads:
             reads += " + files outside run.root"
         section = f"`{stage.section.__name__}` ({_source(stage.section)})"
-        lines.append(f"| {stage.name} | `{stage.directory}/` | {reads} | {stage.writes} | {_source(stage.run)} | {section} |")
+        lines.append(f"| {stage.name} | `{stage.directory}/` | {reads} | {stage.writes} | {os.path.relpath(stage.work_file(), ROOT)} | {section} |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
 from prefect.exceptions import MissingContextError
 
-from bertcore.metrics_log import METRICS, VALIDATION
+from bertcore import figures
+from bertcore.figures import count
+from bertcore.metrics_log import METRICS, VALIDATION, intervals
 from pipelines.stage import Manifest, StageDir
 
 MAX_STATISTICS = 200
@@ -49,7 +51,8 @@ def publish_stage(name: str, manifest: Manifest, directory: StageDir, computed: 
     if METRICS in logs:
         steps = _records(directory, METRICS)
         validations = _records(directory, VALIDATION) if VALIDATION in logs else []
-        create_markdown_artifact(markdown=training_curves(steps, validations), key=f"{name}-curves",
+        every = int((manifest.config or {}).get("log_every") or 1)
+        create_markdown_artifact(markdown=training_curves(steps, validations, every), key=f"{name}-curves",
                                  description=f"{name} training curves ({directory.path(METRICS)})")
     return True
 
@@ -59,23 +62,27 @@ def _records(directory: StageDir, name: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def training_curves(steps: list[dict], validations: list[dict]) -> str:
+def training_curves(steps: list[dict], validations: list[dict], every: int = 1) -> str:
     """Markdown with the training loss as a sparkline and two tables at evenly spaced
-    steps: the training metrics (metrics.jsonl) and the held-out ones (validation.jsonl)."""
+    points: the training figures as the console and TensorBoard show them (the means over
+    each logging interval of `every` steps, bertcore.metrics_log) and the validations."""
     lines = ["# Training curves", ""]
-    if steps:
-        lines += [f"Training loss, steps {steps[0]['step']}-{steps[-1]['step']}: `{sparkline([r['loss'] for r in steps])}`", ""]
+    means = intervals(steps, max(1, every))
+    if means:
+        lines += [f"Training loss (means of {every} steps), steps {steps[0]['step']}-{steps[-1]['step']}: `{sparkline([m['loss'] for m in means])}`", ""]
     if validations:
         lines += [f"Validation MLM loss: `{sparkline([r['mlm_loss'] for r in validations])}`", ""]
+    for m in means:
+        m["steps_covered"] = f"{m['first_step']}-{m['step']}"
     lines += _table(
-        "Training (metrics.jsonl)", steps,
-        [("step", "step"), ("phase", "phase"), ("loss", "loss"), ("MLM loss", "mlm_loss"), ("MLM acc.", "mlm_accuracy"),
+        f"Training (metrics.jsonl, means over intervals of {every} steps)", means,
+        [("steps", "steps_covered"), ("phase", "phase"), ("loss", "loss"), ("MLM loss", "mlm_loss"), ("MLM acc.", "mlm_accuracy"),
          ("NSP acc.", "nsp_accuracy"), ("learning rate", "lr"), ("tokens/s", "tokens_per_s")],
     )
     lines += _table(
         "Validation (validation.jsonl: a fixed held-out sample)", validations,
-        [("step", "step"), ("phase", "phase"), ("MLM loss", "mlm_loss"), ("MLM acc.", "mlm_accuracy"),
-         ("NSP loss", "nsp_loss"), ("NSP acc.", "nsp_accuracy")],
+        [("step", "step"), ("phase", "phase"), ("sequences", "sequences"), ("loss", "loss"), ("MLM loss", "mlm_loss"),
+         ("MLM acc.", "mlm_accuracy"), ("NSP loss", "nsp_loss"), ("NSP acc.", "nsp_accuracy")],
     )
     return "\n".join(lines) + "\n"
 
@@ -99,16 +106,19 @@ def _table(title: str, records: list[dict], columns: list[tuple[str, str]]) -> l
     picks = sorted({round(i * (len(records) - 1) / max(1, rows - 1)) for i in range(rows)})
     lines = [f"## {title}", "", "| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
     for i in picks:
-        lines.append("| " + " | ".join(_cell(records[i].get(key)) for _, key in columns) + " |")
+        lines.append("| " + " | ".join(_cell(key, records[i].get(key)) for _, key in columns) + " |")
     return [*lines, ""]
 
 
-def _cell(value: Any) -> str:
+def _cell(key: str, value: Any) -> str:
+    """As everywhere else (bertcore.figures): accuracies in percent, losses with three decimals."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    if key in ("step", "phase", "steps_covered"):
+        return str(value)
+    if key == "tokens_per_s":
+        return count(value)
+    return figures.metric(key, value)
 
 
 def flatten(stats: dict, prefix: str = "") -> dict[str, Any]:

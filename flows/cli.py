@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -16,15 +17,19 @@ import typer
 from bertcore.errors import BertpipeError, ConfigError
 from flows import logs
 
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     help="bertpipe: raw text to a pretrained, evaluated BERT-family encoder.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings=HELP_OPTIONS,
+    rich_markup_mode=None,
 )
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run recipe (YAML).")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set examples.max_seq_length=512 (repeatable).")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", metavar="FILE", help="Run recipe (YAML).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE", help="Override one key, e.g. --set examples.max_seq_length=512 (repeatable).")]
 
 
 class LogFormat(str, Enum):
@@ -61,7 +66,7 @@ def options(
 
 def _fail(message: str, hint: str | None = None) -> None:
     if logs.configured() == "json":
-        typer.echo(json.dumps({"level": "ERROR", "event": "error", "message": message, "hint": hint}), err=True)
+        typer.echo(logs.json_line(logging.ERROR, message, event="error", hint=hint), err=True)
         raise typer.Exit(code=2)
     typer.secho(f"bertpipe: error: {message}", err=True, fg="red")
     if hint:
@@ -81,11 +86,11 @@ def _split_names(values: list[str] | None) -> list[str] | None:
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
-@app.command()
+@app.command(short_help="Run the pipeline, or some of its stages.")
 def run(
     config: ConfigOpt = None,
-    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these stages (repeatable or comma-separated).")] = None,
-    from_stage: Annotated[Optional[str], typer.Option("--from", help="Run this stage and every stage after it.")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="STAGE[,STAGE]", help="Run only these stages (repeatable or comma-separated).")] = None,
+    from_stage: Annotated[Optional[str], typer.Option("--from", metavar="STAGE", help="Run this stage and every stage after it.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages even if their output is complete.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it (default: only shards whose size or mtime/ETag changed).")] = False,
     set_: SetOpt = None,
@@ -115,51 +120,99 @@ def run(
     for line in summary.table(summaries):
         typer.echo(line)
     for s in summaries:
-        for line in s.get("verdicts", []):
-            typer.echo(f"{s['stage']}: {line}")
+        for verdict in s.get("verdicts", []):
+            for line in summary.wrap(f"{s['stage']}: {verdict}"):
+                typer.echo(line)
     typer.echo("next:")
     for line in commands:
         typer.echo(f"  {line}")
 
 
-@app.command()
+class ExportFormat(str, Enum):
+    hf = "hf"
+    onnx = "onnx"
+
+
+@app.command(short_help="Export a model: a Hugging Face folder, or ONNX files (fp32, int8) checked against PyTorch.")
 def export(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    step: Annotated[Optional[int], typer.Option("--step", help="Checkpoint step to export (default: the latest complete one).")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", help="Output folder or URI (default: <run.root>/pretrain/model).")] = None,
+    format_: Annotated[ExportFormat, typer.Option("--format", metavar="hf|onnx", help="hf: a Hugging Face folder from a pretraining checkpoint; onnx: ONNX Runtime files from a stage's model folder, checked against PyTorch.")] = ExportFormat.hf,
+    step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="hf: checkpoint step to export (default: the latest complete one).")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", metavar="URI", help="Output folder or URI (default: <run.root>/pretrain/model for hf, <run.root>/onnx/<stage>[-<task>] for onnx).")] = None,
+    quantize: Annotated[Optional[str], typer.Option("--quantize", metavar="int8", help="onnx: int8 also writes model.int8.onnx (ONNX Runtime dynamic quantization) and checks its predictions.")] = None,
+    stage: Annotated[Optional[str], typer.Option("--stage", metavar="STAGE", help="onnx: the stage whose model/ to export (default: distill when the recipe distils, else pretrain).")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", metavar="TASK", help="onnx: add the head of this evaluate task (the model the evaluate stage fine-tuned on it) and a logits output.")] = None,
+    check_sentences: Annotated[int, typer.Option("--check-sentences", min=2, metavar="N", help="onnx: held-out corpus sentences the export is checked on.")] = 256,
+    tolerance: Annotated[float, typer.Option("--tolerance", min=0.0, metavar="X", help="onnx: largest |difference| from PyTorch the fp32 graph may show.")] = 1e-3,
 ) -> None:
-    """Write a Hugging Face model folder (config.json, model.safetensors, tokenizer files) from a pretraining checkpoint."""
+    """Export a model: a Hugging Face folder (config.json, model.safetensors, tokenizer files) from a pretraining checkpoint, or with --format onnx an ONNX encoder (dynamic batch and sequence axes; int8 with --quantize int8; a task head with --task) checked with ONNX Runtime against PyTorch on held-out sentences, its figures in the folder's _manifest.json."""
     try:
+        _export_options(format_, step, quantize, stage, task)
         cfg = _load(config, set_)
-        from pipelines import pretrain
         from pipelines.lease import RootLease
-        from pipelines.ray_runtime import ensure_ray
-        from pipelines.registry import REGISTRY
-        from pipelines.runner import Pipeline, export_target, upstream
+        from pipelines.runner import Pipeline, export_target
 
         pipeline = Pipeline(cfg)
-        inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
         out = export_target(cfg.run.root, out)
         with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
-            ensure_ray(cfg.ray)
-            logs.route_ray_output()
-            written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
+            if format_ is ExportFormat.onnx:
+                lines = _export_onnx(cfg, pipeline, stage, task, quantize, out, check_sentences, tolerance)
+            else:
+                lines = _export_hf(cfg, pipeline, step, out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
-    for item in written:
-        typer.echo(str(item.get("uri") or item.get("path") or item))
+    for line in lines:
+        typer.echo(line)
 
 
-@app.command()
+def _export_options(format_: ExportFormat, step: int | None, quantize: str | None, stage: str | None, task: str | None) -> None:
+    """Options that do not fit --format, as one ConfigError."""
+    if quantize is not None and quantize != "int8":
+        raise ConfigError(f"--quantize {quantize}: the one quantization is int8")
+    if format_ is ExportFormat.hf:
+        given = [name for name, value in (("--quantize", quantize), ("--stage", stage), ("--task", task)) if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --format onnx (the hf export writes a pretraining checkpoint as it is)")
+    elif step is not None:
+        raise ConfigError("--step is for --format hf: the ONNX export reads the stage's exported model/ folder")
+
+
+def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
+    from pipelines import pretrain
+    from pipelines.ray_runtime import ensure_ray
+    from pipelines.registry import REGISTRY
+    from pipelines.runner import upstream
+
+    inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
+    ensure_ray(cfg.ray)
+    logs.route_ray_output()
+    written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
+    return [str(item["uri"]) for item in written]
+
+
+def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:
+    from bertcore.config import resolved_yaml
+    from pipelines import onnx_export
+    from pipelines.stage import MANIFEST
+
+    uri, manifest = onnx_export.export_onnx(
+        cfg, pipeline.storage, stage=stage, task=task, int8=quantize == "int8", out=out, sentences=sentences, tolerance=tolerance,
+        resolved_config=resolved_yaml(cfg),
+    )
+    files = [f"{uri.rstrip('/')}/{name}" for name in [shard.path for shard in manifest.shards] + [MANIFEST]]
+    return files + onnx_export.summary_lines(manifest)
+
+
+@app.command(short_help="Each stage's state: complete, stale, incomplete, damaged, missing.")
 def status(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard (default: only shards whose size or mtime/ETag changed).")] = False,
 ) -> None:
-    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, duration and location."""
+    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, the time its last run took (as the run summary shows it) and location."""
     try:
         cfg = _load(config, set_)
         from pipelines.runner import Pipeline
@@ -171,28 +224,30 @@ def status(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    typer.echo(f"{'stage':<10} {'state':<11} {'fingerprint':<21} {'rows':>9} {'size':>10} {'time':>8}  location")
+    from bertcore.figures import duration, size
+
+    typer.echo(f"{'stage':<10} {'state':<11} {'fingerprint':<21} {'rows':>9} {'size':>9} {'time':>7}  location")
     for r in rows:
-        size = f"{r['bytes'] / 2**20:.1f}MB" if r["bytes"] is not None else "-"
-        seconds = f"{r['seconds']:.1f}s" if r["seconds"] is not None else "-"
-        rows_text = str(r["rows"]) if r["rows"] is not None else "-"
-        typer.echo(f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size:>10} {seconds:>8}  {r['uri']}")
+        size_text = size(r["bytes"]) if r["bytes"] is not None else "-"
+        rows_text = f"{r['rows']:,}" if r["rows"] else "-"  # a stage without records (evaluate's reports) shows none
+        line = f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size_text:>9} {duration(r['seconds']):>7}  {r['uri']}"
+        typer.echo(line)
         for reason in r.get("changed") or []:
             typer.echo(f"{'':<10} changed: {reason}")
         if r["state"] == "off":
             typer.echo(f"{'':<10} off: {r['note']}")
 
 
-@app.command("inspect")
+@app.command("inspect", short_help="Look at what a stage produced.")
 def inspect_stage(
     stage: Annotated[str, typer.Argument(help="corpus, vocab, examples, pretrain or evaluate.")],
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    root: Annotated[Optional[str], typer.Option("--root", help="Run root to read (default: run.root of the recipe, or runs/demo without one).")] = None,
-    n: Annotated[int, typer.Option("--n", min=1, help="Documents or examples to show.")] = 3,
-    split: Annotated[str, typer.Option("--split", help="train or validation (corpus, examples).")] = "train",
-    phase: Annotated[Optional[str], typer.Option("--phase", help="Examples phase, e.g. seq128 (default: the first).")] = None,
-    text: Annotated[Optional[str], typer.Option("--text", help="vocab: how this text tokenizes.")] = None,
+    root: Annotated[Optional[str], typer.Option("--root", metavar="URI", help="Run root to read (default: run.root of the recipe, or runs/demo without one).")] = None,
+    n: Annotated[int, typer.Option("--n", min=1, metavar="N", help="Documents or examples to show.")] = 3,
+    split: Annotated[str, typer.Option("--split", metavar="SPLIT", help="train or validation (corpus, examples).")] = "train",
+    phase: Annotated[Optional[str], typer.Option("--phase", metavar="PHASE", help="Examples phase, e.g. seq128 (default: the first).")] = None,
+    text: Annotated[Optional[str], typer.Option("--text", metavar="TEXT", help="vocab: how this text tokenizes.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Look at what a stage produced: corpus documents, the vocabulary (and how --text tokenizes), examples decoded with their masks, segments and NSP label, pretraining checkpoints, evaluation scores."""
@@ -218,7 +273,7 @@ def inspect_stage(
         typer.echo(line)
 
 
-config_app = typer.Typer(help="The run recipe.", no_args_is_help=True)
+config_app = typer.Typer(help="The run recipe.", no_args_is_help=True, context_settings=HELP_OPTIONS, rich_markup_mode=None)
 app.add_typer(config_app, name="config")
 
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]+):[^/@\s]+@")
@@ -235,7 +290,7 @@ def masked(value: Any) -> Any:
     return value
 
 
-@config_app.command("show")
+@config_app.command("show", short_help="Print the recipe as a run would use it.")
 def config_show(
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -259,7 +314,7 @@ def config_show(
     typer.echo(yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip())
 
 
-@app.command()
+@app.command(short_help="Re-hash every shard against its manifest.")
 def verify(
     stages: Annotated[Optional[list[str]], typer.Argument(help="Stages to check (default: all).")] = None,
     config: ConfigOpt = None,
@@ -291,15 +346,15 @@ def verify(
         raise typer.Exit(code=1)
 
 
-@app.command()
+@app.command(short_help="Create or update scheduled Prefect deployments.")
 def deploy(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    pool: Annotated[str, typer.Option("--pool", help="Prefect work pool of type process; created if missing.")] = "bertpipe",
-    kind: Annotated[Optional[list[str]], typer.Option("--kind", help="Deployments to create or update: full, corpus-refresh, evaluate (repeatable or comma-separated; default: all).")] = None,
-    cron: Annotated[Optional[list[str]], typer.Option("--cron", help="Schedule of one deployment as KIND=CRON, e.g. --cron 'full=0 3 * * 0'; KIND=none leaves it unscheduled (repeatable).")] = None,
-    timezone: Annotated[str, typer.Option("--timezone", help="IANA time zone of the schedules.")] = "UTC",
-    name: Annotated[Optional[str], typer.Option("--name", help="Deployment name prefix (default: the recipe's file name), giving NAME-full, NAME-corpus-refresh, NAME-evaluate.")] = None,
+    pool: Annotated[str, typer.Option("--pool", metavar="NAME", help="Prefect work pool of type process; created if missing.")] = "bertpipe",
+    kind: Annotated[Optional[list[str]], typer.Option("--kind", metavar="KIND[,KIND]", help="Deployments to create or update: full, corpus-refresh, evaluate (repeatable or comma-separated; default: all).")] = None,
+    cron: Annotated[Optional[list[str]], typer.Option("--cron", metavar="KIND=CRON", help="Schedule of one deployment as KIND=CRON, e.g. --cron 'full=0 3 * * 0'; KIND=none leaves it unscheduled (repeatable).")] = None,
+    timezone: Annotated[str, typer.Option("--timezone", metavar="TZ", help="IANA time zone of the schedules.")] = "UTC",
+    name: Annotated[Optional[str], typer.Option("--name", metavar="PREFIX", help="Deployment name prefix (default: the recipe's file name), giving NAME-full, NAME-corpus-refresh, NAME-evaluate.")] = None,
     paused: Annotated[bool, typer.Option("--paused", help="Create the deployments with their schedules paused.")] = False,
 ) -> None:
     """Create or update scheduled Prefect deployments of the flow for one recipe (full pipeline, corpus refresh, evaluation); a `prefect worker start --pool POOL` on a machine with this checkout runs them."""
@@ -319,11 +374,11 @@ def deploy(
     typer.echo(f"{len(ids)} deployment(s) in work pool {pool!r}; start a worker with: prefect worker start --pool {pool}")
 
 
-@app.command("save-recipe")
+@app.command("save-recipe", short_help="Store the resolved recipe as a Prefect Variable.")
 def save_recipe(
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    variable: Annotated[str, typer.Option("--variable", help="Name of the Prefect Variable.")] = "bertpipe_recipe",
+    variable: Annotated[str, typer.Option("--variable", metavar="NAME", help="Name of the Prefect Variable.")] = "bertpipe_recipe",
 ) -> None:
     """Store the resolved recipe as a Prefect Variable: the `config` parameter infra/prefect/prefect.yaml deploys."""
     try:
@@ -336,7 +391,7 @@ def save_recipe(
     typer.echo(f"recipe stored as Prefect Variable {variable!r}")
 
 
-@app.command("demo-data")
+@app.command("demo-data", short_help="Print where the bundled sample data lives.")
 def demo_data() -> None:
     """Print where the bundled sample data lives (real text shipped in the gensim and konlpy wheels, and bertpipe's own task files)."""
     from bertcore import sample_data
@@ -362,7 +417,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(logs.PROJECT_LOGGERS))
     # no network here or on most clusters: the temporary API server must not phone home
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    app()
+    app(prog_name="bertpipe")  # the same usage lines under `python -m flows.cli`
 
 
 if __name__ == "__main__":

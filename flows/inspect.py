@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bertcore import figures, metrics_log
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE
 from bertcore.decode import LEGEND, NSP_LABELS, decode_example
 from bertcore.errors import ConfigError
 from bertcore.eval.report import score_rows
-from bertcore.export import MODEL_DIR
+from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.metrics_log import METRICS
 from bertcore.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
 from pipelines.progress import count, duration, size
@@ -209,14 +210,17 @@ def render_examples(data: dict[str, Any]) -> list[str]:
 
 def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
     storage = directory.storage
-    losses: dict[int, dict] = {}
+    records: list[dict] = []
     if storage.exists(directory.path(METRICS)):
         for line in storage.read_text(directory.path(METRICS)).splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            losses[record.get("step")] = record
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+    records.sort(key=lambda r: r["step"])
+    every = int(manifest.config.get("log_every") or 1)
     checkpoints = []
     for tag in storage.listdir(directory.path(CHECKPOINTS)):
         folder = directory.path(f"{CHECKPOINTS}/{tag}")
@@ -224,14 +228,15 @@ def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
             continue
         marker = storage.read_json(f"{folder}/{COMPLETE}")
         fs, path = storage.fs(folder)
-        record = losses.get(marker["step"], {})
+        interval = metrics_log.at_step(records, marker["step"], every) or {}
         checkpoints.append(
             {
                 "tag": tag,
                 "step": marker["step"],
                 "phase": marker.get("phase"),
-                "loss": record.get("loss"),
-                "mlm_accuracy": record.get("mlm_accuracy"),
+                "loss": interval.get("loss"),
+                "mlm_accuracy": interval.get("mlm_accuracy"),
+                "interval": metrics_log.steps_text(interval) if interval else None,
                 "tokens_seen": marker.get("tokens_seen"),
                 "train_time_s": marker.get("train_time_s"),
                 "bytes": fs.du(path, total=True),
@@ -239,27 +244,23 @@ def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
                 "written_at": marker.get("written_at"),
             }
         )
-    model = [{"file": s.path.removeprefix(f"{MODEL_DIR}/"), "bytes": s.bytes} for s in manifest.shards_under(f"{MODEL_DIR}/")]
+    models = {
+        folder: {"uri": directory.path(folder), "files": [{"file": s.path.removeprefix(f"{folder}/"), "bytes": s.bytes} for s in manifest.shards_under(f"{folder}/")]}
+        for folder in (MODEL_DIR, MODEL_DIR + MLM_SUFFIX)
+    }
     stats = manifest.stats
     return {
         "stage": "pretrain",
         "uri": directory.uri,
         "steps": stats.get("steps"),
-        "final": stats.get("last_steps_mean") or stats.get("final"),
+        "log_every": every,
+        "final": metrics_log.final(records, every) if records else stats.get("final"),
         "validation": stats.get("validation"),
+        "loss_jumps": stats.get("loss_jumps") or [],
         "checkpoints": sorted(checkpoints, key=lambda c: c["step"]),
-        "model": {"uri": directory.path(MODEL_DIR), "files": model},
+        "model": models[MODEL_DIR],
+        "model_mlm": models[MODEL_DIR + MLM_SUFFIX] if models[MODEL_DIR + MLM_SUFFIX]["files"] else None,
     }
-
-
-def _cell(value: Any, kind: str = "") -> str:
-    if value is None:
-        return "-"
-    if kind == "%":
-        return f"{value:.1%}"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -271,19 +272,26 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_pretrain(data: dict[str, Any]) -> list[str]:
     final, validation = data["final"] or {}, data["validation"] or {}
-    lines = [
-        f"pretrain: {data['steps']} steps under {data['uri']}; loss over the last steps {_cell(final.get('loss'))}, "
-        f"MLM accuracy {_cell(final.get('mlm_accuracy'), '%')}; held-out MLM accuracy {_cell(validation.get('mlm_accuracy'), '%')}",
-        "checkpoints:",
-    ]
+    lines = [f"pretrain: {data['steps']} steps under {data['uri']}; training figures are means over intervals of {data['log_every']} steps"]
+    if final:
+        lines.append(f"final training figures ({metrics_log.steps_text(final)}): loss {figures.loss(final.get('loss'))}, "
+                     f"MLM accuracy {figures.percent(final.get('mlm_accuracy'))}")
+    if validation:
+        lines.append(f"validation at step {validation.get('step')} ({count(validation.get('sequences') or 0)} held-out sequences): "
+                     f"loss {figures.loss(validation.get('loss'))}, MLM accuracy {figures.percent(validation.get('mlm_accuracy'))}")
+    for jump in data["loss_jumps"][:10]:
+        lines.append(f"loss jump at step {jump['step']}: {jump['loss']:.2f}, {jump['factor']:.1f}x the running mean (training went on)")
+    lines.append("checkpoints (loss and MLM accuracy: means of the interval up to the checkpoint):")
     rows = [
-        [c["tag"], c["phase"] or "-", _cell(c["loss"]), _cell(c["mlm_accuracy"], "%"), count(c["tokens_seen"] or 0),
+        [c["tag"], c["phase"] or "-", figures.loss(c["loss"]), figures.percent(c["mlm_accuracy"]), count(c["tokens_seen"] or 0),
          duration(c["train_time_s"]), size(c["bytes"]), c["stopped_by"] or ""]
         for c in data["checkpoints"]
     ]
-    lines += ["    " + line for line in table(["checkpoint", "phase", "loss", "MLM acc", "tokens", "time", "size", "stopped by"], rows)]
+    lines += ["    " + line for line in table(["checkpoint", "phase", "loss", "MLM acc.", "tokens", "time", "size", "stopped by"], rows)]
     files = ", ".join(f"{f['file']} ({size(f['bytes'])})" for f in data["model"]["files"])
     lines.append(f"model: {data['model']['uri']}: {files}")
+    if data.get("model_mlm"):
+        lines.append(f"the same as a BertForMaskedLM (for AutoModelForMaskedLM): {data['model_mlm']['uri']}")
     return lines
 
 
@@ -297,17 +305,44 @@ def evaluate(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
         "uri": directory.uri,
         "report": directory.path(manifest.report) if manifest.report else None,
         "scores": score_rows(metrics),
+        "verdicts": metrics.get("verdicts", []),
         "notes": metrics.get("notes", []),
     }
 
 
+def _score(metric: str, value: Any) -> str:
+    return figures.metric(metric, value)
+
+
+def _gain(metric: str, value: Any) -> str:
+    return figures.points(value) if figures.is_score(metric) else figures.metric(metric, value)
+
+
+def _seeds(row: dict[str, Any]) -> str:
+    """3, or "1 vs 19" when random init was drawn more often (a task that trains nothing)."""
+    mine, theirs = row["seeds"], row.get("random_init_seeds")
+    if mine is None:
+        return "-"
+    return str(mine) if theirs in (None, mine) else f"{mine} vs {theirs}"
+
+
 def render_evaluate(data: dict[str, Any]) -> list[str]:
-    rows = [
-        [r["section"], r["name"], r["metric"], _cell(r["pretrained"]), _cell(r["random_init"]), _cell(r["gain"]), _cell(r["seeds"])]
-        for r in data["scores"]
-    ]
-    lines = [f"evaluate: {len(rows)} scores under {data['uri']} (fractions; the report shows them x 100)"]
-    lines += table(["section", "name", "metric", "pretrained", "random init", "gain", "seeds"], rows)
+    """The scores grouped by section, each beside random init and what learning nothing
+    scores (accuracy in percent, correlations x 100, gains in points), then the verdicts
+    as the report words them."""
+    lines = [f"evaluate: scores under {data['uri']} (pretrained median over seeds; accuracy in %, correlations x 100, gains in points)"]
+    for section in dict.fromkeys(r["section"] for r in data["scores"]):
+        rows = [
+            [r["name"], figures.name(r["metric"]), _score(r["metric"], r["pretrained"]), _score(r["metric"], r["random_init"]),
+             _gain(r["metric"], r["gain"]), f"{_score(r['metric'], r['baseline'])} ({r['baseline_name']})" if r["baseline"] is not None else "-",
+             _seeds(r)]
+            for r in data["scores"] if r["section"] == section
+        ]
+        lines.append(f"{section}:")
+        lines += ["    " + line for line in table(["name", "metric", "pretrained", "random init", "gain", "learning nothing", "seeds"], rows)]
+    if data["verdicts"]:
+        lines.append("verdicts:")
+        lines += [f"    {verdict}" for verdict in data["verdicts"]]
     lines += [f"note: {n}" for n in data["notes"]]
     if data["report"]:
         lines.append(f"report: {data['report']}")

@@ -73,6 +73,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
+def json_line(level: int, message: str, logger: str = "flows.cli", **fields: Any) -> str:
+    """One JSON log line written outside logging (an error that ends the command), in the
+    same shape as every other line: time, level, logger, message, then `fields`."""
+    record = logging.LogRecord(logger, level, "", 0, message, None, None)
+    record.__dict__.update(fields)
+    return JsonFormatter().format(record)
+
+
 class StderrHandler(logging.StreamHandler):
     """A stream handler that writes to whatever `sys.stderr` is when a record arrives, not
     to the stream it was created with: a command run inside another program (a test's

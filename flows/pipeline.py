@@ -19,6 +19,7 @@ from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
+from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
 from flows import logs
 from flows.artifacts import publish_stage
 from flows.failures import describe, is_transient, write_traceback
@@ -77,6 +78,10 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     }
     if manifest.report:
         summary["report"] = directory.path(manifest.report)
+    for folder in (MODEL_DIR + MLM_SUFFIX, MODEL_DIR):  # the folder AutoModelForMaskedLM loads without unexpected keys
+        if manifest.shards_under(f"{folder}/"):
+            summary["model"] = directory.path(folder)
+            break
     if manifest.stats.get("verdicts"):
         summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)
     for skipped in manifest.skipped:

@@ -1,6 +1,6 @@
 """What `bertpipe run` prints at the end: one row per stage (computed or cached, the time
-it took in this run, its key figures from the manifest's headline) and the commands a
-user types next."""
+it took in this run, its key figures from the manifest's headline, wrapped within 100
+columns) and the commands a user types next."""
 
 from __future__ import annotations
 
@@ -11,20 +11,48 @@ from typing import Any
 from pipelines.progress import duration
 from pipelines.stage_log import headline_text
 
-KEY_FIGURES_WIDTH = 110
-"""Key figures longer than this are cut (the table stays one line per stage)."""
+WIDTH = 100
+"""Columns the summary keeps within: key figures that do not fit go on to the next line,
+under the key figures column, at a figure's boundary."""
+_INDENT = 30  # len(f"{'stage':<10} {'state':<9} {'time':>7}  ")
 
 
-def _figures(summary: dict[str, Any]) -> str:
-    text = headline_text(summary.get("headline") or {}) or f"rows {summary.get('rows')}"
-    return text if len(text) <= KEY_FIGURES_WIDTH else text[: KEY_FIGURES_WIDTH - 1] + "…"
+def wrap_figures(text: str, width: int = WIDTH - _INDENT) -> list[str]:
+    """'a 1 · b 2 · c 3' as lines of at most `width` columns, broken between figures (a
+    figure longer than the width gets lines of its own, broken at spaces)."""
+    import textwrap
+
+    lines: list[str] = []
+    joinable = False  # the last line ends a whole figure that another may follow
+    for figure in text.split(" · "):
+        if joinable and len(lines[-1]) + 3 + len(figure) <= width:
+            lines[-1] += " · " + figure
+            continue
+        parts = textwrap.wrap(figure, width, break_long_words=False, break_on_hyphens=False) or [figure]
+        lines += parts
+        joinable = len(parts) == 1
+    return lines or [""]
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> list[str]:
+    """A long line (a verdict) broken at spaces into lines of at most `width` columns, the
+    later ones indented."""
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False) or [""]
 
 
 def table(summaries: list[dict[str, Any]]) -> list[str]:
-    """stage, computed/cached, time in this run, key figures; one line each."""
+    """stage, computed/cached, time, key figures (all of them, wrapped). The time of a
+    computed stage is the one its end line and `bertpipe status` show (the manifest's);
+    of a cached one, what looking it up took in this run."""
     lines = [f"{'stage':<10} {'state':<9} {'time':>7}  key figures"]
     for s in summaries:
-        lines.append(f"{s['stage']:<10} {s['state']:<9} {duration(s.get('elapsed_s')):>7}  {_figures(s)}")
+        figures = headline_text(s.get("headline") or {}) or f"rows {s.get('rows')}"
+        first, *rest = wrap_figures(figures)
+        seconds = s.get("seconds") if s["state"] == "computed" and s.get("seconds") is not None else s.get("elapsed_s")
+        lines.append(f"{s['stage']:<10} {s['state']:<9} {duration(seconds):>7}  {first}")
+        lines += [" " * _INDENT + line for line in rest]
     return lines
 
 
@@ -44,9 +72,8 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
     by_stage = {s["stage"]: s for s in summaries}
     lines = []
     for stage, what in (("pretrain", "the model"), ("distill", "the student")):
-        if stage in by_stage:
-            model = _shown(f"{by_stage[stage]['uri'].rstrip('/')}/model")
-            lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{model}")  (transformers)')
+        if "model" in by_stage.get(stage, {}):
+            lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{_shown(by_stage[stage]["model"])}")  (transformers)')
     if "report" in by_stage.get("evaluate", {}):
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:

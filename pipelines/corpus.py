@@ -13,7 +13,7 @@ Output order and boundaries depend only on the inputs and the config, never on t
 of workers or on how a file was cut: documents keep their input order (file, then a key
 that is the same whichever task read the record: its byte offset, or for a multistream
 dump its stream and offset inside it), exact duplicates keep the first occurrence, and
-shards are cut in that order at equal character counts. (About 500 lines: cleaning,
+shards are cut in that order at equal character counts. (About 600 lines: cleaning,
 deduplication and cutting share the record order; input planning is in corpus_inputs.py.)
 """
 
@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import posixpath
+import tempfile
 import time
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 import ray
 
 from bertcore.errors import BertpipeError, InputDataError
@@ -37,18 +40,32 @@ from bertcore.text.clean import Cleaned, Wiki, clean_document
 from bertcore.text.config import CorpusConfig
 from bertcore.text.dedup import content_hash, minhash_signature, near_duplicates
 from bertcore.text.lengths import Lengths
-from bertcore.text.records import InputError, RawDocument, ReadStats, iter_raw_documents
-from pipelines.corpus_inputs import InputFile, Piece, Unit, input_location_free, list_inputs, open_piece, plan_units
+from bertcore.text.encoding import sniff, splittable
+from bertcore.text.reader import peek
+from bertcore.text.records import CHUNKABLE, Chunk, InputError, RawDocument, ReadStats, detect_format, iter_raw_documents, record_chunks
+from bertcore.text.tabular import header_columns
+from bertcore.text.wikisite import SiteInfo
+from pipelines.corpus_inputs import (
+    InputFile,
+    Piece,
+    Unit,
+    open_piece,
+    plan_units,
+    reading_arguments,
+)
 from pipelines.corpus_stats import statistics
-from pipelines.progress import Progress, size
+from pipelines.progress import Progress
 from pipelines.ray_runtime import run_tasks, unwrap
 from pipelines.shards import read_table, write_table
-from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun
+from pipelines.stage import Output, ShardInfo, StageDir, StageRun
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-_BATCH_CHARS = 32 << 20  # most characters of raw text in one batch of a streamed file
+_BATCH_BYTES = 4 << 20
+"""Bytes of decompressed input (or characters of raw text) in one batch of a streamed file."""
+_FLUSH_CHARS = 1 << 20
+"""Characters of cleaned text a task holds before it writes them out as one record batch."""
 
 DOCUMENT_SCHEMA = pa.schema(
     [
@@ -132,10 +149,20 @@ class UnitResult:
 
 
 class _Work:
-    """The cleaned documents of one task, as WORK_SCHEMA columns."""
+    """The cleaned documents of one task, as WORK_SCHEMA record batches written to a local
+    file every `_FLUSH_CHARS` characters, so a task holds at most that much cleaned text
+    however large its share of the input."""
 
-    def __init__(self):
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, "work.arrow")
+        self.rows = 0
+        self._sink = pa.OSFile(self.path, "wb")
+        self._writer = ipc.new_file(self._sink, WORK_SCHEMA)
+        self._clear()
+
+    def _clear(self) -> None:
         self.columns: dict[str, list] = {name: [] for name in WORK_SCHEMA.names}
+        self._chars = 0
 
     def add(self, file: InputFile, key: tuple[int, int], seq: int, cleaned: Cleaned) -> None:
         c = self.columns
@@ -150,10 +177,22 @@ class _Work:
         c["chars"].append(cleaned.chars)
         c["n_sentences"].append(len(cleaned.sentences))
         c["content_hash"].append(content_hash(cleaned.sentences))
+        self._chars += cleaned.chars
+        if self._chars >= _FLUSH_CHARS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.columns["doc_id"]:
+            batch = pa.record_batch(self.columns, schema=WORK_SCHEMA)
+            self._writer.write_batch(batch)
+            self.rows += batch.num_rows
+        self._clear()
 
     def publish(self, stage: StageDir, path: str, fp: str, result: UnitResult) -> UnitResult:
-        table = pa.table(self.columns, schema=WORK_SCHEMA)
-        work = stage.publish(path, lambda local: write_table(local, table), rows=table.num_rows)
+        self._flush()
+        self._writer.close()
+        self._sink.close()
+        work = stage.publish_copy(path, self.path, rows=self.rows)
         result.works = [path]
         stage.complete(path, fp, [work], result.to_json())
         return result
@@ -202,10 +241,11 @@ def _clean_records(work: _Work, records, piece: Piece, key, header, cfg: CorpusC
         counts["boilerplate_chars"] += outcome.boilerplate_chars
 
 
-def _count_read(result: UnitResult, file: InputFile, stats: ReadStats, compressed: int) -> None:
+def _count_read(result: UnitResult, file: InputFile, stats: ReadStats, compressed: int, decompressed: bool = True) -> None:
     counts = result.files[file.index]
     counts["compressed_bytes_read"] += compressed
-    counts["decompressed_bytes"] += stats.decompressed_bytes
+    if decompressed:
+        counts["decompressed_bytes"] += stats.decompressed_bytes
     counts["truncated_bytes"] += stats.truncated_bytes
     if stats.truncated_records:
         counts["truncated_records"] += stats.truncated_records
@@ -219,49 +259,95 @@ def clean_unit(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str) -> UnitR
     done = stage.done(unit.work_path, fp)
     if done is not None:
         return UnitResult.from_json(unit.index, done.result)
-    result, work = UnitResult(unit.index), _Work()
-    for piece in unit.pieces:
-        stats = ReadStats()
-        try:
-            with open_piece(stage.storage, piece) as opened:
-                records = iter_raw_documents(opened.stream, piece.fmt, stats=stats, **opened.arguments)
-                _clean_records(work, records, piece, opened.key, lambda: piece.header or stats.header, cfg, result)
-                compressed = opened.compressed_bytes
-        except _USER_ERRORS as exc:
-            result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
-            continue
-        _count_read(result, piece.file, stats, compressed)
-    return work.publish(stage, unit.work_path, fp, result)
+    result = UnitResult(unit.index)
+    with tempfile.TemporaryDirectory(prefix="bertpipe-corpus-") as tmp:
+        work = _Work(tmp)
+        for piece in unit.pieces:
+            stats = ReadStats()
+            try:
+                with open_piece(stage.storage, piece) as opened:
+                    records = iter_raw_documents(opened.stream, piece.fmt, stats=stats, **opened.arguments)
+                    _clean_records(work, records, piece, opened.key, lambda: piece.header or stats.header, cfg, result)
+                    compressed = opened.compressed_bytes
+                    if opened.decoded is not None:
+                        stats.decompressed_bytes = opened.decoded()
+            except _USER_ERRORS as exc:
+                result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
+                continue
+            _count_read(result, piece.file, stats, compressed)
+        return work.publish(stage, unit.work_path, fp, result)
 
 
 @dataclass(frozen=True)
 class Batch:
+    """A batch of a streamed file: whole records as the file's bytes (`chunk`), which the
+    cleaning task parses, or records parsed by the reader (`records`: formats and encodings
+    whose record starts cannot be found from their bytes)."""
+
     index: int
-    records: list[RawDocument]
+    fmt: str
     header: object
+    """The file's header (SiteInfo, tsv columns) for a chunk that does not start the file."""
+    chunk: Chunk | None = None
+    records: list[RawDocument] | None = None
+
+
+def _stream_format(stream, piece: Piece) -> tuple[str, bool, object]:
+    """(format, whether the file can go out in chunks of records, the stream from its
+    first byte): from the file's first decompressed bytes."""
+    head, stream = peek(stream, 4096)
+    name = piece.file.uri
+    fmt = piece.fmt if piece.fmt != "auto" else detect_format(name, head)
+    chunked = fmt in CHUNKABLE and splittable(sniff(head, piece.file.spec.encoding))
+    return fmt, chunked, stream
+
+
+def _chunk_header(chunk: Chunk, fmt: str, name: str) -> object:
+    """What the file's later chunks need from its first one: a dump's <siteinfo>, the
+    columns of a tsv file."""
+    if fmt == "wikipedia":
+        first_page = chunk.data.find(b"<page>")
+        return SiteInfo.from_xml(chunk.data if first_page < 0 else chunk.data[:first_page])
+    if fmt == "tsv":
+        return header_columns(fmt, chunk.data.split(b"\n", 1)[0], name)
+    return None
 
 
 @ray.remote(num_cpus=0, max_retries=3)
-def read_stream(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str, batch_chars: int):
-    """Decompress one file once, front to back, yielding its records in batches of about
-    `batch_chars` characters; what was read is recorded under `unit.read_marker`. Takes no
-    CPU slot of its own, so it can never wait on the cleaning tasks it feeds."""
+def read_stream(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str, batch_bytes: int):
+    """Decompress one file once, front to back, and hand it on in batches of about
+    `batch_bytes`: chunks of whole records (bytes, which the cleaning tasks parse) when its
+    records can be found from their bytes, else parsed records. What was read is recorded
+    under `unit.read_marker`. Takes no CPU slot of its own, so it can never wait on the
+    cleaning tasks it feeds."""
     piece = unit.pieces[0]
     stats, result = ReadStats(), UnitResult(unit.index)
-    batch: list[RawDocument] = []
-    size = n = 0
+    n = 0
     try:
         with open_piece(stage.storage, piece) as opened:
-            for raw in iter_raw_documents(opened.stream, piece.fmt, stats=stats, **opened.arguments):
-                batch.append(raw)
-                size += len(raw.text)
-                if size >= batch_chars:
-                    yield Batch(n, batch, stats.header)
-                    batch, size, n = [], 0, n + 1
-            if batch:
-                yield Batch(n, batch, stats.header)
-                n += 1
+            fmt, chunked, stream = _stream_format(opened.stream, piece)
+            if chunked:
+                header = None
+                for chunk in record_chunks(stream, fmt, batch_bytes, name=posixpath.basename(piece.file.uri), stats=stats):
+                    header = _chunk_header(chunk, fmt, piece.file.uri) if n == 0 else header
+                    yield Batch(n, fmt, header, chunk=chunk)
+                    n += 1
+            else:
+                batch: list[RawDocument] = []
+                size = 0
+                arguments = {**opened.arguments, "stats": stats}
+                for raw in iter_raw_documents(stream, fmt, **arguments):
+                    batch.append(raw)
+                    size += len(raw.text)
+                    if size >= batch_bytes:
+                        yield Batch(n, fmt, stats.header, records=batch)
+                        batch, size, n = [], 0, n + 1
+                if batch:
+                    yield Batch(n, fmt, stats.header, records=batch)
+                    n += 1
             compressed = opened.compressed_bytes
+            # a .gz of several members is decoded a second time to check its end (compressed.py)
+            stats.decompressed_bytes += getattr(opened.stream, "verified_bytes", 0)
         _count_read(result, piece.file, stats, compressed)
     except _USER_ERRORS as exc:
         result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
@@ -274,12 +360,21 @@ def clean_batch(unit: Unit, batch: Batch, cfg: CorpusConfig, stage: StageDir, fp
     done = stage.done(path, fp)
     if done is not None:
         return UnitResult.from_json(unit.index, done.result)
-    piece, result, work = unit.pieces[0], UnitResult(unit.index), _Work()
-    try:
-        _clean_records(work, batch.records, piece, lambda offset: (offset, 0), lambda: batch.header, cfg, result)
-    except InputError as exc:
-        result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
-    return work.publish(stage, path, fp, result)
+    piece, result = unit.pieces[0], UnitResult(unit.index)
+    with tempfile.TemporaryDirectory(prefix="bertpipe-corpus-") as tmp:
+        work = _Work(tmp)
+        try:
+            if batch.chunk is not None:
+                chunk, stats = batch.chunk, ReadStats()
+                records = iter_raw_documents(chunk.stream(), batch.fmt, start=chunk.offset, first=chunk.offset == 0,
+                                             header=batch.header, stats=stats, **reading_arguments(piece.file))
+                _clean_records(work, records, piece, lambda offset: (offset, 0), lambda: batch.header or stats.header, cfg, result)
+                _count_read(result, piece.file, stats, 0, decompressed=False)  # the reader counted the bytes
+            else:
+                _clean_records(work, batch.records, piece, lambda offset: (offset, 0), lambda: batch.header, cfg, result)
+        except InputError as exc:
+            result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)
+        return work.publish(stage, path, fp, result)
 
 
 def _raise_failed(exc: ray.exceptions.RayTaskError, pending) -> None:
@@ -310,7 +405,7 @@ def _clean_all(units: list[Unit], cfg: CorpusConfig, stage: StageDir, fp: str, p
         while plain or streamed or in_flight or readers:
             while streamed and len(readers) < max(1, limit // 4):
                 unit = streamed.popleft()
-                reader = read_stream.options(_generator_backpressure_num_objects=2).remote(unit, cfg, stage, fp, min(cfg.split_bytes, _BATCH_CHARS))
+                reader = read_stream.options(_generator_backpressure_num_objects=2).remote(unit, cfg, stage, fp, min(cfg.split_bytes, _BATCH_BYTES))
                 readers[reader] = unit
             for reader, unit in list(readers.items()):
                 while len(in_flight) < limit and ray.wait([reader], timeout=0)[0]:
@@ -376,14 +471,6 @@ def write_output_shard(relative: str, pieces: list[tuple[str, np.ndarray]], stag
 
 
 # -- the stage ---------------------------------------------------------------------------------
-
-
-def identify(cfg: CorpusConfig, storage) -> External:
-    """The input files and what identifies their content (names relative to their input,
-    sizes, content hashes or ETags; never where they are); the files are listed once."""
-    listing = list_inputs(cfg, storage)
-    summary = f"{len(listing.files)} input files ({size(sum(f.size for f in listing.files))})"
-    return External(identity=listing.identity, value=listing, summary=summary)
 
 
 def run(r: StageRun) -> Output:
@@ -512,11 +599,3 @@ def _signatures(stage: StageDir, works: list[str], meta, candidates, corpus: Cor
         sentences = cache[position].column("sentences")[int(meta["row"][i])].as_py()
         signatures.append(minhash_signature(sentences, corpus.minhash_num_perm, corpus.shingle_words, seed))
     return signatures
-
-
-# The split hashes document ids; only MinHash near-deduplication draws from the seed.
-STAGE = Stage(
-    "corpus", CorpusConfig, run, code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
-    fingerprint_config=input_location_free,
-    writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
-)

@@ -9,8 +9,13 @@ How a file is read (`plan_units`):
   ranges of whole bzip2 streams; each task seeks to its first stream;
 - an uncompressed file in a format whose records can be found from any byte (MediaWiki
   XML, lines, jsonl, tsv, Parquet row groups) in UTF-8 is cut into byte ranges;
-- any other large file (single-stream .bz2/.gz/.xz/.zst, csv, a non-UTF-8 encoding) is
-  read by one task that hands its records to cleaning tasks in batches (`streamed`).
+- a single-stream .bz2 in one of those formats (Parquet aside) is cut into compressed byte
+  ranges; each task decodes the bzip2 blocks that start in its range
+  (bertcore/text/compressed.py);
+- any other large file (.gz/.xz/.zst, csv, a non-UTF-8 encoding, a .bz2 whose head cannot
+  be read) is decompressed by one task that hands it to cleaning tasks in batches
+  (`streamed`): chunks of whole records when they can be found from their bytes, else
+  parsed records.
 The driver reads what planning needs (a dump's <siteinfo>, a tsv header, the index) and
 counts those bytes too.
 """
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import bz2
 import contextlib
-import gzip
 import lzma
 import math
 import posixpath
@@ -28,10 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bertcore.errors import ConfigError, InputDataError
+from bertcore.text.compressed import Bz2Blocks, open_gzip
 from bertcore.text.config import CorpusConfig, InputSpec
 from bertcore.text.encoding import sniff, splittable
 from bertcore.text.multistream import Bz2Range, index_name, plan_ranges, stream_offsets
-from bertcore.text.records import SPLITTABLE, InputError, ReadStats, detect_format, iter_raw_documents
+from bertcore.text.records import CHUNKABLE, SPLITTABLE, InputError, ReadStats, detect_format, iter_raw_documents
 from bertcore.text.tabular import header_columns
 from bertcore.text.wikisite import SiteInfo
 from pipelines.content_id import HashCache, content_id
@@ -63,10 +68,11 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Piece:
-    """What one reader reads of one file: all of it, a byte range, or a range of streams."""
+    """What one reader reads of one file: all of it, a byte range, a range of multistream
+    streams, or the bzip2 blocks that start in a compressed byte range."""
 
     file: InputFile
-    kind: Literal["whole", "range", "streams"] = "whole"
+    kind: Literal["whole", "range", "streams", "blocks"] = "whole"
     start: int = 0
     end: int | None = None
     fmt: str = "auto"
@@ -220,6 +226,15 @@ def _large_file(cfg: CorpusConfig, file: InputFile, storage: Storage, plan: Plan
             for start, stop in plan_ranges(offsets, cfg.split_bytes):
                 yield [Piece(file, "streams", start, stop, "wikipedia", header=site)], False
             return
+    if compression == "bz2":
+        try:
+            fmt, header, can_split = _head(storage, file, plan, compression)
+        except InputDataError:  # the reading task reports it (or skips the file)
+            can_split = False
+        if can_split and fmt in CHUNKABLE:
+            for start, end in _byte_ranges(file.size, cfg.split_bytes):
+                yield [Piece(file, "blocks", start, end, fmt, header=header)], False
+            return
     if compression is not None:
         yield [Piece(file, fmt=fmt)], True
         return
@@ -227,12 +242,16 @@ def _large_file(cfg: CorpusConfig, file: InputFile, storage: Storage, plan: Plan
     if fmt == "book":
         yield [Piece(file, fmt=fmt)], False
     elif can_split:
-        n = math.ceil(file.size / cfg.split_bytes)
-        for i in range(n):
-            start, end = i * file.size // n, (i + 1) * file.size // n if i + 1 < n else None
+        for start, end in _byte_ranges(file.size, cfg.split_bytes):
             yield [Piece(file, "range", start, end, fmt, header=header)], False
     else:
         yield [Piece(file, fmt=fmt)], True
+
+
+def _byte_ranges(size: int, split_bytes: int) -> list[tuple[int, int | None]]:
+    """[start, end) ranges of about `split_bytes` tiling `size` bytes; the last ends at None."""
+    n = math.ceil(size / split_bytes)
+    return [(i * size // n, (i + 1) * size // n if i + 1 < n else None) for i in range(n)]
 
 
 def _find_index(file: InputFile, storage: Storage) -> str | None:
@@ -269,12 +288,16 @@ def _multistream_header(storage: Storage, file: InputFile, offsets: list[int], p
     return SiteInfo.from_xml(data)
 
 
-def _head(storage: Storage, file: InputFile, plan: Plan) -> tuple[str, Any, bool]:
+def _head(storage: Storage, file: InputFile, plan: Plan, compression: str | None = None) -> tuple[str, Any, bool]:
     """(format, header for later ranges, whether byte ranges can be read on their own) of
-    an uncompressed file, from its first bytes (and a dump's whole <siteinfo>)."""
+    a file (uncompressed, or bz2), from its first bytes (and a dump's whole <siteinfo>)."""
     spec = file.spec
     with storage.open(file.uri, "rb") as raw:
-        head = raw.read(_HEAD_BYTES)
+        stream = bz2.BZ2File(raw) if compression == "bz2" else raw
+        try:
+            head = stream.read(_HEAD_BYTES)
+        except (OSError, EOFError) as exc:
+            raise InputDataError(f"{file.uri}: {exc}") from None
         used = len(head)
         try:
             fmt = spec.format if spec.format != "auto" else detect_format(file.uri, head)
@@ -284,9 +307,10 @@ def _head(storage: Storage, file: InputFile, plan: Plan) -> tuple[str, Any, bool
         header: Any = None
         if fmt == "wikipedia" and splittable(encoding):
             raw.seek(0)
+            stream = bz2.BZ2File(raw) if compression == "bz2" else raw
             stats = ReadStats()
             try:
-                for _ in iter_raw_documents(raw, fmt, name=file.uri, encoding=spec.encoding, owns=lambda _: False, stats=stats):
+                for _ in iter_raw_documents(stream, fmt, name=file.uri, encoding=spec.encoding, owns=lambda _: False, stats=stats):
                     pass
             except InputError as exc:
                 raise InputDataError(str(exc)) from None
@@ -327,17 +351,36 @@ class _Counting:
         return False
 
 
+class _SeekableCounting(_Counting):
+    """A seekable raw file that counts the bytes read from it (rapidgzip seeks)."""
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def write(self, data) -> int:
+        raise OSError("read-only")
+
+    def close(self) -> None:
+        pass  # the handle is closed by whoever opened it
+
+
 def _decompressed(raw: _Counting, compression: str | None):
     if compression == "bz2":
         return bz2.BZ2File(raw)
     if compression == "gzip":
-        return gzip.GzipFile(fileobj=raw)
+        return open_gzip(raw)
     if compression == "xz":
         return lzma.LZMAFile(raw)
     if compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
     return raw
 
 
@@ -349,17 +392,24 @@ class Opened:
     key: Callable[[int], tuple[int, int]]
     """A record's offset -> its order key (major, minor), the same however the file is cut."""
     raw: _Counting
+    decoded: Callable[[], int] | None = None
+    """Bytes the decompressor decoded, when that is more than it handed out."""
 
     @property
     def compressed_bytes(self) -> int:
         return self.raw.bytes
 
 
+def reading_arguments(file: InputFile) -> dict:
+    """Keyword arguments of iter_raw_documents that every piece of `file` shares."""
+    return {"name": posixpath.basename(file.uri), "text_column": file.spec.text_column,
+            "title_column": file.spec.title_column, "encoding": file.spec.encoding}
+
+
 @contextlib.contextmanager
 def open_piece(storage: Storage, piece: Piece) -> Iterator[Opened]:
     file = piece.file
-    common = {"name": posixpath.basename(file.uri), "text_column": file.spec.text_column,
-              "title_column": file.spec.title_column, "encoding": file.spec.encoding}
+    common = reading_arguments(file)
     with storage.open(file.uri, "rb") as handle:
         raw = _Counting(handle)
         if piece.kind == "streams":
@@ -367,6 +417,11 @@ def open_piece(storage: Storage, piece: Piece) -> Iterator[Opened]:
             streams = Bz2Range(raw, piece.start, piece.end)
             arguments = {"owns": streams.owns, "first": piece.start == 0, "header": piece.header}
             yield Opened(streams, {**common, **arguments}, streams.key, raw)
+        elif piece.kind == "blocks":
+            with Bz2Blocks(handle, piece.start, piece.end, file.size, line_records=piece.fmt != "wikipedia") as blocks:
+                first = piece.start == 0
+                arguments = {"owns": blocks.owns, "first": first, "aligned": first, "header": piece.header}
+                yield Opened(blocks, {**common, **arguments}, blocks.key, blocks.window, lambda: blocks.decoded_bytes)
         elif piece.kind == "range" and piece.fmt == "parquet":
             yield Opened(handle, {**common, "start": piece.start, "end": piece.end}, lambda o: (o, 0), raw)
         elif piece.kind == "range":
@@ -379,4 +434,11 @@ def open_piece(storage: Storage, piece: Piece) -> Iterator[Opened]:
         elif piece.fmt == "parquet" or (piece.fmt == "auto" and file.uri.lower().endswith(".parquet")):
             yield Opened(handle, common, lambda o: (o, 0), raw)
         else:
-            yield Opened(_decompressed(raw, compression_of(file.uri)), common, lambda o: (o, 0), raw)
+            compression = compression_of(file.uri)
+            raw = _SeekableCounting(handle) if compression == "gzip" and handle.seekable() else raw
+            stream = _decompressed(raw, compression)
+            try:
+                yield Opened(stream, common, lambda o: (o, 0), raw)
+            finally:
+                if stream is not raw:
+                    stream.close()

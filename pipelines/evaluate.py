@@ -1,25 +1,35 @@
 """Evaluate stage: the pretrained model's held-out MLM/NSP scores, tasks against a randomly
 initialised model of the same size, and sentence embeddings, each beside what learning
 nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
-`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root.
+`eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root; the
+scores and verdicts also go to the trackers the training used (TensorBoard files under
+`eval/tensorboard/`, the MLflow and W&B runs; bertcore/tracking.py).
+
+After distillation (the distill stage ran) the models are three: the teacher, the student
+(the "subject", judged against random init as the pretrained model is otherwise) and a
+random init of the student's architecture; the report adds what the student keeps of the
+teacher's gain and the speed of each, measured here (bertcore/eval/distillation.py).
 
 Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
 `evaluate.num_gpus` of a GPU each when set):
-- intrinsic: one per (examples phase, pretrained | random init), over the phase's
+- intrinsic: one per (examples phase, subject | random init), over the phase's
   validation shards (and its training shards, for the unigram baseline);
-- tasks: one per (task, seed, pretrained | random init); cross-validation folds run
-  inside the job;
-- embeddings: one per (pretrained | random init); fill-mask: one, pretrained.
+- tasks: one per (task, seed, model); cross-validation folds run inside the job; the job
+  of a task's first seed on the subject also keeps the model fine-tuned on the whole
+  training file, `heads/<subject>/<task>.safetensors` (bertcore/eval/heads.py), which
+  `bertpipe export --task` puts on the exported encoder;
+- embeddings: one per model; fill-mask: one, the subject; speed (after distillation): one,
+  after the others, alone.
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
 crashed, re-run with the same fingerprint, computes only the jobs still missing. Remote
 files (model, task files) are copied to a per-content local cache in the worker that reads
 them, because transformers and the task readers read local folders.
 
-fingerprint = hash(code version + evaluate section without its file paths + pretrain,
-examples and corpus fingerprints + run seed + the content signature of every task file),
+fingerprint = hash(code version + evaluate section without its file paths + pretrain (or
+distill), examples and corpus fingerprints + run seed + the content signature of every task file),
 so editing a task file in place re-runs the evaluation and moving it does not.
 
-The module is a little over 500 lines: it is the one place that turns the section into
+The module is under 600 lines: it is the one place that turns the section into
 jobs, runs them on Ray and folds their results into metrics; the scoring, floors,
 verdicts and report live in bertcore/eval.
 """
@@ -31,15 +41,18 @@ import os
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
 
+from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.eval import finetune, report, summary
+from bertcore.eval import distillation, finetune, report, summary
+from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import (
     TASK_FILES,
+    TRAINED_TYPES,
     EmbeddingsConfig,
     EvaluateConfig,
     IntrinsicConfig,
@@ -48,19 +61,18 @@ from bertcore.eval.config import (
 )
 from bertcore.examples_config import ExamplesConfig, PhaseConfig
 from bertcore.export import HF_FILES, MODEL_DIR
-from bertcore.metrics_log import METRICS
+from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy, keyed_seed
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches
 from pipelines.stage import (
-    External,
     Output,
     ShardInfo,
-    Stage,
     StageDir,
     StageRun,
     Upstream,
 )
+from pipelines.stages.evaluate import check_lengths
 from pipelines.storage import Storage, is_local
 
 log = logging.getLogger(__name__)
@@ -201,17 +213,41 @@ def _fill_mask_job(model: Model, sentences: list[str], count: int, seed: int, st
 
 @ray.remote(max_retries=1)
 def _finetune_job(
-    task: TaskConfig, model: Model, tokenizer: Model, task_seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int
+    task: TaskConfig, model: Model, tokenizer: Model, task_seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int,
+    keep_in: StageDir | None = None,
 ) -> dict:
     """One fine-tuning run (all folds of one seed); file names in messages are the task's URIs.
-    `tokenizer`: the model whose folder holds the tokenizer files (every model shares the vocabulary)."""
+    `tokenizer`: the model whose folder holds the tokenizer files (every model shares the
+    vocabulary). With `keep_in` (the stage directory), the model fine-tuned on the whole
+    training file is saved there for `bertpipe export --task`; the result's "saved" is its
+    shard record."""
+    model_dir = model.local(storage)
     local, back = _local_task(task, storage, file_keys)
+    kept: list | None = [] if keep_in is not None else None
     try:
-        result = finetune.run_task(local, model.local(storage), tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads)
+        result = finetune.run_task(local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept)
     except BertpipeError as exc:
         raise type(exc)(_original_paths(str(exc), back)) from None
     result["skipped_problems"] = [_original_paths(p, back) for p in result["skipped_problems"]]
+    if kept:
+        result["saved"] = asdict(_save_task_model(keep_in, task, model.name, kept[0], model_dir, task_seed, result))
     return result
+
+
+def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_dir: str, seed: int, result: dict) -> ShardInfo:
+    """heads/<name>/<task>.safetensors (name: pretrained, or student): the fine-tuned model
+    and what export needs to know of it."""
+    from bertcore.eval.heads import TaskHead, head_path, save_task_model
+    from bertcore.export import WEIGHTS_FILE
+    from pipelines.storage import sha256_file
+
+    head = TaskHead(
+        task=task.name, type=task.type, labels=list(result["labels"]), num_outputs=model.head.out_features,
+        layers=task.layers if isinstance(task.layers, str) else list(task.layers), combine=task.combine, pooling=task.pooling,
+        seed=seed, trained_on=f"the whole training file ({result['train_examples']} examples)",
+        encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)), max_seq_length=task.max_seq_length,
+    )
+    return stage.publish(head_path(name, task.name), lambda path: save_task_model(path, model, head), rows=0)
 
 
 @ray.remote(max_retries=1)
@@ -258,57 +294,12 @@ class _Job:
     phase: str | None = None
     task: TaskConfig | None = None
     task_seed: int = 0
+    keep_model: bool = False
+    """finetune: save the model fine-tuned on the whole training file (heads/)."""
     shards: list[str] = field(default_factory=list)
     train_shards: list[str] = field(default_factory=list)
 
 
-def _absolute(uri: str) -> str:
-    return os.path.abspath(os.path.expanduser(uri)) if is_local(uri) and "://" not in uri else uri
-
-
-def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
-    """The task and STS files. Their identity is {config key: content signature}, not
-    where they lie (the section's fingerprint leaves the paths out, see
-    `task_location_free`), so a reinstall that moves the bundled files changes nothing;
-    the value is (the section with absolute local paths, {file URI: signature}). A file
-    that does not exist is a ConfigError naming its key."""
-    signatures: dict[str, str] = {}
-    identity: dict[str, str] = {}
-
-    def check(uri: str, key: str) -> str:
-        uri = _absolute(uri)
-        try:
-            fs, path = storage.fs(uri)
-            found = fs.isfile(path)
-        except OSError as exc:
-            raise ConfigError(f"{key}: cannot reach {uri} ({exc})") from None
-        if not found:
-            raise ConfigError(f"{key}: {uri} does not exist (or is a folder); fix the path in the evaluate section")
-        signatures[uri] = identity[key.removeprefix("evaluate.")] = storage.signature(uri)
-        return uri
-
-    tasks = []
-    for i, task in enumerate(eval_cfg.tasks):
-        update = {s: check(getattr(task, s), f"evaluate.tasks[{i}].{s}") for s in TASK_FILES if getattr(task, s) is not None}
-        tasks.append(task.model_copy(update=update))
-    resolved = eval_cfg.model_copy(update={"tasks": tasks})
-    sts = eval_cfg.embeddings.sts
-    if eval_cfg.embeddings.enabled and sts is not None:
-        sts = sts.model_copy(update={"file": check(sts.file, "evaluate.embeddings.sts.file")})
-        resolved = resolved.model_copy(update={"embeddings": eval_cfg.embeddings.model_copy(update={"sts": sts})})
-    return External(identity=identity, value=(resolved, signatures), summary=f"{len(signatures)} task file(s)")
-
-
-def task_location_free(config: dict) -> dict:
-    """The evaluate section's JSON without where its task and STS files are: `identify`
-    puts their content signatures in the fingerprint instead."""
-    out = dict(config)
-    out["tasks"] = [{k: v for k, v in task.items() if k not in TASK_FILES} for task in config.get("tasks", [])]
-    embeddings = dict(config.get("embeddings") or {})
-    if isinstance(embeddings.get("sts"), dict):
-        embeddings["sts"] = {k: v for k, v in embeddings["sts"].items() if k != "file"}
-    out["embeddings"] = embeddings
-    return out
 
 
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
@@ -332,38 +323,29 @@ def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: 
     return [pool[i] for i in chosen]
 
 
-def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], dict | None]:
+def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], list[dict], dict | None]:
+    """The pretraining log's records, its validations, and what the report says of them:
+    where the log is (relative to run.root), its final figures (the means over the last
+    logging interval, bertcore.metrics_log), the last validation and the loss jumps."""
     uri = pretrain.path(METRICS)
     if not storage.exists(uri):
-        return [], None
+        return [], [], None
     records, bad = report.read_training_log(storage.read_text(uri).splitlines())
-    summary = {"uri": uri, "records": len(records), "unreadable_lines": bad}
-    if records:
-        summary["first"], summary["last"] = records[0], records[-1]
-    return records, summary
-
-
-def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
-    """What can be checked before anything runs: intrinsic phases are examples phases, and
-    no task or embedding input is longer than the pretrained model's positions."""
-    phases = [p.name for p in reads["examples"].phases]
-    unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
-    if unknown:
-        raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
-    pretrain = reads.get("pretrain")
-    positions = pretrain.max_position_embeddings if pretrain is not None else None
-    if positions is not None:  # None with pretrain.init_from or an external teacher: checked when the stage runs
-        _check_lengths(cfg, positions, f"pretrain.model_size {pretrain.model_size}", ValueError)
-
-
-def _check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[Exception]) -> None:
-    """No task or embedding input may be longer than the model's positions."""
-    lengths = [(f"evaluate.tasks[{i}].max_seq_length", t.max_seq_length) for i, t in enumerate(cfg.tasks)]
-    if cfg.embeddings.enabled:
-        lengths.append(("evaluate.embeddings.max_seq_length", cfg.embeddings.max_seq_length))
-    for key, length in lengths:
-        if length > positions:
-            raise error(f"{key} ({length}) exceeds the pretrained model's {positions} positions ({model})")
+    validations: list[dict] = []
+    if storage.exists(pretrain.path(VALIDATION)):
+        validations, _ = report.read_training_log(storage.read_text(pretrain.path(VALIDATION)).splitlines())
+    every = int((pretrain.manifest.config or {}).get("log_every") or 1)
+    summary = {
+        "uri": f"{pretrain.dir.directory}/{METRICS}",
+        "records": len(records),
+        "unreadable_lines": bad,
+        "log_every": every,
+        "final": metrics_log.final(records, every),
+        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
+        "validations": len(validations),
+        "validation": validations[-1] if validations else None,
+    }
+    return records, validations, summary
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -428,7 +410,7 @@ def run(r: StageRun) -> Output:
     from bertcore.eval.intrinsic import model_config_of
 
     configs = {m.name: model_config_of(os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key))) for m in models}
-    _check_lengths(resolved, configs[subject.name].max_position_embeddings, f"{subject.uri}/config.json", ConfigError)
+    check_lengths(resolved, configs[subject.name].max_position_embeddings, f"{subject.uri}/config.json", ConfigError)
     plan = _Plan(resolved, signatures, models, subject, trained)
     _plan_jobs(plan, r, configs[subject.name].max_position_embeddings)
 
@@ -438,13 +420,15 @@ def run(r: StageRun) -> Output:
 
     for note in plan.notes:
         log.info("evaluate: %s", note)
-    records, log_summary = _training_log(r.storage, trained)
+    records, validations, log_summary = _training_log(r.storage, trained)
     metrics = _metrics(plan, results, configs, log_summary, r.seed, r.fingerprint)
+    for model in metrics["models"].values():  # relative to run.root when a stage wrote it: the report survives a move
+        model["uri"] = next((f"{up.dir.directory}/{MODEL_DIR}" for up in r.inputs.values() if model["uri"] == up.path(MODEL_DIR)), model["uri"])
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records),
+        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, trained, metrics) + _saved_models(results),
         stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
@@ -477,7 +461,8 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
     for task in cfg.tasks:
         for model in plan.models:
             for task_seed in summary.seeds_of(task, model.random_init):
-                plan.jobs.append(_Job(f"finetune__{task.name}__{model.name}__seed{task_seed}", "finetune", model, task=task, task_seed=task_seed))
+                keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0]
+                plan.jobs.append(_Job(f"finetune__{task.name}__{model.name}__seed{task_seed}", "finetune", model, task=task, task_seed=task_seed, keep_model=keep))
     fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
@@ -488,6 +473,11 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
         plan.jobs.append(_Job(f"fill_mask__{plan.subject.name}", "fill_mask", plan.subject))
     if plan.subject.name == "student" and cfg.speed.enabled:
         plan.jobs.append(_Job("speed", "speed", plan.subject))
+
+
+def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
+    """The fine-tuned models the jobs saved (heads/), as shard records."""
+    return [ShardInfo(**result["saved"]) for result in results.values() if isinstance(result, dict) and result.get("saved")]
 
 
 def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
@@ -505,7 +495,9 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         if job.kind == "fill_mask":
             return _fill_mask_job.options(**options).remote(job.model, plan.sentences, cfg.intrinsic.fill_mask, seed, storage, cfg.num_threads)
         if job.kind == "finetune":
-            return _finetune_job.options(**options).remote(job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads)
+            return _finetune_job.options(**options).remote(
+                job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads, r.dir if job.keep_model else None,
+            )
         if job.kind == "speed":
             return _speed_job.options(num_cpus=cfg.num_threads).remote(plan.models, cfg.speed, seed, storage, cfg.num_threads)
         return _embeddings_job.options(**options).remote(
@@ -528,7 +520,7 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
             continue
 
         def finished(index: int, result: Any, batch=batch) -> None:
-            r.dir.complete(batch[index].key, r.fingerprint, [], result)
+            r.dir.complete(batch[index].key, r.fingerprint, _saved_models({batch[index].key: result}), result)
 
         for job, result in zip(batch, run_tasks(submit, batch, parallelism=parallelism, desc="evaluate", on_result=finished, unit="jobs")):
             results[job.key] = result
@@ -544,7 +536,6 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
     `subject` the one judged against random init (see bertcore/eval/report.py)."""
     import torch
 
-    from bertcore.eval import distillation
     from bertcore.model import BertForPreTraining
 
     eval_cfg, jobs, subject = plan.cfg, plan.jobs, plan.subject.name
@@ -573,6 +564,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
     for task in eval_cfg.tasks:
         runs = {m.name: [results[f"finetune__{task.name}__{m.name}__seed{s}"] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
         entry = summary.task_entry(task, runs, subject)
+        entry["saved_model"] = next((run["saved"]["path"] for run in runs[subject] if run.get("saved")), None)
         for split, n in entry["skipped"].items():
             if n:
                 files[getattr(task, split)] += n
@@ -596,7 +588,50 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
     return metrics
 
 
-def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[ShardInfo]:
+def _track(r: StageRun, pretrain: Upstream, metrics: dict) -> list[ShardInfo]:
+    """The scores and verdicts to the trackers the training used (`pretrain`: the stage
+    that trained the subject, pretrain or distill; its recorded `tracking` section and the
+    run ids in its tracking.json): TensorBoard files published under eval/tensorboard/,
+    W&B's offline files under eval/wandb/; returns them as shards."""
+    from bertcore.tracking import TrackingConfig, evaluation_scalars, log_evaluation
+
+    storage = r.storage
+    cfg = TrackingConfig.model_validate((pretrain.manifest.config or {}).get("tracking") or {})
+    state_uri = pretrain.path(metrics_log.TRACKING_STATE)
+    state = storage.read_json(state_uri) if storage.exists(state_uri) else {}
+    verdicts: dict[str, str] = {}
+    for phase, scores in metrics["intrinsic"].items():
+        subject = metrics["subject"]
+        lines = (("MLM", summary.mlm_verdict(phase, scores, subject)), ("NSP", summary.nsp_verdict(phase, scores, subject)))
+        verdicts.update({f"{phase} {what}": line for what, line in lines if line})
+    verdicts.update({name: task["verdict"]["text"] for name, task in metrics["tasks"].items()})
+    verdicts.update({f"{label} distilled": line for label, line in zip(metrics.get("distillation") or {}, distillation.lines(metrics))})
+    shards = []
+    for folder in ("tensorboard", "wandb"):
+        storage.remove(r.dir.path(folder), recursive=True)  # the tracker files of this evaluation only
+    with tempfile.TemporaryDirectory(prefix="bertpipe-eval-tracking-") as tmp:
+        log_evaluation(
+            cfg, state, step=int(pretrain.manifest.stats.get("steps") or 0), scalars=evaluation_scalars(report.score_rows(metrics)),
+            verdicts=verdicts, tensorboard_dir=os.path.join(tmp, "tensorboard"), wandb_dir=os.path.join(tmp, "wandb"),
+            run_name=f"evaluate-{r.fingerprint[:8]}",
+        )
+        for folder, _, names in os.walk(tmp):
+            for name in sorted(names):
+                relative = os.path.relpath(os.path.join(folder, name), tmp).replace(os.sep, "/")
+                shards.append(r.dir.publish_copy(relative, os.path.join(folder, name), rows=0))
+    return shards
+
+
+def _unigram(metrics: dict) -> float | None:
+    """The unigram baseline's MLM accuracy of the last intrinsic phase (the plot's floor line)."""
+    for by_model in reversed(list((metrics.get("intrinsic") or {}).values())):
+        unigram = ((by_model.get(metrics.get("subject", "pretrained")) or {}).get("baselines") or {}).get("unigram") or {}
+        if unigram.get("mlm_accuracy") is not None:
+            return unigram["mlm_accuracy"]
+    return None
+
+
+def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validations: list[dict]) -> list[ShardInfo]:
     """metrics.json, plots/*.png and report.md; returns them as the manifest's shards."""
     storage = stage.storage
     storage.remove(stage.path("plots"), recursive=True)  # a plot an earlier run drew may not apply now
@@ -604,8 +639,10 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     plots: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:
         drawn = {
-            "pretraining": report.plot_pretraining(records, os.path.join(tmp, "pretraining.png")),
-            "tasks": report.plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
+            "pretraining": plot_pretraining(
+                records, validations, (metrics.get("pretraining_log") or {}).get("log_every", 1), _unigram(metrics), os.path.join(tmp, "pretraining.png")
+            ),
+            "tasks": plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
         }
         for name, ok in drawn.items():
             if ok:
@@ -617,10 +654,3 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict]) -> list[
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode())))
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]
-
-
-STAGE = Stage(
-    "evaluate", EvaluateConfig, run, reads=("pretrain", "distill", "examples", "corpus"), directory="eval", identify=identify, check=check,
-    fingerprint_config=task_location_free,
-    writes="metrics.json, report.md, plots/*.png",
-)

@@ -13,15 +13,15 @@ import posixpath
 from dataclasses import dataclass
 
 from bertcore.errors import ConfigError
-from bertcore.pretrained import (
+from bertcore.hf_files import (
     CONFIG_FILE,
     SAFETENSORS_INDEX,
     WEIGHT_FILES,
     shard_names,
     weight_files,
 )
-from bertcore.tokenizer import CONFIG_FILE as TOKENIZER_CONFIG
-from bertcore.tokenizer import TOKENIZER_FILE, VOCAB_FILE
+from bertcore.vocab_config import CONFIG_FILE as TOKENIZER_CONFIG
+from bertcore.vocab_config import TOKENIZER_FILE, VOCAB_FILE
 from pipelines.shards import local_copy, local_folder
 from pipelines.storage import Storage, join
 

@@ -1,5 +1,7 @@
-"""Pretrain stage: examples + vocab -> DeepSpeed checkpoints, `model/` (Hugging Face
-layout) and `metrics.jsonl` under `<run.root>/pretrain/`.
+"""Pretrain stage's work (its declaration is pipelines/stages/pretrain.py): examples +
+vocab -> DeepSpeed checkpoints, `model/` (Hugging Face layout; with NSP its
+BertForMaskedLM twin `model-mlm/` beside it) and `metrics.jsonl` under
+`<run.root>/pretrain/`.
 
 Ray shape: the training stages' shared launch (pipelines/training.py): a Ray Train
 TorchTrainer whose workers each run bertcore.trainer.Trainer with the pretraining
@@ -13,20 +15,18 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from bertcore.errors import ConfigError
 from bertcore.examples_config import ExamplesConfig
+from bertcore.model_config import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
-from pipelines.external import ExternalFolder, model_folder
-from pipelines.stage import External, Output, Stage, StageDir, StageRun, Upstream
+from pipelines.external import ExternalFolder
+from pipelines.stage import Output, StageDir, StageRun, Upstream
 from pipelines.stage_files import stage_files
 from pipelines.storage import Storage, join
 from pipelines.training import (
     Inputs,
     WorkerJob,
-    check_phases,
-    check_positions,
     headline,
     prepare_checkpoints,
     read_inputs,
@@ -37,41 +37,11 @@ from pipelines.training import export_model as export_training_model
 
 log = logging.getLogger(__name__)
 
-METRICS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
-"""Step-record fields the manifest statistics summarise."""
-
-
-# -- inputs ---------------------------------------------------------------------------------
-
-
-def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
-    """pretrain.phases against the examples section: every phase names an examples phase,
-    is at least as long as its sequences, and fits the model's positions; init_from needs
-    an adopted vocabulary. Run when the config loads, and again against what the examples
-    and vocab stages recorded before training."""
-    lengths = check_phases(cfg, reads["examples"])
-    if cfg.init_from is not None and reads["vocab"].source != "pretrained":
-        raise ValueError(
-            "pretrain.init_from: a model continues pretraining on its own vocabulary; set vocab.source: pretrained "
-            "(vocab.pretrained then defaults to pretrain.init_from)"
-        )
-    if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
-        check_positions(cfg, lengths, cfg.max_position_embeddings,
-                        "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
-
 
 # -- continued pretraining --------------------------------------------------------------------
 
 
-def identify(cfg: PretrainConfig, storage: Storage) -> External | None:
-    """The content identity of pretrain.init_from's config.json and weights (None without it)."""
-    if cfg.init_from is None:
-        return None
-    init = model_folder(storage, cfg.init_from, "pretrain.init_from")
-    return External(identity={"init_from": init.identity}, value=init)
-
-
-def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage):
+def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage) -> ModelConfig:
     """The model of a continued run: init_from's shape, checked against the vocabulary and
     the phases' sequence lengths."""
     from bertcore.pretrained import CONFIG_FILE, model_config
@@ -84,7 +54,7 @@ def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs
             f"has {inputs.vocab.vocab_size} entries; adopt the model's vocabulary (vocab.source: pretrained, vocab.pretrained unset)"
         )
     try:
-        check_positions(cfg, [p.max_seq_length for p in cfg.phases], base.max_position_embeddings, "shorten the phase")
+        cfg.check_positions([p.max_seq_length for p in cfg.phases], base.max_position_embeddings, "shorten the phase")
     except ValueError as exc:
         raise ConfigError(f"{exc} (pretrain.init_from: {init.uri})") from None
     return cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad, base=base)
@@ -99,11 +69,10 @@ class PretrainSpec:
 
     model_config: dict
     nsp: bool
-    """Whether the examples carry NSP labels: the export is then a BertForPreTraining, else a BertForMaskedLM."""
+    """Whether the examples carry NSP labels: the export is then a BertForPreTraining (and its BertForMaskedLM twin), else a BertForMaskedLM."""
     init: ExternalFolder | None = None
 
     def objective(self, storage: Storage):
-        from bertcore.model import ModelConfig
         from bertcore.objectives import Pretraining
         from bertcore.pretrained import read_weights
 
@@ -112,16 +81,16 @@ class PretrainSpec:
 
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
         from bertcore.export import consolidate_checkpoint
-        from bertcore.model import ModelConfig
 
         return consolidate_checkpoint(checkpoint_dir, ModelConfig.model_validate(marker["model_config"]))
 
 
 def export_model(stage: StageDir, inputs: dict[str, Upstream], *, step: int | None = None, out: str | None = None) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
-    one) to `out` (default: <root>/pretrain/model/); returns the files written. `inputs`:
-    the examples and vocab outputs it was trained on (an objective without NSP exports a
-    BertForMaskedLM). Needs Ray (ensure_ray) for the one task that does the work."""
+    one) to `out` (default: <root>/pretrain/model/), and with NSP its BertForMaskedLM twin
+    beside it (`out`-mlm); returns the files written. `inputs`: the examples and vocab
+    outputs it was trained on (an objective without NSP exports a BertForMaskedLM only).
+    Needs Ray (ensure_ray) for the one task that does the work."""
     nsp = ExamplesConfig.model_validate(inputs["examples"].manifest.config).has_nsp
     return export_training_model(stage, PretrainSpec({}, nsp), inputs["vocab"], step=step, out=out)
 
@@ -149,31 +118,22 @@ def run(r: StageRun) -> Output:
     spec = PretrainSpec(model_cfg.model_dump(mode="json"), inputs.examples.has_nsp, init)
     job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,
                     inputs=inputs, env=worker_env(cfg))
-    start = latest_checkpoint(files)
-    log.info(
-        "pretrain: %s model (%d layers, hidden %d) on %d %s workers, ZeRO-%d %s %s; %s; %s",
-        cfg.model_size, model_cfg.num_hidden_layers, model_cfg.hidden_size, cfg.num_workers, "GPU" if cfg.use_gpu else "CPU",
-        cfg.zero_stage, cfg.precision, cfg.optimizer,
-        ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases),
-        f"resuming from step {start['step']}" if start else "from scratch",
-    )
-    marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"], METRICS)
+    log.info("%s", _start_line(cfg, model_cfg, init, latest_checkpoint(files)))
+    marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
     if init is not None:
         stats["init_from"] = {"uri": init.uri, **(marker.get("init") or {})}
     return Output(shards=shards, stats=stats, headline=headline(stats))
 
 
-def off(sections: dict[str, Any]) -> str | None:
-    """Nothing is pretrained when the recipe distils an external teacher."""
-    distill = sections["distill"]
-    if distill.enabled and distill.teacher is not None:
-        return f"distill.teacher ({distill.teacher}) is the teacher, so nothing is pretrained"
-    return None
-
-
-# Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
-STAGE = Stage(
-    "pretrain", PretrainConfig, run, reads=("examples", "vocab"), check=check, identify=identify, off=off, resumable=False,
-    verify_inputs=True,
-    writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
-)
+def _start_line(cfg: PretrainConfig, model_cfg: ModelConfig, init: ExternalFolder | None, start: dict | None) -> str:
+    """pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x 32
+    With init_from, the model is the folder's (its config.json gives the shape) and the run continues it."""
+    shape = f"{model_cfg.num_hidden_layers} layers, hidden {model_cfg.hidden_size}"
+    model = f"the model in {init.uri} ({shape}, from its config.json)" if init else f"{cfg.model_size} model ({shape})"
+    if start:
+        origin = f"resuming from step {start['step']}"
+    else:
+        origin = "continued" if init else "from scratch"
+    hardware = f"{cfg.num_workers} {'GPU' if cfg.use_gpu else 'CPU'} workers, ZeRO-{cfg.zero_stage} {cfg.precision} {cfg.optimizer}"
+    phases = ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases)
+    return f"pretrain: {model} {origin} on {hardware}; {phases}"

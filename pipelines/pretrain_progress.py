@@ -1,9 +1,15 @@
-"""Training progress (pretrain, distill): rank 0 summarises the steps since its last line
-every `<section>.log_every` steps and puts the summary on a Ray queue; the driver logs it,
-so the lines reach the terminal and Prefect's flow-run log like every other stage's,
-instead of a progress bar relayed from a worker.
+"""Training progress (pretrain, distill): every `<section>.log_every` steps rank 0's trainer summarises the
+steps since its last line (bertcore.metrics_log: the same interval means TensorBoard and
+the other trackers get) and puts the summary on a Ray queue, and each validation too; the
+driver logs them, so the lines reach the terminal and Prefect's flow-run log like every
+other stage's, instead of a progress bar relayed from a worker. A loss jump the watcher
+saw gets a line of its own.
 
-    pretrain: step 40/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · ETA 1m05s
+    pretrain: steps 51-100/600 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · ETA 1m05s
+    pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%
+    distill: steps 41-60/400 seq64 · loss 1.298 · hidden-state loss 0.108 · MLM acc 5.5% · 810 tokens/s · ETA 14m03s
+
+Each line starts with the stage the trainer runs in (its `stage` key; pretrain when absent).
 """
 
 from __future__ import annotations
@@ -12,81 +18,81 @@ import logging
 import threading
 from typing import Any
 
-from pipelines.progress import count, duration
+from bertcore.figures import count, duration, percent
 
-class StepWindow:
-    """Training steps since the last progress line, summarised for one line: mean loss
-    and MLM accuracy, tokens/s over the window, mean MFU (where the peak is known), ETA."""
 
-    def __init__(self, total_steps: int, stage: str = "pretrain"):
-        self.total_steps = total_steps
-        self.stage = stage
-        self.records: list[dict] = []
 
-    def add(self, record: dict) -> None:
-        self.records.append(record)
-
-    def summary(self) -> dict[str, Any]:
-        records, self.records = self.records, []
-        last = records[-1]
-
-        def mean(key: str) -> float | None:
-            values = [r[key] for r in records if r.get(key) is not None]
-            return sum(values) / len(values) if values else None
-
-        seconds = sum(r["step_time_s"] for r in records)
-        return {
-            "event": "train_progress",
-            "stage": self.stage,
-            "step": last["step"],
-            "total_steps": self.total_steps,
-            "phase": last["phase"],
-            "loss": mean("loss"),
-            "hidden_loss": mean("hidden_loss"),  # distillation's
-            "mlm_accuracy": mean("mlm_accuracy"),
-            "tokens_per_s": sum(r["tokens"] for r in records) / seconds if seconds else None,
-            "mfu": mean("mfu"),
-            "eta_s": (self.total_steps - last["step"]) * seconds / len(records),
-            "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
-        }
+def _log(line: dict[str, Any]) -> logging.Logger:
+    return logging.getLogger(f"pipelines.{line.get('stage', 'pretrain')}")
 
 
 def step_line(s: dict[str, Any]) -> str:
-    """pretrain: step 40/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · ETA 1m05s"""
-    parts = [f"{s.get('stage', 'pretrain')}: step {s['step']}/{s['total_steps']} {s['phase']}"]
+    """pretrain: steps 1-50/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · ETA 1m05s
+    (the figures are the means over the steps named)."""
+    steps = f"step {s['step']}" if s["first_step"] == s["step"] else f"steps {s['first_step']}-{s['step']}"
+    parts = [f"{s.get('stage', 'pretrain')}: {steps}/{s['total_steps']} {s['phase']}"]
     if s["loss"] is not None:
         parts.append(f"loss {s['loss']:.3f}")
-    if s.get("hidden_loss") is not None:
+    if s.get("hidden_loss") is not None:  # distillation's
         parts.append(f"hidden-state loss {s['hidden_loss']:.3f}")
     if s["mlm_accuracy"] is not None:
-        parts.append(f"MLM acc {s['mlm_accuracy']:.1%}")
+        parts.append(f"MLM acc {percent(s['mlm_accuracy'])}")
     if s["tokens_per_s"] is not None:
         parts.append(f"{count(s['tokens_per_s'])} tokens/s")
     if s["mfu"] is not None:
-        parts.append(f"MFU {s['mfu']:.1%}")
+        parts.append(f"MFU {percent(s['mfu'])}")
     if s["skipped_batches"]:
         parts.append(f"{s['skipped_batches']} micro-batches skipped")
     parts.append(f"ETA {duration(s['eta_s'])}" if s["step"] < s["total_steps"] else "done")
     return " · ".join(parts)
 
 
+def jump_line(jump: dict[str, Any]) -> str:
+    """pretrain: the loss jumped to 13.80 at step 95, 1.8x its running mean of 7.62; training goes on"""
+    return (f"{jump.get('stage', 'pretrain')}: the loss jumped to {jump['loss']:.2f} at step {jump['step']}, {jump['factor']:.1f}x "
+            f"its running mean of {jump['running_mean']:.2f}; training goes on")
+
+
+def validation_line(v: dict[str, Any]) -> str:
+    """pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%"""
+    parts = [f"{v.get('stage', 'pretrain')}: validation at step {v['step']} ({count(v.get('sequences') or 0)} held-out sequences)", f"loss {v['loss']:.3f}"]
+    if v.get("hidden_loss") is not None:
+        parts.append(f"hidden-state loss {v['hidden_loss']:.3f}")
+    if v.get("mlm_accuracy") is not None:
+        parts.append(f"MLM acc {percent(v['mlm_accuracy'])}")
+    if v.get("nsp_accuracy") is not None:
+        parts.append(f"NSP acc {percent(v['nsp_accuracy'])}")
+    return " · ".join(parts)
+
+
 class StepReporter:
-    """Rank 0's `on_step`: every `log_every` steps (and at the last), one summary of the
-    steps since the previous one goes to the driver's queue, which logs it."""
+    """Rank 0's `on_log`: each interval summary, with the total steps and an ETA, goes to
+    the driver's queue, which logs it."""
 
-    def __init__(self, queue: Any, total_steps: int, every: int, stage: str = "pretrain"):
-        self.queue, self.every = queue, every
-        self.window = StepWindow(total_steps, stage)
+    def __init__(self, queue: Any, total_steps: int, stage: str = "pretrain"):
+        self.queue, self.total_steps, self.stage = queue, total_steps, stage
 
-    def __call__(self, record: dict) -> None:
-        self.window.add(record)
-        if record["step"] % self.every == 0 or record["step"] == self.window.total_steps:
-            from ray.util.queue import Full
+    def __call__(self, summary: dict) -> None:
+        if summary.get("event") == "validation":
+            self._put({**summary, "stage": self.stage})
+            return
+        per_step = summary["seconds"] / summary["steps"] if summary["steps"] else 0.0
+        self._put({
+            "event": "train_progress",
+            "stage": self.stage,
+            **{k: v for k, v in summary.items() if k != "loss_jumps"},
+            "total_steps": self.total_steps,
+            "eta_s": (self.total_steps - summary["step"]) * per_step,
+            "loss_jumps": [{**jump, "stage": self.stage} for jump in summary["loss_jumps"]],
+        })
 
-            try:
-                self.queue.put_nowait(self.window.summary())
-            except Full:  # the driver is not reading: drop a line rather than stall training
-                pass
+    def _put(self, line: dict) -> None:
+        from ray.util.queue import Full
+
+        try:
+            self.queue.put_nowait(line)
+        except Full:  # the driver is not reading: drop a line rather than stall training
+            pass
 
 
 def relay_progress(queue: Any, stop: threading.Event) -> None:
@@ -94,7 +100,12 @@ def relay_progress(queue: Any, stop: threading.Event) -> None:
     from ray.util.queue import Empty
 
     def emit(summary: dict) -> None:
-        logging.getLogger(f"pipelines.{summary.get('stage', 'pretrain')}").info(step_line(summary), extra=summary)
+        if summary.get("event") == "validation":
+            _log(summary).info(validation_line(summary), extra=summary)
+            return
+        for jump in summary.get("loss_jumps") or []:
+            _log(summary).warning(jump_line(jump), extra={"event": "loss_jump", **jump})
+        _log(summary).info(step_line(summary), extra=summary)
 
     while not stop.is_set():
         try:

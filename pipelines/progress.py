@@ -21,6 +21,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from bertcore.figures import count, duration, size  # noqa: F401 - how figures are written, shared with bertcore
+
 log = logging.getLogger(__name__)
 
 INTERVAL_ENV = "BERTPIPE_PROGRESS_INTERVAL_S"
@@ -33,35 +35,6 @@ def interval_s() -> float:
         return max(0.0, float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL_S)))
     except ValueError:
         return DEFAULT_INTERVAL_S
-
-
-def duration(seconds: float | None) -> str:
-    """3.1s, 4m05s, 2h03m."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
-def count(n: float) -> str:
-    """1,234 / 12.3k / 4.56M: short enough for one log line."""
-    n = float(n)
-    if abs(n) < 10_000:
-        return f"{n:,.0f}"
-    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= factor:
-            return f"{n / factor:.3g}{suffix}"
-    return f"{n:.0f}"
-
-
-def size(nbytes: float) -> str:
-    """7.6 MB / 312.0 kB."""
-    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.1f} kB"
 
 
 def byte_rate(nbytes: float, seconds: float) -> str:

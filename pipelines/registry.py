@@ -1,8 +1,10 @@
 """The registry: the stages in flow order, and the run recipe they make up.
 
-This is the one place that knows the order. Adding a stage means writing one module
-that declares `STAGE = Stage(...)` (pipelines/stage.py) and adding it to `STAGES`; its
-config section joins the recipe model (`PipelineConfig`) from here.
+This is the one place that knows the order. Adding a stage means writing its declaration,
+`pipelines/stages/<name>.py` with `STAGE = Stage(...)` (pipelines/stage.py), and its work,
+`pipelines/<name>.py` with `run`, and adding the declaration to `STAGES`; its config
+section joins the recipe model (`PipelineConfig`) from here. Only the declarations are
+imported here, so loading a recipe imports no Ray, torch or pyarrow.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from pydantic import Field, create_model, model_validator
 from bertcore.config import RayConfig, RunConfig, StorageConfig, read_recipe, validate
 from bertcore.errors import ConfigError
 from bertcore.section import Section
-from pipelines import corpus, distill, evaluate, examples, pretrain, vocab
 from pipelines.stage import Stage
+from pipelines.stages import corpus, distill, evaluate, examples, pretrain, vocab
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,

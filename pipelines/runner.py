@@ -113,7 +113,7 @@ def run_stage(
     started = time.perf_counter()
     value = None if external is None else external.value
     run = StageRun(section, seed, storage, directory, fp, inputs, external=value, parallelism=parallelism)
-    output: Output = stage.run(run)
+    output: Output = stage.work()(run)
     manifest = Manifest(
         stage=stage.name,
         code_version=stage.code_version,

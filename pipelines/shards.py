@@ -1,17 +1,19 @@
 """Shard I/O every stage shares: Arrow IPC files read and written, local copies of remote
 files (tokenizers, transformers and the data loader read local paths), and the local
-folder of a stage's files (the vocabulary, the exported model)."""
+folder of a stage's files (the vocabulary, the exported model). pyarrow is imported by
+the functions that read or write Arrow, so the copies serve commands that must start fast."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-
-import pyarrow as pa
-import pyarrow.ipc as ipc
+from typing import TYPE_CHECKING
 
 from pipelines.storage import Storage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 BATCH_ROWS = 1024
 """Rows per record batch in the shards a stage writes."""
@@ -19,6 +21,9 @@ BATCH_ROWS = 1024
 
 def read_table(storage: Storage, uri: str, columns: list[str] | None = None) -> pa.Table:
     """A whole Arrow shard (memory-mapped when local)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     local = storage.local_path(uri)
     if local is not None:
         with pa.memory_map(local) as source:
@@ -31,6 +36,9 @@ def read_table(storage: Storage, uri: str, columns: list[str] | None = None) -> 
 
 def read_batches(storage: Storage, uri: str) -> Iterator[pa.RecordBatch]:
     """Record batches of one Arrow shard, memory-mapped when local (never read whole)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     local = storage.local_path(uri)
     if local is not None:
         with pa.memory_map(local) as source:
@@ -46,6 +54,9 @@ def read_batches(storage: Storage, uri: str) -> Iterator[pa.RecordBatch]:
 
 def write_table(path: str, table: pa.Table, max_chunksize: int = BATCH_ROWS) -> None:
     """Write `table` to a local Arrow IPC file in record batches of `max_chunksize` rows."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max_chunksize)
 

@@ -6,6 +6,15 @@ function. The runner (pipelines/runner.py) does everything else the same way for
 stage: looks up the upstream manifests, computes the fingerprint, keeps or resets the
 directory, calls `run`, and writes the manifest.
 
+Declaration and work live apart, so that reading a recipe stays instant. A stage's
+declaration (`pipelines/stages/<name>.py`: its `Stage(...)`, and the light functions it
+names: `identify`, `inherit`, `check`) imports only its config section and light modules;
+the registry, `bertpipe status`, `config show` and `--help` import every declaration. Its
+work (`pipelines/<name>.py`: `run`, its Ray tasks, and whatever they need: Ray, torch,
+pyarrow, DeepSpeed) is named in the declaration by its dotted name, `run="pipelines.
+<name>:run"`, and imported only when the stage runs (`Stage.work`). tests/test_architecture.py
+fails when loading a recipe imports torch, Ray, matplotlib or another heavy package.
+
 - A stage's directory is complete when, and only when, `_manifest.json` exists there; it
   is written last, next to the resolved config (`_config.yaml`).
 - fingerprint = hash(stage name + code version + its config section + the fingerprints of
@@ -25,6 +34,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
+import importlib.util
+import inspect
 import json
 import logging
 import platform
@@ -375,7 +387,10 @@ class Stage:
     """Also the name of its config section."""
     section: type
     """The pydantic model of its config section."""
-    run: Callable[[StageRun], Output]
+    run: Callable[[StageRun], Output] | str
+    """What the stage does, `run(StageRun) -> Output`: the function itself, or its dotted name
+    "pipelines.<name>:run", imported only when the stage runs (how every built-in stage
+    declares it: its module imports Ray, torch or pyarrow, which reading a recipe must not)."""
     reads: tuple[str, ...] = ()
     """Stages whose outputs it reads (those the recipe runs, see `off`); their fingerprints are part of its own."""
     off: Callable[[Mapping[str, Any]], str | None] | None = None
@@ -404,6 +419,20 @@ class Stage:
     def __post_init__(self) -> None:
         if not self.directory:
             object.__setattr__(self, "directory", self.name)
+
+    def work(self) -> Callable[[StageRun], Output]:
+        """The `run` function; when it was declared by name, its module is imported now."""
+        if callable(self.run):
+            return self.run
+        module, _, function = self.run.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+    def work_file(self) -> str:
+        """The source file of `run`, found without importing it (for the docs' stage table)."""
+        if callable(self.run):
+            return inspect.getsourcefile(self.run) or self.run.__module__
+        spec = importlib.util.find_spec(self.run.partition(":")[0])
+        return spec.origin if spec and spec.origin else self.run
 
     def config_identity(self, config: dict) -> dict:
         """What of a section's JSON (as dumped, or as a manifest recorded it) goes into the fingerprint."""

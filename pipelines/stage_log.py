@@ -6,9 +6,8 @@ its progress (pipelines/progress.py)."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
-
-import ray
 
 from pipelines.progress import count, duration, size
 from pipelines.stage import External, Manifest, Upstream
@@ -27,13 +26,29 @@ def value_text(value: Any) -> str:
     return str(value)
 
 
-def headline_text(headline: dict[str, Any]) -> str:
-    """'documents 391 · sentences 9.7k': the figures in the order the stage gave them."""
-    return " · ".join(f"{label} {value_text(value)}" for label, value in headline.items())
+LINE_WIDTH = 110
+"""Columns a stage's end line keeps within, before the time the console puts in front (the
+run summary has every figure)."""
+
+
+def headline_text(headline: dict[str, Any], width: int | None = None) -> str:
+    """'documents 391 · sentences 9.7k': the figures in the order the stage gave them; with
+    `width`, only the first figures that fit, then '…' (never a figure cut in the middle)."""
+    figures = [f"{label} {value_text(value)}" for label, value in headline.items()]
+    if width is None:
+        return " · ".join(figures)
+    kept: list[str] = []
+    for i, figure in enumerate(figures):
+        more = ["…"] if i < len(figures) - 1 else []  # room for the mark of what is left out
+        if len(" · ".join([*kept, figure, *more])) > width:
+            return " · ".join([*kept, "…"])
+        kept.append(figure)
+    return " · ".join(kept)
 
 
 def _workers(parallelism: int | None) -> str:
-    cpus = ray.cluster_resources().get("CPU") if ray.is_initialized() else None
+    ray = sys.modules.get("ray")  # never imported here: a stage that runs on Ray has started it
+    cpus = ray.cluster_resources().get("CPU") if ray is not None and ray.is_initialized() else None
     if parallelism and cpus:
         return f"{min(parallelism, int(cpus))} of {int(cpus)} CPUs"
     if cpus:
@@ -59,8 +74,8 @@ def started(name: str, fingerprint: str, inputs: dict[str, Upstream], external: 
 
 
 def finished(name: str, manifest: Manifest, computed: bool, seconds: float) -> None:
-    figures = headline_text(manifest.headline)
     what = f"done in {duration(seconds)}" if computed else "cached (its complete output has this fingerprint)"
+    figures = headline_text(manifest.headline, LINE_WIDTH - len(f"{name}: {what} · "))
     log.info(
         "%s: %s%s",
         name,

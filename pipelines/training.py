@@ -3,7 +3,8 @@
 phases against the examples, the Ray Train launch of the workers with their progress
 lines, the checkpoints a run may resume, the export of the final checkpoint as a Hugging
 Face folder, and the stage's statistics. A stage module says only what differs: its
-objective (`ObjectiveSpec`) and its model.
+objective (`ObjectiveSpec`) and its model. (The checks of a training section's phases
+against the examples are bertcore/train_config.py's, which the declarations call.)
 
 Ray shape: a Ray Train TorchTrainer with `<section>.num_workers` workers (gloo on CPU with
 DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.trainer.Trainer, which owns the
@@ -25,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import threading
@@ -32,7 +34,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
+from bertcore.figures import percent
+from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.train_config import TrainingConfig
 from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
@@ -44,44 +49,6 @@ if TYPE_CHECKING:
     from bertcore.objectives import Objective
 
 log = logging.getLogger(__name__)
-
-MODEL_DIR = "model"
-"""Where a training stage puts its exported Hugging Face folder inside its directory (bertcore.export.MODEL_DIR)."""
-
-
-# -- checks ---------------------------------------------------------------------------------------
-
-
-def check_phases(cfg: TrainingConfig, examples: ExamplesConfig) -> list[int]:
-    """Every phase of a training section names an examples phase and is at least as long
-    as its sequences (ValueError naming the key); returns each phase's sequence length."""
-    key = cfg.SECTION
-    produced = {p.name: p for p in examples.phases}
-    lengths = []
-    for i, phase in enumerate(cfg.phases):
-        source = produced.get(phase.name)
-        if source is None:
-            raise ValueError(
-                f"{key}.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
-                "use one of those names or add the phase to examples.phases"
-            )
-        if phase.max_seq_length is not None and phase.max_seq_length < source.max_seq_length:
-            raise ValueError(
-                f"{key}.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
-                f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
-            )
-        lengths.append(phase.max_seq_length or source.max_seq_length)
-    return lengths
-
-
-def check_positions(cfg: TrainingConfig, lengths: list[int], positions: int, remedy: str) -> None:
-    """Every phase's sequences (`lengths`, phase by phase) fit the model's positions."""
-    for i, (phase, length) in enumerate(zip(cfg.phases, lengths)):
-        if length > positions:
-            raise ValueError(
-                f"{cfg.SECTION}.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
-            )
-
 
 # -- inputs ---------------------------------------------------------------------------------------
 
@@ -226,7 +193,7 @@ def _train_worker(config: dict) -> None:
         torch.set_num_threads(job.cfg.torch_threads)
     who = f"rank-{ctx.rank}"
     queue = config.get("progress")
-    reporter = StepReporter(queue, job.cfg.total_steps, job.cfg.log_every, job.cfg.SECTION) if (ctx.rank == 0 and queue is not None) else None
+    reporter = StepReporter(queue, job.cfg.total_steps, job.cfg.SECTION) if (ctx.rank == 0 and queue is not None) else None
     trainer = Trainer(
         job.cfg,
         job.spec.objective(job.storage),
@@ -235,7 +202,7 @@ def _train_worker(config: dict) -> None:
         seed=job.seed,
         resume_key=job.resume_key,
         ctx=ctx,
-        on_step=reporter,
+        on_log=reporter,
         device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
     )
     trainer.run()
@@ -319,7 +286,9 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
 
 def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
     """Consolidate the checkpoint of `marker` and publish the Hugging Face folder at
-    `out_uri`; returns [{name, bytes, sha256, stamp}] of the files written."""
+    `out_uri` (a BertForMaskedLM when not `spec.nsp`; with NSP a BertForPreTraining, and its
+    BertForMaskedLM twin at `out_uri`-mlm, which AutoModelForMaskedLM loads without
+    unexpected keys); returns [{uri, folder, name, bytes, sha256, stamp}] of the files written."""
     from pipelines.stage_files import stage_files
 
     from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag
@@ -335,21 +304,25 @@ def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key
         files.download(f"{CHECKPOINTS}/{tag}")
         state = spec.exportable(files.local_path(f"{CHECKPOINTS}/{tag}"), marker)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
-        out_local = os.path.join(tmp, "model")
         model_cfg = ModelConfig.model_validate(marker["model_config"])
-        names = export_checkpoint(state, model_cfg, local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key), out_local, nsp=spec.nsp)
+        vocab_dir = local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key)
+        folders = [(out_uri.rstrip("/"), spec.nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if spec.nsp else [])
         written = []
-        for name in names:
-            local = os.path.join(out_local, name)
-            info = storage.write_file(join(out_uri, name), lambda path, local=local: shutil.copyfile(local, path))
-            written.append({"name": name, "bytes": info.bytes, "sha256": info.sha256, "stamp": info.stamp})
+        for uri, with_nsp in folders:
+            out_local = os.path.join(tmp, posixpath.basename(uri))
+            for name in export_checkpoint(state, model_cfg, vocab_dir, out_local, nsp=with_nsp):
+                local = os.path.join(out_local, name)
+                info = storage.write_file(join(uri, name), lambda path, local=local: shutil.copyfile(local, path))
+                written.append({"uri": join(uri, name), "folder": posixpath.basename(uri), "name": name, "bytes": info.bytes,
+                                "sha256": info.sha256, "stamp": info.stamp})
         return written
 
 
 def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
-    one) to `out` (default: <stage>/model/); returns the files written. `vocab`: the
-    vocabulary it was trained with. Needs Ray (ensure_ray) for the one task that does the work."""
+    one) to `out` (default: <stage>/model/), and with NSP its BertForMaskedLM twin beside it
+    (`out`-mlm); returns the files written. `vocab`: the vocabulary it was trained with.
+    Needs Ray (ensure_ray) for the one task that does the work."""
     from pipelines.stage_files import stage_files
 
     import ray
@@ -375,11 +348,11 @@ def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step:
         raise
 
 
-def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab: Upstream, metrics: tuple[str, ...]) -> tuple[dict, list[ShardInfo], dict]:
+def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab: Upstream) -> tuple[dict, list[ShardInfo], dict]:
     """Train (resuming per the section's resume setting), export the final checkpoint to
     model/; returns the final marker, the stage's shards (model/, metrics.jsonl,
-    validation.jsonl) and its statistics (`metrics`: the record fields they summarise).
-    With resume=auto a finished checkpoint is re-exported rather than retrained."""
+    validation.jsonl) and its statistics. With resume=auto a finished checkpoint is
+    re-exported rather than retrained."""
     from pipelines.stage_files import stage_files
 
     from bertcore.checkpoint import CHECKPOINTS, latest_checkpoint
@@ -390,14 +363,14 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"{cfg.SECTION}: training ended without a final checkpoint under {stage.path(CHECKPOINTS)}")
     exported = export_model(stage, job.spec, vocab, step=marker["step"])
-    shards = [ShardInfo(f"{MODEL_DIR}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
+    shards = [ShardInfo(f"{f['folder']}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
     metrics_shard, records = log_shard(stage.storage, stage, METRICS)
     shards.append(metrics_shard)
     validations: list[dict] = []
     if stage.storage.exists(stage.path(VALIDATION)):
         validation_shard, validations = log_shard(stage.storage, stage, VALIDATION)
         shards.append(validation_shard)
-    return marker, shards, training_stats(marker, records, validations, metrics)
+    return marker, shards, training_stats(cfg, marker, records, validations)
 
 
 def log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
@@ -424,20 +397,14 @@ def _thin(records: list[dict], points: int) -> list[dict]:
     return [records[i] for i in picks]
 
 
-def training_stats(marker: dict, records: list[dict], validations: list[dict], metrics: tuple[str, ...]) -> dict[str, Any]:
-    """The manifest statistics of a training run: steps, tokens, time, the final value and
-    the last steps' mean of each of `metrics` (fields of the step records), validation,
-    and the model's shape."""
+def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
+    """The manifest statistics. `final` holds the final training figures: the means over the
+    last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
+    the last validation, on the held-out sample."""
     from bertcore.checkpoint import checkpoint_tag
 
-    last = records[-1] if records else {}
-    window = records[-min(len(records), 50):]  # the final loss is noisy: also report a mean over the last steps
-
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in window if r.get(key) is not None]
-        return sum(values) / len(values) if values else None
-
     mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
+    final = metrics_log.final(records, cfg.log_every)
     return {
         "steps": marker["step"],
         "total_steps": marker["total_steps"],
@@ -447,8 +414,9 @@ def training_stats(marker: dict, records: list[dict], validations: list[dict], m
         "train_time_s": marker["train_time_s"],
         "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
         "mfu": sum(mfus) / len(mfus) if mfus else None,
-        "final": {k: last.get(k) for k in metrics},
-        "last_steps_mean": {k: mean(k) for k in metrics},
+        "log_every": cfg.log_every,
+        "final": {k: final.get(k) for k in ("first_step", "step", *metrics_log.VALIDATION_FIGURES)} if final else None,
+        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
         "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
         "validation": marker.get("validation"),
         "validation_curve": _thin(validations, CURVE_POINTS),
@@ -461,14 +429,15 @@ def training_stats(marker: dict, records: list[dict], validations: list[dict], m
 
 
 def headline(stats: dict) -> dict[str, Any]:
-    """Steps, the final loss (the last steps' mean), held-out MLM accuracy and tokens/s."""
-    final = stats["last_steps_mean"]["loss"] if stats["last_steps_mean"]["loss"] is not None else stats["final"]["loss"]
-    out: dict[str, Any] = {"steps": stats["steps"]}
-    if final is not None:
-        out["final loss"] = round(final, 3)
-    held_out = (stats.get("validation") or {}).get("mlm_accuracy")
-    if held_out is not None:
-        out["held-out MLM accuracy"] = f"{held_out:.1%}"
+    """final loss 7.464 (mean of steps 551-600) · validation MLM accuracy 8.8% (639 sequences) · tokens/s 12.3k · steps 600"""
+    out: dict[str, Any] = {}
+    final = stats.get("final") or {}
+    if final.get("loss") is not None:
+        out["final loss"] = f"{final['loss']:.3f} ({metrics_log.steps_text(final)})"
+    validation = stats.get("validation") or {}
+    if validation.get("mlm_accuracy") is not None:  # the sample validated during training (evaluate scores all of it)
+        out["validation MLM accuracy"] = f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
     if stats["tokens_per_s"]:
         out["tokens/s"] = round(stats["tokens_per_s"])
+    out["steps"] = stats["steps"]
     return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import Any
 
 import pyarrow.compute as pc
 import ray
@@ -39,10 +38,10 @@ from bertcore.tokenizer import (
 )
 from bertcore.vocab_adopt import read_vocabulary
 from bertcore.vocab_config import ADOPTED_OPTIONS
-from pipelines.external import ExternalFolder, vocabulary_files
+from pipelines.external import ExternalFolder
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches
-from pipelines.stage import External, Output, ShardInfo, Stage, StageDir, StageRun, Upstream
+from pipelines.stage import Output, ShardInfo, StageDir, StageRun, Upstream
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -117,30 +116,6 @@ def _publish(tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stag
     return shards, stats
 
 
-def identify(cfg: VocabConfig, storage: Storage) -> External | None:
-    """The content identity of an adopted vocabulary's files (None when training)."""
-    if cfg.source != "pretrained":
-        return None
-    if cfg.pretrained is None:
-        raise ConfigError("vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json or a model folder (or set pretrain.init_from)")
-    files = vocabulary_files(storage, cfg.pretrained, "vocab.pretrained")
-    return External(identity={"pretrained": files.identity}, value=files)
-
-
-def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
-    """vocab.source: pretrained without vocab.pretrained adopts the vocabulary of the model
-    the run starts from: distill.teacher when the recipe distils one, else pretrain.init_from."""
-    if cfg.source != "pretrained" or cfg.pretrained is not None:
-        return {}
-    distill = sections["distill"]
-    source = distill.teacher if distill.enabled and distill.teacher is not None else sections["pretrain"].init_from
-    if source is None:
-        raise ValueError(
-            "vocab.source is pretrained but neither vocab.pretrained, distill.teacher nor pretrain.init_from names the vocabulary to adopt"
-        )
-    return {"pretrained": source}
-
-
 def run(r: StageRun) -> Output:
     cfg: VocabConfig = r.section
     corpus = r.inputs["corpus"]
@@ -182,9 +157,3 @@ def _validation_sentences(storage: Storage, corpus: Upstream) -> list[str]:
             if len(out) >= STATS_SENTENCES:
                 return out[:STATS_SENTENCES]
     return out
-
-
-STAGE = Stage(
-    "vocab", VocabConfig, run, reads=("corpus",), resumable=False, identify=identify, inherit=inherit,
-    writes="WordPiece vocabulary: vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json",
-)

@@ -5,7 +5,11 @@ stage needs nothing but its declaration to run under the contract."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,13 +59,47 @@ def test_layers_point_one_way():
             assert not top & {"prefect", "flows"}, (module, top & {"prefect", "flows"})
 
 
-def test_no_stage_module_imports_another():
+def _stage_modules() -> dict[str, set[str]]:
+    """Each stage's modules: its declaration (pipelines/stages/<name>.py) and its work."""
     from pipelines.registry import STAGES
 
-    stage_modules = {stage.run.__module__ for stage in STAGES}
-    assert len(stage_modules) == len(STAGES)
-    for module in stage_modules:
-        assert not (_internal(GRAPH[module]) & stage_modules) - {module}, module
+    return {stage.name: {f"pipelines.stages.{stage.name}", stage.run.partition(":")[0]} for stage in STAGES}
+
+
+def test_no_stage_module_imports_another():
+    modules = _stage_modules()
+    everything = set().union(*modules.values())
+    assert len(everything) == 2 * len(modules)
+    for name, own in modules.items():
+        for module in own:
+            assert not (_internal(GRAPH[module]) & everything) - own, (name, module)
+
+
+def test_every_stage_declares_its_work_by_name_and_its_declaration_stays_light():
+    """The registry imports the declarations; the work (Ray, torch, pyarrow) is imported when
+    the stage runs. A declaration that imported its work would bring it back."""
+    for name, own in _stage_modules().items():
+        declaration, work = sorted(own, key=lambda m: m.startswith("pipelines.stages."), reverse=True)
+        assert work == f"pipelines.{name}" and work not in GRAPH[declaration], (name, declaration, work)
+
+
+HEAVY = ("torch", "ray", "matplotlib", "scipy", "transformers", "deepspeed", "datasketch", "sklearn", "prefect")
+"""What reading a recipe or a manifest must not import (seconds each, before the command does anything)."""
+
+
+def heavy_imports(code: str) -> list[str]:
+    """The HEAVY modules a fresh interpreter has imported after running `code`."""
+    probe = f"{code}\nimport json, sys\nprint('HEAVY=' + json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    found = [line for line in out.stdout.splitlines() if line.startswith("HEAVY=")]
+    assert found, out.stdout[-2000:] + out.stderr[-3000:]
+    return json.loads(found[-1].removeprefix("HEAVY="))
+
+
+def test_loading_every_shipped_recipe_imports_nothing_heavy():
+    code = "import glob\nfrom pipelines.registry import load_config\nfor path in sorted(glob.glob('configs/*.yaml')):\n    load_config(path)"
+    assert heavy_imports(code) == []
 
 
 def test_no_import_cycle():
@@ -188,3 +226,54 @@ def test_a_new_stage_runs_under_the_contract_from_its_declaration_alone(demo_pip
     # another setting: another fingerprint, recomputed
     other, computed = run_stage("wordcount", WordCountConfig(lowercase=False), root=str(root), storage=storage, seed=1)
     assert computed and other.fingerprint != manifest.fingerprint and len(calls) > before
+
+
+def _cli(*args: str) -> str:
+    """Python code that runs `bertpipe ARGS` in this interpreter (its exit is caught)."""
+    return f"import sys\nfrom flows import cli\nsys.argv = ['bertpipe', *{list(args)!r}]\ntry:\n    cli.main()\nexcept SystemExit:\n    pass"
+
+
+@pytest.fixture(scope="module")
+def read_only_root(tmp_path_factory):
+    """A run root with the outputs `status`, `verify` and `inspect` read without running
+    anything: complete pretrain and evaluate directories (manifest, metrics.jsonl, a
+    checkpoint marker, metrics.json), as the stages write them."""
+    from pipelines.stage import Manifest, ShardInfo
+
+    root = tmp_path_factory.mktemp("read-only")
+    pretrain, evaluate = root / "pretrain", root / "eval"
+    (pretrain / "checkpoints" / "step-0000004").mkdir(parents=True)
+    (pretrain / "checkpoints" / "step-0000004" / "_complete.json").write_text(json.dumps({"step": 4, "phase": "seq128", "tokens_seen": 512, "train_time_s": 1.5}))
+    records = [{"step": s, "phase": "seq128", "loss": 9.0 - s, "mlm_accuracy": 0.01 * s, "tokens": 128, "step_time_s": 0.1} for s in range(1, 5)]
+    (pretrain / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    stats = {"steps": 4, "validation": {"step": 4, "sequences": 8, "loss": 6.0, "mlm_accuracy": 0.05}, "loss_jumps": []}
+    shard = ShardInfo("metrics.jsonl", rows=4, bytes=(pretrain / "metrics.jsonl").stat().st_size, sha256="0" * 64)
+    manifest = Manifest("pretrain", "1", "f" * 20, {}, {"log_every": 2}, [shard], stats, {"total_s": 75.0})
+    (pretrain / "_manifest.json").write_text(json.dumps(manifest.to_json()))
+    evaluate.mkdir()
+    metrics = {"intrinsic": {}, "tasks": {}, "embeddings": None, "verdicts": ["a verdict"], "notes": []}
+    (evaluate / "metrics.json").write_text(json.dumps(metrics))
+    manifest = Manifest("evaluate", "1", "e" * 20, {}, {}, [], {"tasks": {}, "intrinsic": {}}, {"total_s": 9.0}, report="report.md")
+    (evaluate / "_manifest.json").write_text(json.dumps(manifest.to_json()))
+    return root
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--help",),
+        ("run", "-h"),
+        ("config", "show", "-c", "configs/demo.yaml"),
+        ("run", "-c", "configs/demo.yaml", "--only", "trainer"),  # a mistyped stage, refused
+        ("status", "-c", "configs/demo.yaml", "--set", "run.root={root}"),
+        ("verify", "-c", "configs/demo.yaml", "--set", "run.root={root}"),
+        ("inspect", "pretrain", "--root", "{root}"),
+        ("inspect", "evaluate", "--root", "{root}"),
+        ("inspect", "vocab", "--root", "{root}"),  # not there: refused in one line
+    ],
+)
+def test_commands_that_read_recipes_and_manifests_import_nothing_heavy(args, read_only_root):
+    """`bertpipe --help`, `config show`, a refused stage name, `status` (which lists the
+    corpus inputs and their content identity), `verify` and `inspect` answer without
+    importing torch, Ray, Prefect, matplotlib and the like."""
+    assert heavy_imports(_cli(*(a.format(root=read_only_root) for a in args))) == []

@@ -17,6 +17,9 @@ BERTPIPE = [sys.executable, "-m", "flows.cli"]
 
 def bertpipe(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # the command's flags decide Prefect's level; a CLI test run in this process before
+    # (CliRunner) leaves the level it chose in os.environ, which would override -q
+    env.pop("PREFECT_LOGGING_LEVEL", None)
     return subprocess.run([*BERTPIPE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -42,6 +45,22 @@ def test_user_errors_are_one_line(args, message, tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("bertpipe: error:")]
     assert len(errors) == 1 and message in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+
+
+def test_help_answers_to_h_everywhere_and_shows_no_bool_metavars():
+    for args in (["-h"], ["run", "-h"], ["config", "show", "-h"], ["inspect", "--help"]):
+        out = bertpipe(*args)
+        assert out.returncode == 0 and out.stdout.startswith("Usage: bertpipe"), (args, out.stderr)
+        assert "<bool>" not in out.stdout and "-h, --help" in out.stdout, out.stdout
+    assert "--force " in bertpipe("run", "-h").stdout and "-c, --config FILE" in bertpipe("run", "-h").stdout
+
+
+def test_a_json_error_carries_a_time_like_every_other_line(tmp_path):
+    out = bertpipe("--log-format", "json", "run", "--config", "configs/demo.yaml", "--only", "trainer")
+    assert out.returncode == 2
+    (error,) = [json.loads(line) for line in out.stderr.splitlines() if line.strip()]
+    assert error["event"] == "error" and error["level"] == "ERROR" and "unknown stage 'trainer'" in error["message"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", error["time"]), error
 
 
 def test_version_names_the_package_and_what_it_runs_on():
@@ -110,7 +129,8 @@ NOISE = (
 @pytest.mark.slow
 def test_demo_flow_end_to_end(tmp_path):
     """All five stages through the CLI with the demo recipe, shortened: a report at the end,
-    a model transformers loads, then a second run that is cached throughout."""
+    a model transformers loads, then a second run that is cached throughout. The same
+    figures read the same wherever they appear: see `figures_agree`."""
     overrides = [
         f"run.root={tmp_path}",
         "vocab.vocab_size=3000",
@@ -118,9 +138,12 @@ def test_demo_flow_end_to_end(tmp_path):
         "examples.phases=[{name: seq128, max_seq_length: 128, max_predictions_per_seq: 20}]",
         "pretrain.phases=[{name: seq128, steps: 40, batch_size: 16, max_seq_length: 128}]",
         "pretrain.checkpoint_every=20",
+        "pretrain.log_every=10",
+        "pretrain.eval_every=10",
         "evaluate.tasks=[{name: polarity, type: classification, format: fasttext, "
         "train: '{demo_data}/pang_lee_polarity.cor', encoding: cp1252, cross_validation_folds: 3, "
-        "seeds: [1], epochs: 1, batch_size: 16, max_seq_length: 32}]",
+        "seeds: [1], epochs: 1, batch_size: 16, max_seq_length: 32}, "
+        "{name: simlex999, type: word_similarity, format: word_pairs, validation: '{demo_data}/simlex999.txt', seeds: [1, 2, 3]}]",
         "evaluate.embeddings.sentences=100",
     ]
     sets = [arg for item in overrides for arg in ("--set", item)]
@@ -131,38 +154,99 @@ def test_demo_flow_end_to_end(tmp_path):
     assert [(l[0], l[1]) for l in lines] == [(s, "computed") for s in stages]
     report = tmp_path / "eval" / "report.md"
     assert f"report: {report}" in out.stdout
-    assert f'from_pretrained("{tmp_path / "pretrain" / "model"}")' in out.stdout
+    assert f'from_pretrained("{tmp_path / "pretrain" / "model-mlm"}")' in out.stdout
     console = out.stderr.splitlines() + out.stdout.splitlines()
     assert not [line for line in console if any(noise in line for noise in NOISE)], [l for l in console if any(n in l for n in NOISE)]
-    assert all(len(line) <= 200 for line in console), max(console, key=len)
+    summary_lines = out.stdout.split("\nnext:\n")[0].splitlines()  # the table and the verdicts (next: holds paths)
+    assert all(len(line) <= 100 for line in summary_lines), max(summary_lines, key=len)
+    assert all(len(line) <= 120 for line in out.stderr.splitlines() if ": done in " in line), [l for l in out.stderr.splitlines() if ": done in " in l]
     for stage in stages:  # every stage shows progress while it runs
         assert any(line.split(" ", 1)[-1].startswith((f"{stage}: start", f"{stage} ")) for line in console), stage
-        assert any(re.search(rf" {stage}(: \w+)? \d+/\d+ (units|jobs) ", line) or f"{stage}: step " in line for line in console), stage
+        assert any(re.search(rf" {stage}(: \w+)? \d+/\d+ (units|jobs) ", line) or f"{stage}: steps " in line for line in console), stage
     text = report.read_text(encoding="utf-8")
-    assert "polarity" in text and "random" in text.lower()
+    assert "polarity" in text and "random" in text.lower() and str(tmp_path) not in text  # paths relative to run.root
     assert (tmp_path / "eval" / "metrics.json").exists()
 
-    from transformers import pipeline
+    import transformers
 
-    fill = pipeline("fill-mask", model=str(tmp_path / "pretrain" / "model"))
+    fill = transformers.pipeline("fill-mask", model=str(tmp_path / "pretrain" / "model-mlm"))
     assert len(fill("The city is on the [MASK] of the river.")) == 5
+    _, info = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "pretrain" / "model-mlm"), output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]
 
     status = bertpipe("status", "--config", "configs/demo.yaml", *sets, "--json")
     assert status.returncode == 0, status.stderr
-
-    # what the last two stages produced, as `inspect` shows it
-    checkpoints = json.loads(bertpipe("inspect", "pretrain", "--root", str(tmp_path), "--json").stdout)
-    assert [c["step"] for c in checkpoints["checkpoints"]] == [20, 40]
-    assert all(c["bytes"] > 0 and c["loss"] is not None for c in checkpoints["checkpoints"])
-    assert {f["file"] for f in checkpoints["model"]["files"]} >= {"config.json", "model.safetensors", "vocab.txt"}
-    scores = json.loads(bertpipe("inspect", "evaluate", "--root", str(tmp_path), "--json").stdout)
-    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text(encoding="utf-8"))
-    polarity = next(r for r in scores["scores"] if r["name"] == "polarity" and r["metric"] == "accuracy" and r["section"] != "pretraining")
-    assert polarity["pretrained"] == metrics["tasks"]["polarity"]["pretrained"]["validation"]["accuracy"]["median"]
-    text = bertpipe("inspect", "evaluate", "--root", str(tmp_path)).stdout
-    assert "polarity" in text and "random init" in text
     assert {r["stage"]: r["state"] for r in json.loads(status.stdout)} == dict.fromkeys(stages, "complete")
+    figures_agree(tmp_path, out, sets)
 
     again = bertpipe("run", "--config", "configs/demo.yaml", *sets, timeout=600)
     assert again.returncode == 0
     assert "computed" not in again.stdout and again.stdout.count("cached") == 5
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, dict[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def figures_agree(root: Path, out: subprocess.CompletedProcess, sets: list[str]) -> None:
+    """One run's figures as the console, TensorBoard, `inspect`, the report, `status` and the
+    summary show them: the same interval means, the same final and validation figures, the
+    same evaluation scores and verdicts, in percent, with the same time."""
+    console = out.stderr
+    trained = {int(m["step"]): m for m in re.finditer(
+        r"pretrain: steps? (?:\d+-)?(?P<step>\d+)/40 seq128 · loss (?P<loss>[\d.]+) · MLM acc (?P<acc>[\d.]+)%", console)}
+    validated = {int(m["step"]): m for m in re.finditer(
+        r"pretrain: validation at step (?P<step>\d+) \((?P<n>[\d,]+) held-out sequences\) · loss (?P<loss>[\d.]+) · MLM acc (?P<acc>[\d.]+)%", console)}
+    assert sorted(trained) == sorted(validated) == [10, 20, 30, 40]  # four intervals of 10 steps, a validation after each
+    board = tensorboard_scalars(root / "pretrain" / "tensorboard")
+    for step, line in trained.items():  # TensorBoard holds the interval means the console printed
+        assert line["loss"] == f"{board['train/loss'][step]:.3f}" and line["acc"] == f"{100 * board['train/mlm_accuracy'][step]:.1f}"
+    for step, line in validated.items():
+        assert line["loss"] == f"{board['validation/loss'][step]:.3f}" and line["acc"] == f"{100 * board['validation/mlm_accuracy'][step]:.1f}"
+    last, held = trained[40], validated[40]
+    # "final" is the last interval everywhere: inspect, the report, the summary
+    inspected = json.loads(bertpipe("inspect", "pretrain", "--root", str(root), "--json").stdout)
+    assert (inspected["final"]["first_step"], inspected["final"]["step"]) == (31, 40)
+    assert f"{inspected['final']['loss']:.3f}" == last["loss"] and f"{100 * inspected['final']['mlm_accuracy']:.1f}" == last["acc"]
+    assert [c["step"] for c in inspected["checkpoints"]] == [20, 40]
+    assert f"{inspected['checkpoints'][0]['loss']:.3f}" == trained[20]["loss"]  # the interval that ended at the checkpoint
+    assert inspected["validation"]["step"] == 40 and f"{inspected['validation']['loss']:.3f}" == held["loss"]
+    assert {f["file"] for f in inspected["model"]["files"]} >= {"config.json", "model.safetensors", "vocab.txt"}
+    text = bertpipe("inspect", "pretrain", "--root", str(root)).stdout
+    assert f"final training figures (mean of steps 31-40): loss {last['loss']}, MLM accuracy {last['acc']}%" in text
+    report = (root / "eval" / "report.md").read_text(encoding="utf-8")
+    assert f"Final training figures (mean of steps 31-40): loss {last['loss']}, MLM accuracy {last['acc']}%" in report
+    assert f"Validation at step 40 ({held['n']} held-out sequences; 4 validations in all): loss {held['loss']}, MLM accuracy {held['acc']}%" in report
+    assert f"final loss {last['loss']} (mean of steps 31-40)" in out.stdout and f"validation MLM accuracy {held['acc']}%" in out.stdout
+
+    # evaluation: the scores inspect shows are metrics.json's, TensorBoard's and the report's; one verdict text everywhere
+    metrics = json.loads((root / "eval" / "metrics.json").read_text(encoding="utf-8"))
+    scores = json.loads(bertpipe("inspect", "evaluate", "--root", str(root), "--json").stdout)
+    polarity = next(r for r in scores["scores"] if r["name"] == "polarity" and r["metric"] == "accuracy")
+    assert polarity["section"] == "fine-tuning" and polarity["pretrained"] == metrics["tasks"]["polarity"]["pretrained"]["validation"]["accuracy"]["median"]
+    simlex = next(r for r in scores["scores"] if r["name"] == "simlex999" and r["metric"] == "spearman")
+    assert simlex["section"] == "no training"  # word similarity trains nothing
+    nsp = next(r for r in scores["scores"] if r["metric"] == "nsp_accuracy")
+    assert nsp["baseline_name"] == "majority label" and nsp["baseline"] == metrics["intrinsic"]["seq128"]["pretrained"]["baselines"]["nsp_balance"]["majority_accuracy"]
+    board = tensorboard_scalars(root / "eval" / "tensorboard")
+    assert board["eval/polarity/accuracy"][40] == pytest.approx(polarity["pretrained"]) and board["eval/simlex999/spearman"][40] == pytest.approx(simlex["pretrained"])
+    assert f"| polarity | classification | accuracy | {100 * polarity['pretrained']:.1f}%" in report
+    shown = bertpipe("inspect", "evaluate", "--root", str(root)).stdout
+    assert "e-0" not in shown and f"{100 * polarity['pretrained']:.1f}%" in shown
+    for verdict in metrics["verdicts"]:
+        assert f"- {verdict}" in report and f"    {verdict}" in shown
+        assert " ".join(f"evaluate: {verdict}".split()) in " ".join(out.stdout.split())  # wrapped within 100 columns
+    # the time a stage took: its end line, `status` and the summary say the same
+    rows = {r["stage"]: r for r in json.loads(bertpipe("status", "--config", "configs/demo.yaml", *sets, "--json").stdout)}
+    table = bertpipe("status", "--config", "configs/demo.yaml", *sets).stdout
+    from bertcore.figures import duration
+
+    for stage in ("pretrain", "evaluate"):
+        took = duration(rows[stage]["seconds"])
+        assert f"{stage}: done in {took}" in console and re.search(rf"^{stage} +computed +{re.escape(took)} ", out.stdout, re.M)
+        assert re.search(rf"^{stage} +complete .* {re.escape(took)}  ", table, re.M), table
+    assert re.search(r"^evaluate +complete +\w+ +- ", table, re.M)  # no row count for a stage that writes reports

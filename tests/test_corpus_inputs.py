@@ -93,15 +93,18 @@ def test_one_and_two_workers_and_a_single_stream_copy_give_the_same_shards(multi
     two = run(tmp_path / "two", [{"uri": str(dump)}], parallelism=2, **split)
     one = run(tmp_path / "one", [{"uri": str(dump)}], parallelism=1, **split)
     assert shards(one) == shards(two)
-    # the same XML in one bzip2 stream (same file name, no index): one task decompresses
-    # it, cleaning tasks get its pages in batches
+    # the same XML in one bzip2 stream (same file name, no index): tasks decode the bzip2
+    # blocks that start in their compressed byte ranges
     single = tmp_path / "single" / dump.name
     single.parent.mkdir()
-    single.write_bytes(bz2.compress(xml))
-    streamed = run(tmp_path / "streamed", [{"uri": str(single)}], split_bytes=200_000)
-    assert streamed.stats["streamed_units"] == 1
-    assert shards(streamed) == shards(two)
-    assert streamed.stats["inputs"][str(single)]["decompressed_bytes"] == len(xml)
+    single.write_bytes(bz2.compress(xml, 1))  # 100 kB blocks
+    blocks = run(tmp_path / "blocks", [{"uri": str(single)}], split_bytes=single.stat().st_size // 4)
+    assert blocks.stats["streamed_units"] == 0 and blocks.stats["work_units"] == 5  # ceil(size / (size // 4))
+    assert shards(blocks) == shards(two)
+    # each block handed out once, plus what finishes each range's last page (64 KiB reads)
+    longest_page = max(len(page) for _, _, page in split_dump(xml)[1])
+    read = blocks.stats["inputs"][str(single)]["decompressed_bytes"]
+    assert len(xml) <= read <= len(xml) + 4 * (longest_page + 2 * 2**16)
 
 
 def test_plain_xml_and_text_read_in_byte_ranges(multistream, gensim_data, tmp_path, ray_cluster):
@@ -194,6 +197,15 @@ def test_tsv_and_csv_inputs_with_text_and_title_columns(tmp_path, ray_cluster):
     # a tsv larger than a task is read in ranges, each given the header's columns
     ranged = run(tmp_path / "ranged", inputs[:1], split_bytes=150, min_chars=20, validation_fraction=0.0)
     assert ranged.stats["work_units"] > 1 and [d["title"] for d in documents(tmp_path / "ranged", ranged)] == ["t0", "t1", "t2", "t3"]
+    # compressed and larger than a task: the tsv goes to the cleaning tasks in chunks of whole
+    # lines (the later ones with the header's columns), the csv (quoted newlines) as parsed records
+    for name in ("a.tsv", "b.csv"):
+        (tmp_path / "gz").mkdir(exist_ok=True)
+        (tmp_path / "gz" / f"{name}.gz").write_bytes(gzip.compress((tmp_path / name).read_bytes()))
+    zipped = [{**spec, "uri": str(tmp_path / "gz" / f"{Path(spec['uri']).name}.gz")} for spec in inputs]
+    streamed = run(tmp_path / "streamed", zipped, split_bytes=60, min_chars=20, validation_fraction=0.0)
+    assert streamed.stats["streamed_units"] == 2
+    assert [(d["title"], d["sentences"]) for d in documents(tmp_path / "streamed", streamed)] == [(d["title"], d["sentences"]) for d in docs]
 
 
 def test_latin1_book_needs_its_encoding(tmp_path, ray_cluster):

@@ -24,11 +24,16 @@ def _metrics() -> dict:
         "seed": 7,
         "baseline": True,
         "model": {
-            "uri": "runs/x/pretrain/model",
+            "uri": "pretrain/model",
             "parameters": 1_012_130,
             "config": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "vocab_size": 4000},
         },
-        "pretraining_log": {"uri": "runs/x/pretrain/metrics.jsonl", "records": 150, "unreadable_lines": 1, "last": {"step": 150, "loss": 7.61, "mlm_accuracy": 0.058}},
+        "pretraining_log": {
+            "uri": "pretrain/metrics.jsonl", "records": 150, "unreadable_lines": 1, "log_every": 50,
+            "final": {"first_step": 101, "step": 150, "loss": 7.61, "mlm_accuracy": 0.058, "nsp_accuracy": 0.55},
+            "validations": 3, "validation": {"step": 150, "sequences": 640, "loss": 7.48, "mlm_accuracy": 0.061, "nsp_accuracy": 0.54},
+            "loss_jumps": [{"step": 95, "loss": 13.8, "running_mean": 7.62, "factor": 1.81}],
+        },
         "intrinsic": {
             "seq128": {
                 "pretrained": {
@@ -76,7 +81,7 @@ def _metrics() -> dict:
             "random_init": {"cls": {"anisotropy": 0.9999}, "mean": {"anisotropy": 0.96}},
         },
         "fill_mask": [{"text": "the cat sat on the [MASK] .", "answer": "mat", "predictions": [["floor", 0.2], ["mat", 0.1], ["the", 0.05], [",", 0.04], [".", 0.03]], "answer_rank": 2}],
-        "verdicts": ["seq128 held-out MLM accuracy 4.5% vs 4.7% for always guessing 'the': still at the unigram plateau", "sst (accuracy): gain 27.7 points, above the seed spread of 7.0"],
+        "verdicts": ["seq128 validation MLM accuracy 4.5% vs 4.7% for always guessing 'the': still at the unigram plateau", "sst (accuracy): gain 27.7 points, above the seed spread of 7.0"],
         "skipped_rows": {"total": 2, "files": {"data/sst.tsv": 2}},
         "notes": ["intrinsic: phase seq512 (512 tokens) is longer than the model's 128 positions; left out"],
     }
@@ -108,15 +113,16 @@ def test_metrics_json_is_strict_json_without_nan():
 def test_pretraining_plot_is_a_png_and_marks_phases(tmp_path):
     records = [{"step": s, "loss": 10 - s / 100, "mlm_accuracy": s / 1000, "phase": "seq128" if s < 500 else "seq512"} for s in range(1, 1001)]
     records[3]["mlm_accuracy"] = None  # a step without masked tokens
+    validations = [{"step": s, "loss": 9.0 - s / 200, "mlm_accuracy": s / 900} for s in (250, 500, 750, 1000)]
     path = tmp_path / "curves.png"
-    assert report.plot_pretraining(records, str(path))
+    assert plots.plot_pretraining(records, validations, 50, 0.047, str(path))
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
 def test_long_training_logs_are_binned_before_plotting(tmp_path):
-    records = [{"step": s, "loss": 5.0 + math.sin(s)} for s in range(50_000)]
+    records = [{"step": s, "loss": 5.0 + math.sin(s)} for s in range(1, 50_001)]
     path = tmp_path / "long.png"
-    assert report.plot_pretraining(records, str(path))  # only the loss: the accuracy panel says so
+    assert plots.plot_pretraining(records, [], 1, None, str(path))  # only the loss: the accuracy panel says so
     steps = np.array([r["step"] for r in records], dtype=float)
     binned_steps, binned = plots._binned(steps, np.array([r["loss"] for r in records]), 100)
     assert len(binned_steps) == len(binned) == 100
@@ -124,15 +130,15 @@ def test_long_training_logs_are_binned_before_plotting(tmp_path):
 
 
 def test_no_plot_without_losses_or_tasks(tmp_path):
-    assert not report.plot_pretraining([], str(tmp_path / "a.png"))
-    assert not report.plot_pretraining([{"step": 1, "mlm_accuracy": 0.1}], str(tmp_path / "b.png"))
-    assert not report.plot_tasks({}, str(tmp_path / "c.png"))
+    assert not plots.plot_pretraining([], [], 10, None, str(tmp_path / "a.png"))
+    assert not plots.plot_pretraining([{"step": 1, "mlm_accuracy": 0.1}], [], 10, None, str(tmp_path / "b.png"))
+    assert not plots.plot_tasks({}, str(tmp_path / "c.png"))
     assert not list(tmp_path.iterdir())
 
 
 def test_task_plot_handles_a_metric_that_is_nan(tmp_path):
     path = tmp_path / "tasks.png"
-    assert report.plot_tasks(_metrics()["tasks"], str(path))
+    assert plots.plot_tasks(_metrics()["tasks"], str(path))
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 
@@ -140,25 +146,30 @@ def test_markdown_tables_show_scores_gain_and_problems():
     md = report.render_markdown(_metrics(), {"pretraining": "plots/pretraining.png", "tasks": "plots/tasks.png"})
     lines = md.splitlines()
     sst = next(line for line in lines if line.startswith("| sst | classification"))
-    # median [min, max] x 100, random-init median, gain in points, majority class, chance, seeds, how it was scored
-    assert "87.7 [85.0, 90.0]" in sst and "60.0 [55.0, 62.0]" in sst and "| 27.7 | 52.0 | 50.0 | 3 |" in sst and "5-fold CV, mean pooling" in sst
+    # median [min, max] in percent, random-init median, gain in points, majority class, chance, seeds, how it was scored
+    assert "87.7% [85.0%, 90.0%]" in sst and "60.0% [55.0%, 62.0%]" in sst and "| 27.7 | 52.0% | 50.0% | 3 |" in sst and "5-fold CV, mean pooling" in sst
     assert "- sst: gain 27.7 points, above the seed spread of 7.0" in lines
     # The verdicts come first, the floors sit beside the scores, the fill-mask guesses are shown.
-    assert md.index("## Verdict") < md.index("## Held-out masked LM") < md.index("## Tasks")
-    assert "- seq128 held-out MLM accuracy 4.5% vs 4.7% for always guessing 'the': still at the unigram plateau" in lines
+    assert md.index("## Verdict") < md.index("## Validation masked LM") < md.index("## Tasks")
+    assert "- seq128 validation MLM accuracy 4.5% vs 4.7% for always guessing 'the': still at the unigram plateau" in lines
     floor = next(line for line in lines if line.startswith("| seq128 | unigram / majority label (always 'the')"))
-    assert "| 7.013 |" in floor and "| 4.7 |" in floor and floor.endswith("| 52.4 |")
+    assert "| 7.013 |" in floor and "| 4.7% |" in floor and floor.endswith("| 52.4% |")
     assert "| the cat sat on the [MASK] . | mat | floor (20%), mat (10%), the (5%), , (4%), . (3%) | 2 |" in lines
     stsb = next(line for line in lines if line.startswith("| stsb | regression"))
-    assert "| – |" in stsb  # an undefined correlation is shown as missing, not as nan
-    assert any(line.startswith("| stsb | test | spearman | 30.0 |") for line in lines)
+    assert "| Spearman x100 |" in stsb and "| – |" in stsb  # an undefined correlation is shown as missing, not as nan
+    assert any(line.startswith("| stsb | test | Spearman x100 | 30.0 |") for line in lines)
     pretrained_mlm = next(line for line in lines if line.startswith("| seq128 | pretrained"))
-    assert "| 637 | 11,156 | 6.902 | 993.8 | 4.5 |" in pretrained_mlm
+    assert "| 637 | 11,156 | 6.902 | 993.8 | 4.5% |" in pretrained_mlm
     assert "![pretraining curves](plots/pretraining.png)" in md and "![task scores](plots/tasks.png)" in md
     assert "| pretrained | cls | 1.0000 |" in md  # cosine near 1 keeps its digits
     assert "data/sst.tsv, line 4" in md and "2 malformed row(s)" in md
     assert "seq512 (512 tokens) is longer" in md
     assert "1 unreadable line(s)" in md
+    # the pretraining figures: what they average, the final interval, the validation, the jumps; paths relative to run.root
+    assert "Model `pretrain/model` (paths are relative to run.root)" in md
+    assert "Final training figures (mean of steps 101-150): loss 7.610, MLM accuracy 5.8%, NSP accuracy 55.0%." in lines
+    assert "Validation at step 150 (640 held-out sequences; 3 validations in all): loss 7.480, MLM accuracy 6.1%, NSP accuracy 54.0%." in lines
+    assert any(line.startswith("Loss jumps seen during training (training went on): step 95: 13.80 (1.8x the running mean)") for line in lines)
 
 
 def test_markdown_without_log_baseline_or_tasks():
@@ -179,7 +190,7 @@ def test_objectives_without_nsp_leave_the_nsp_columns_out():
             scores.pop("nsp_loss"), scores.pop("nsp_accuracy")
             scores.get("baselines", {}).pop("nsp_balance", None)
     md = report.render_markdown(metrics, {})
-    section = md.split("## Held-out masked LM")[1].split("##")[0]
+    section = md.split("## Validation masked LM")[1].split("##")[0]
     assert "NSP" not in section and "next sentence" not in section and "majority label" not in section
     header = next(line for line in md.splitlines() if line.startswith("| phase | model |"))
     assert header.endswith("| MLM acc. |")
@@ -195,6 +206,8 @@ def test_score_rows_share_keys_and_gain_is_the_difference():
     assert accuracy["gain"] == pytest.approx(0.2771) and accuracy["seeds"] == 3
     assert (accuracy["pretrained_min"], accuracy["pretrained_max"]) == (0.85, 0.90)
     assert by[("fine-tuning", "stsb", "spearman")]["pretrained"] is None  # nan becomes null
+    assert (accuracy["baseline"], accuracy["baseline_name"]) == (0.52, "majority class")
+    assert (by[("pretraining", "seq128", "nsp_accuracy")]["baseline"], by[("pretraining", "seq128", "nsp_accuracy")]["baseline_name"]) == (0.5243, "majority label")
     assert ("fine-tuning", "stsb (test)", "spearman") in by
     mlm = by[("pretraining", "seq128", "mlm_accuracy")]
     assert mlm["gain"] == pytest.approx(0.0447 - 0.0003)

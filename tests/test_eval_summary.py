@@ -43,35 +43,70 @@ def test_a_loss_beyond_the_spread_says_random_init_does_better():
 
 def test_both_models_at_the_majority_class_learned_nothing():
     verdict = summary.task_verdict(_entry([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]))
-    assert verdict["text"] == "no measurable gain (0.0 points, within the seed spread of 0.0); both models score at the majority-class level (50.0): neither learned the task"
+    assert verdict["text"] == "no measurable gain (0.0 points, within the seed spread of 0.0); both models score at the majority-class level (50.0%): neither learned the task"
     one = summary.task_verdict(_entry([0.70, 0.72, 0.74], [0.50, 0.50, 0.505]))
-    assert one["text"].endswith("; random init scores at the majority-class level (50.0)") and one["measurable"]
+    assert one["text"].endswith("; random init scores at the majority-class level (50.0%)") and one["measurable"]
 
 
 def test_one_seed_or_no_baseline_cannot_be_judged():
-    assert "one seed: no seed spread" in summary.task_verdict(_entry([0.8], [0.7]))["text"]
+    undecided = summary.task_verdict(_entry([0.8], [0.7]))
+    assert undecided["text"] == "undecided: 10.0 points (add seeds to judge it); note: one seed, so no seed spread to judge it by"
+    assert not undecided["measurable"]
     alone = summary.task_verdict(_entry([0.8, 0.81], None))
-    assert alone["text"].startswith("accuracy 80.5; no random-init baseline") and alone["gain"] is None
+    assert alone["text"].startswith("accuracy 80.5%; no random-init baseline") and alone["gain"] is None
+
+
+def test_a_one_seed_gain_over_a_random_init_that_learned_nothing_is_a_gain_with_a_note():
+    # the case that led here: 27.2 points over a random init at the majority-class level, one seed
+    verdict = summary.task_verdict(_entry([0.772], [0.5], majority=0.5))
+    assert verdict["text"] == (
+        "gain 27.2 points; random init scores at the majority-class level (50.0%); note: one seed, so no seed spread to judge it by"
+    )
+    assert verdict["measurable"] and verdict["gain"] == pytest.approx(0.272)
 
 
 def test_a_score_that_ignores_the_seed_is_judged_by_its_rank_among_random_draws():
     # word similarity: the pretrained model scores once; a spread of 5 random draws would
     # call 8.7 a gain, but one more random draw beats all 5 a sixth of the time.
-    def entry(random_scores: list[float]) -> dict:
-        out = _entry([0.087], random_scores, majority=None, metric="spearman")
+    def entry(random_scores: list[float], score: float = 0.087) -> dict:
+        out = _entry([score], random_scores, majority=None, metric="spearman")
         out["type"] = "word_similarity"
         out["random_init"]["runs"] = [{"seed": i, "validation": {"spearman": v}} for i, v in enumerate(random_scores)]
         return out
 
-    few = summary.task_verdict(entry([0.019, 0.026, 0.032, 0.049, 0.020]))
-    assert few["text"] == "no measurable gain (6.1 points; rank among 5 random-init draws: p = 0.17; 5 draws cannot reach p <= 0.05 (19 or more can))"
+    few = summary.task_verdict(entry([0.010, 0.026, 0.032, 0.060, 0.020]))
+    assert few["text"] == (
+        "no measurable gain (6.1 points; rank among 5 random-init draws: p = 0.17); "
+        "note: the rank test cannot go below p = 0.17 with 5 draws (19 or more reach 0.05)"
+    )
     assert not few["measurable"] and few["p_value"] == pytest.approx(1 / 6)
     draws = [0.01 * (i % 5) for i in range(19)]
-    many = summary.task_verdict(entry(draws))
+    many = summary.task_verdict(entry(draws, score=0.075))
     assert many["measurable"] and many["p_value"] == pytest.approx(0.05)
-    assert many["text"] == "gain 6.7 points: above all 19 random-init draws (rank test p = 0.05)"
-    one_above = summary.task_verdict(entry([*draws[:-1], 0.09]))
+    assert many["text"] == "gain 5.5 points: above all 19 random-init draws (rank test p = 0.05)"
+    one_above = summary.task_verdict(entry([*draws[:-1], 0.09], score=0.075))
     assert not one_above["measurable"] and one_above["p_value"] == pytest.approx(0.10)
+
+
+def test_a_score_far_beyond_every_random_draw_is_a_gain_whatever_the_rank_test_resolves():
+    # the case that led here: all-MiniLM-L6-v2 on SimLex-999, 47.1 against 9 draws in [-8.4, 2.1]
+    draws = [-0.084, -0.060, -0.042, -0.025, -0.011, 0.003, 0.009, 0.015, 0.021]
+    entry = _entry([0.471], draws, majority=None, metric="spearman")
+    entry["type"] = "word_similarity"
+    entry["random_init"]["runs"] = [{"seed": i, "validation": {"spearman": v}} for i, v in enumerate(draws)]
+    verdict = summary.task_verdict(entry)
+    assert verdict["text"] == (
+        "gain 48.2 points, beyond every random-init draw (9 draws from -8.4 to 2.1); "
+        "note: the rank test cannot go below p = 0.10 with 9 draws (19 or more reach 0.05)"
+    )
+    assert verdict["measurable"] and verdict["p_value"] == pytest.approx(0.10)
+    # inside the draws' range plus its width: the rank test decides, and 9 draws cannot reach 0.05
+    entry["pretrained"]["validation"]["spearman"] = _summary([0.12])
+    assert summary.task_verdict(entry)["text"].startswith("no measurable gain (13.1 points; rank among 9 random-init draws: p = 0.10)")
+    # far below every draw: a loss, not a gain
+    entry["pretrained"]["validation"]["spearman"] = _summary([-0.30])
+    below = summary.task_verdict(entry)
+    assert below["text"].startswith("loss of 28.9 points, below every random-init draw") and not below["measurable"]
 
 
 def test_a_pretrained_model_runs_a_task_without_training_once():
@@ -94,7 +129,7 @@ def test_task_entry_carries_floors_pooler_and_verdict():
     assert entry["baselines"] == {"chance": {"accuracy": 0.5, "mcc": 0.0}, "validation": {"majority": {"accuracy": 0.5}}}
     assert entry["pooler"] == {"pretrained": "pretrained", "random_init": "fresh"}
     assert entry["gain"]["accuracy"] == pytest.approx(0.35)
-    assert entry["verdict"]["text"] == "gain 35.0 points, above the seed spread of 10.0; random init scores at the majority-class level (50.0)"
+    assert entry["verdict"]["text"] == "gain 35.0 points, above the seed spread of 10.0; random init scores at the majority-class level (50.0%)"
     assert [r["seed"] for r in entry["pretrained"]["runs"]] == [1, 2] and "labels" not in entry["pretrained"]["runs"][0]
 
 
@@ -104,7 +139,7 @@ def test_mlm_and_nsp_verdicts_set_the_score_beside_the_floor():
         "random_init": {"mlm_accuracy": 0.0001},
     }
     assert summary.mlm_verdict("seq128", scores) == (
-        "seq128 held-out MLM accuracy 9.6% vs 4.7% for always guessing 'the' and 0.0% for random init: 4.9 points above the unigram baseline"
+        "seq128 validation MLM accuracy 9.6% vs 4.7% for always guessing 'the' and 0.0% for random init: 4.9 points above the unigram baseline"
     )
     assert summary.nsp_verdict("seq128", scores).endswith("54.1% for always guessing the majority label: the label balance, no next-sentence skill")
     scores["pretrained"]["mlm_accuracy"] = 0.052

@@ -223,7 +223,9 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     manifest, computed = evaluate(cfg, root, storage, seed=11)
     assert computed and manifest.stage == "evaluate"
     eval_dir = os.path.join(root, EVAL_DIR)
-    assert {s.path for s in manifest.shards} == {"metrics.json", "report.md", "plots/pretraining.png", "plots/tasks.png"}
+    kept = {f"heads/pretrained/{name}.safetensors" for name in ("sentiment", "overlap", "ner", "qa")}  # tasks that train
+    assert {s.path for s in manifest.shards if not s.path.startswith("tensorboard/")} == {"metrics.json", "report.md", "plots/pretraining.png", "plots/tasks.png"} | kept
+    assert [s.path for s in manifest.shards if s.path.startswith("tensorboard/events.out.tfevents")]  # the scores for TensorBoard
 
     def strict(constant):
         raise AssertionError(f"metrics.json holds {constant}")
@@ -278,10 +280,10 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     unigram = mlm["pretrained"]["baselines"]["unigram"]
     assert unigram["token"] == "the" and 0.03 < unigram["mlm_accuracy"] < 0.08
     assert abs(mlm["pretrained"]["mlm_accuracy"] - unigram["mlm_accuracy"]) < 0.02
-    assert any(line.startswith("seq128 held-out MLM accuracy") and "unigram plateau" in line for line in metrics["verdicts"])
+    assert any(line.startswith("seq128 validation MLM accuracy") and "unigram plateau" in line for line in metrics["verdicts"])
     balance = mlm["pretrained"]["baselines"]["nsp_balance"]
     assert balance["is_next"] + balance["random"] == pytest.approx(1.0) and balance["pairs"] == mlm["pretrained"]["sequences"]
-    assert any(line.startswith("seq128 held-out NSP accuracy") for line in metrics["verdicts"])
+    assert any(line.startswith("seq128 validation NSP accuracy") for line in metrics["verdicts"])
     # Fill-mask on held-out sentences: the masked word and the model's guesses.
     assert len(metrics["fill_mask"]) == 5
     for item in metrics["fill_mask"]:
@@ -300,7 +302,7 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
         md = handle.read()
     for name in expected_metrics:
         assert f"| {name} |" in md
-    assert "## Held-out masked LM" in md and "## Sentence embeddings" in md and "Skipped input rows" in md
+    assert "## Validation masked LM" in md and "## Sentence embeddings" in md and "Skipped input rows" in md
     assert "## Verdict" in md and "## Fill-mask on held-out sentences" in md
     assert manifest.stats["verdicts"] == metrics["verdicts"]
     for plot in ("pretraining", "tasks"):
@@ -426,11 +428,43 @@ def test_editing_a_task_file_reruns_and_run_reads_the_pipeline_section(root, sto
     metrics = json.load(open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8"))
     median = metrics["tasks"]["s"]["pretrained"]["validation"]["accuracy"]["median"]
     assert "random_init" not in metrics["tasks"]["s"]  # baseline: false
-    assert second.headline["s accuracy"] == f"{median:.3f}"
+    assert second.headline["tasks with a measurable gain"] == "0 of 1"  # no baseline: nothing to measure a gain against
     data, lines = inspect(storage, root, "evaluate", Options())
     row = next(r for r in data["scores"] if r["name"] == "s" and r["metric"] == "accuracy")
-    assert (row["pretrained"], row["random_init"]) == (median, None)
-    assert any(line.split()[:3] == ["fine-tuning", "s", "accuracy"] for line in lines)
+    assert (row["pretrained"], row["random_init"]) == (median, None) and row["section"] == "fine-tuning"
+    assert any(line.split()[:3] == ["s", "accuracy", f"{100 * median:.1f}%"] for line in lines[lines.index("fine-tuning:"):])
+
+
+def test_the_model_fine_tuned_on_the_whole_training_file_is_kept_for_export(root, storage, tmp_path):
+    """Cross-validated without a test file, the folds' models each miss a fold: the first
+    seed's job fits one more on everything and keeps it, with what export needs to know."""
+    from bertcore.eval.config import TaskConfig
+    from bertcore.eval.finetune import fine_tuned_model
+    from bertcore.eval.heads import load_task_model, read_head
+    from pipelines.storage import sha256_file
+
+    train = _tsv(tmp_path / "t.tsv", ("sentence", "label"), _classification_rows(5, 10))
+    task = _quick(name="s", type="classification", format="tsv", train=train, cross_validation_folds=2, seeds=[4, 9], pooling="mean")
+    manifest, _ = evaluate(_only_tasks([task]), root, storage, seed=3)
+    assert [s.path for s in manifest.shards if s.path.startswith("heads/")] == ["heads/pretrained/s.safetensors"]  # one seed's
+    path = os.path.join(root, EVAL_DIR, "heads", "pretrained", "s.safetensors")
+    model_dir = os.path.join(root, "pretrain", "model")
+    head = read_head(path)
+    assert (head.task, head.type, head.labels, head.seed, head.pooling) == ("s", "classification", ["neg", "pos"], 4, "mean")
+    assert head.trained_on == "the whole training file (10 examples)"
+    assert head.encoder_sha256 == sha256_file(os.path.join(model_dir, "model.safetensors"))
+    metrics = json.load(open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8"))
+    assert metrics["tasks"]["s"]["saved_model"] == "heads/pretrained/s.safetensors"
+    # it is the seed's fit on the whole file: the same fit again gives the same weights
+    saved, _ = load_task_model(path, model_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the job ran (evaluate.num_threads)
+    try:
+        again = fine_tuned_model(TaskConfig.model_validate(task), model_dir, model_dir, 4)
+    finally:
+        torch.set_num_threads(threads)
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(tensor, saved.state_dict()[name]), name
 
 
 # -- configuration --------------------------------------------------------------------------------

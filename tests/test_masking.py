@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertcore.masking import (
+    greedy_words,
     KEPT,
     MASKED,
     RANDOM,
@@ -169,6 +170,29 @@ def test_span_masking_makes_contiguous_runs_with_one_kind_per_span():
     # 76 tokens in spans of mean 3.8 words: about 20 runs (fewer where spans touch), far
     # fewer than the 76 runs of token-level masking.
     assert 14 < sum(runs) / len(runs) < 22
+
+
+def _walk(lengths: list[int], quota: int) -> list[bool]:
+    """Google's loop, one word at a time."""
+    taken, room = [], quota
+    for length in lengths:
+        taken.append(length <= room)
+        room -= length if taken[-1] else 0
+    return taken
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 6), max_size=40), min_size=1, max_size=12), st.integers(1, 30), st.integers(0, 2**31))
+def test_greedy_words_takes_what_googles_walk_takes(rows, quota, seed):
+    rng = np.random.default_rng(seed)
+    W = max(1, max(map(len, rows)))
+    lengths = np.full((len(rows), W), 99, dtype=np.int64)  # past a row's words: anything
+    for b, row in enumerate(rows):
+        lengths[b, : len(row)] = row
+    quotas = rng.integers(1, quota + 1, len(rows))
+    take = greedy_words(lengths, np.array([len(r) for r in rows]), quotas)
+    for b, row in enumerate(rows):
+        assert take[b, : len(row)].tolist() == _walk(row, int(quotas[b])) and not take[b, len(row) :].any()
 
 
 def test_invalid_mask_config_is_refused():

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
+from bertcore import metrics_log  # noqa: E402
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag  # noqa: E402
 from bertcore.config import StorageConfig  # noqa: E402
 from bertcore.errors import ConfigError  # noqa: E402
@@ -115,7 +116,8 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     curve = stats["validation_curve"]
     assert [v["step"] for v in curve] == [25, 50, 75, 100] and curve[-1] == stats["validation"]
     # (about 200 training sequences: the held-out loss may rise again as the model overfits them)
-    assert sorted(s.path for s in manifest.shards) == sorted([f"model/{n}" for n in HF_FILES] + ["metrics.jsonl", "validation.jsonl"])
+    expected = [f"{folder}/{n}" for folder in ("model", "model-mlm") for n in HF_FILES]
+    assert sorted(s.path for s in manifest.shards) == sorted([*expected, "metrics.jsonl", "validation.jsonl"])
     # the upstream fingerprints and the seed: what went into the fingerprint besides the section
     assert manifest.inputs.keys() == {"examples", "vocab", "seed"} and manifest.config["zero_stage"] == 1
 
@@ -130,6 +132,11 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         assert (theirs(input_ids=ids).prediction_logits - ours.full_logits(ids).prediction_logits).abs().max() < 1e-4
     fill = transformers.pipeline("fill-mask", model=str(model_dir), device="cpu")
     assert len(fill("the fire [MASK] the homes.", top_k=3)) == 3
+    # model-mlm/ is the same encoder and MLM head as a BertForMaskedLM: it loads without unexpected keys
+    masked, info = transformers.AutoModelForMaskedLM.from_pretrained(str(stage / "model-mlm"), output_loading_info=True)
+    assert type(masked).__name__ == "BertForMaskedLM" and not info["unexpected_keys"] and not info["missing_keys"]
+    with torch.no_grad():
+        assert (masked.eval()(input_ids=ids).logits - ours.full_logits(ids).prediction_logits).abs().max() < 1e-4
 
     # the same config again: the stage is complete and skipped
     again, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
@@ -146,7 +153,9 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
     # `bertpipe export`: any complete checkpoint to any folder; a missing one is a clear error
     stage, inputs = StageDir(STORAGE, str(small_root), "pretrain"), upstream(REGISTRY["pretrain"], str(small_root), STORAGE)
     exported = pretrain.export_model(stage, inputs, step=100, out=str(tmp_path / "exported"))
-    assert {f["name"]: f["sha256"] for f in exported} == {s.path.split("/")[1]: s.sha256 for s in manifest.shards if s.path.startswith("model/")}
+    assert {(f["folder"].replace("exported", "model"), f["name"]): f["sha256"] for f in exported} == {
+        tuple(s.path.split("/")): s.sha256 for s in manifest.shards if s.path.startswith("model")
+    }
     with pytest.raises(ConfigError, match=r"no complete checkpoint step-0000040"):
         pretrain.export_model(stage, inputs, step=40)
 
@@ -329,9 +338,11 @@ def test_stage_on_a_remote_root_writes_checkpoints_and_model_to_the_bucket(ray_c
     # what the run summary and `bertpipe inspect pretrain` show, read from the bucket
     from flows.inspect import Options, inspect
 
-    assert result.headline["steps"] == 6 and result.headline["final loss"] == round(result.stats["last_steps_mean"]["loss"], 3)
+    final = result.stats["final"]
+    assert result.headline["steps"] == 6 and result.headline["final loss"] == f"{final['loss']:.3f} (mean of steps {final['first_step']}-6)"
     data, lines = inspect(storage, root, "pretrain", Options())
-    assert [(c["step"], c["loss"]) for c in data["checkpoints"]] == [(r["step"], r["loss"]) for r in records if r["step"] in (5, 6)]
+    every = result.stats["log_every"]  # a checkpoint shows the mean of its logging interval up to it, as the console did
+    assert [(c["step"], c["loss"]) for c in data["checkpoints"]] == [(s, metrics_log.at_step(records, s, every)["loss"]) for s in (5, 6)]
     sizes = {tag: sum(storage.size(join(stage_uri, CHECKPOINTS, tag, n)) for n in storage.listdir(join(stage_uri, CHECKPOINTS, tag))) for tag in (checkpoint_tag(5), checkpoint_tag(6))}
     assert {c["tag"]: c["bytes"] for c in data["checkpoints"]} == sizes
     assert {f["file"] for f in data["model"]["files"]} == set(HF_FILES)

@@ -196,7 +196,7 @@ def test_the_pretrain_stage_refuses_a_starting_model_that_does_not_fit_before_tr
 
 def test_a_starting_model_on_s3_is_identified_by_its_objects_and_read_from_a_local_copy(s3_bucket, tmp_path):
     from bertcore.config import StorageConfig
-    from pipelines import pretrain
+    from pipelines.stages import pretrain
     from pipelines.storage import Storage, join
 
     endpoint, bucket = s3_bucket

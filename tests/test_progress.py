@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipelines.pretrain_progress import StepWindow, step_line
+from pipelines.pretrain_progress import jump_line, step_line
 from pipelines.progress import Progress, count, duration
 
 
@@ -70,17 +70,69 @@ def _step(step: int, loss: float, tokens: int = 1000, seconds: float = 0.5, mfu=
     return {"step": step, "phase": "seq128", "loss": loss, "mlm_accuracy": 0.1, "tokens": tokens, "step_time_s": seconds, "mfu": mfu}
 
 
-def test_a_step_window_summarises_the_steps_since_the_last_line():
-    window = StepWindow(total_steps=100)
+def test_a_progress_line_is_the_interval_summary_the_trackers_get():
+    from bertcore.metrics_log import Interval
+
+    interval = Interval(every=2)
     for step, loss in ((1, 8.0), (2, 6.0)):
-        window.add(_step(step, loss))
-    summary = window.summary()
-    assert summary["loss"] == 7.0 and summary["step"] == 2
-    assert summary["tokens_per_s"] == pytest.approx(2000 / 1.0)
-    assert summary["eta_s"] == pytest.approx(98 * 0.5)  # 98 steps left at the window's pace
-    assert summary["mfu"] is None
-    line = step_line(summary)
-    assert line == "pretrain: step 2/100 seq128 · loss 7.000 · MLM acc 10.0% · 2,000 tokens/s · ETA 49.0s"
-    window.add(_step(100, 5.0, mfu=0.25))
-    last = step_line(window.summary())
-    assert last.endswith("MFU 25.0% · done") and len(last) < 200
+        interval.add(_step(step, loss))
+    assert interval.ends(2, final=False) and not interval.ends(3, final=False) and interval.ends(3, final=True)
+    summary = interval.close()
+    assert summary["loss"] == 7.0 and (summary["first_step"], summary["step"]) == (1, 2)
+    assert summary["tokens_per_s"] == pytest.approx(2000 / 1.0) and summary["mfu"] is None
+    reporter_line = {**summary, "total_steps": 100, "eta_s": 98 * 0.5}  # what StepReporter sends: 98 steps left at 0.5 s
+    line = step_line(reporter_line)
+    assert line == "pretrain: steps 1-2/100 seq128 · loss 7.000 · MLM acc 10.0% · 2,000 tokens/s · ETA 49.0s"
+    interval.add(_step(100, 5.0, mfu=0.25))
+    last = step_line({**interval.close(), "total_steps": 100, "eta_s": 0.0})
+    assert last.startswith("pretrain: step 100/100 seq128 · loss 5.000") and last.endswith("MFU 25.0% · done") and len(last) < 100
+    jump = {"step": 95, "loss": 13.8, "running_mean": 7.62, "factor": 13.8 / 7.62}
+    assert jump_line(jump).startswith("pretrain: the loss jumped to 13.80 at step 95, 1.8x its running mean of 7.62; training goes on")
+
+
+def test_intervals_final_and_a_resumed_interval_are_one_definition():
+    """Every place that shows a training figure reads it from bertcore.metrics_log: the
+    intervals are fixed by the step numbers, so the console (Interval during training), the
+    trackers and the report (intervals of metrics.jsonl) agree, a resume included."""
+    from bertcore.metrics_log import Interval, at_step, final, intervals, steps_text
+
+    records = [_step(s, float(s)) for s in range(1, 12)]
+    summaries = intervals(records, 4)
+    assert [(s["first_step"], s["step"], s["loss"]) for s in summaries] == [(1, 4, 2.5), (5, 8, 6.5), (9, 11, 10.0)]
+    assert final(records, 4) == summaries[-1] and steps_text(summaries[-1]) == "mean of steps 9-11"
+    assert at_step(records, 6, 4)["loss"] == 5.5 and at_step(records, 8, 4) == summaries[1]
+    # a run resumed at step 6 (its checkpoint) closes the interval 5-8 on the same records as one that never stopped
+    resumed = Interval(4).resumed(records[:7], 6)  # metrics.jsonl also held step 7 from the crashed attempt: dropped
+    for record in records[6:8]:
+        resumed.add(record)
+    assert resumed.ends(8, final=False) and resumed.close() == summaries[1]
+    jumped = {**_step(3, 9.0), "loss_jump": {"running_mean": 4.0, "factor": 2.25}}
+    assert intervals([records[0], jumped], 4)[0]["loss_jumps"] == [{"step": 3, "loss": 9.0, "running_mean": 4.0, "factor": 2.25}]
+
+
+def test_the_loss_watch_reports_jumps_after_its_grace_and_acts_only_on_spikes():
+    from bertcore.loss_watch import LossWatch
+
+    watch = LossWatch(factor=4.0, grace=3, alpha=0.5)
+    assert [watch.observe(loss) for loss in (8.0, 8.0, 8.0)] == [None, None, None]
+    jump = watch.observe(13.0)
+    assert jump == {"running_mean": 8.0, "factor": 13.0 / 8.0} and not watch.is_spike(13.0)
+    assert watch.observe(9.0) is None and watch.is_spike(100.0)
+
+
+def test_the_start_line_of_a_continued_run_names_its_folder_and_shape():
+    from bertcore.model_config import ModelConfig
+    from bertcore.pretrain_config import PretrainConfig
+    from pipelines.external import ExternalFolder
+    from pipelines.pretrain import _start_line
+
+    phases = [{"name": "seq128", "steps": 600, "batch_size": 32, "max_seq_length": 128}]
+    cfg = PretrainConfig(model_size="tiny", num_workers=2, zero_stage=2, phases=phases, init_from="/models/minilm")
+    shape = ModelConfig(vocab_size=30522, num_hidden_layers=6, hidden_size=384, num_attention_heads=12)
+    init = ExternalFolder("/models/minilm", ["config.json", "model.safetensors"], {})
+    line = _start_line(cfg, shape, init, None)
+    assert line.startswith("pretrain: the model in /models/minilm (6 layers, hidden 384, from its config.json) continued on 2 CPU workers")
+    assert "tiny" not in line and "from scratch" not in line
+    assert "resuming from step 200" in _start_line(cfg, shape, init, {"step": 200})
+    fresh = _start_line(cfg.model_copy(update={"init_from": None}), ModelConfig.named("tiny", 8000), None, None)
+    assert fresh.startswith("pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x 32")

@@ -16,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pydantic  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
@@ -26,6 +28,7 @@ from bertcore.tokenizer import (  # noqa: E402
     VocabConfig,
     VocabFilesMismatchError,
     count_alphabet,
+    encode_sentences,
     load_tokenizer,
     read_vocab,
     save_tokenizer,
@@ -48,6 +51,55 @@ def news(gensim_data) -> list[str]:
 def news_tok(news) -> tuple[Tokenizer, VocabConfig]:
     cfg = VocabConfig(vocab_size=1500)
     return train_wordpiece(news, cfg), cfg
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_sentences_encoded_a_document_at_a_time_get_their_own_ids(news, lowercase):
+    """encode_sentences joins a document's sentences with [SEP]: the ids must be those of
+    each sentence encoded alone, also at awkward joins (combining marks, Hangul, an empty
+    or blank sentence, special tokens and [SEP] itself inside the text)."""
+    import numpy as np
+
+    from bertcore.tokenizer import _ascii_path
+
+    tok = train_wordpiece(news, VocabConfig(vocab_size=1500, lowercase=lowercase))
+    assert _ascii_path(tok) is not None  # BERT's normaliser: ASCII sentences take the fast path
+    awkward = ["\u0301accent first", "ends with a\u0301", "", "   ", "Hangul 한국어 문장", "has [SEP] inside",
+               "[CLS] and [MASK] too", "x" * 300, "tab\tand\nnewline", "Ωμέγα ΣΊΣΥΦΟΣ"]
+    every_ascii = [f"Word{chr(c)}word and{chr(c)}" for c in range(128)]  # ASCII: the fast path
+    sentences = news[:400] + awkward + news[400:450] + every_ascii
+    bounds = np.array([0, 3, 3, 120, 400, 403, 405, 410, 460, len(sentences)])  # one empty document
+    values, lengths = encode_sentences(tok, sentences, bounds)
+    expected = [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
+    assert lengths.tolist() == [len(ids) for ids in expected]
+    assert values.tolist() == [t for ids in expected for t in ids]
+
+
+@pytest.fixture(scope="module")
+def cased_and_uncased(news):
+    return {lower: train_wordpiece(news, VocabConfig(vocab_size=1500, lowercase=lower)) for lower in (True, False)}
+
+
+_PIECES = st.one_of(
+    st.text(alphabet=[chr(c) for c in range(128)] + list("éÅ한글Ωß\u0301\u00a0\u3000\u200b"), max_size=12),
+    st.sampled_from(["[SEP]", "[MASK]", "[sep]", "[CLS]", "[UNK]", " [SEP] ", "Word", "##ing"]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.lists(_PIECES, max_size=5).map("".join), max_size=5), max_size=5), st.booleans())
+def test_encode_sentences_gives_encode_batch_fasts_ids_for_any_text(cased_and_uncased, documents, lowercase):
+    """Control characters, brackets, special tokens in any case, non-ASCII letters: the
+    ASCII path and the [SEP] joins change no id."""
+    import numpy as np
+
+    tok = cased_and_uncased[lowercase]
+    sentences = [s for doc in documents for s in doc]
+    bounds = np.concatenate([[0], np.cumsum([len(doc) for doc in documents])]).astype(np.int64)
+    values, lengths = encode_sentences(tok, sentences, bounds)
+    expected = [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
+    assert lengths.tolist() == [len(ids) for ids in expected]
+    assert values.tolist() == [t for ids in expected for t in ids]
 
 
 # -- config ----------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from bertcore.eval.metrics import TagScheme
 from bertcore.section import DataFile, Encoding, Name, Section
 
 TaskType = Literal["classification", "regression", "token_classification", "qa", "word_similarity"]
@@ -36,6 +35,8 @@ PRIMARY_METRIC = {"classification": "accuracy", "regression": "spearman", "token
 """The score a task is ranked by (GLUE/CoNLL/SQuAD conventions), chosen on by early stopping and judged by the report's verdict."""
 TRAINED_TYPES = ("classification", "regression", "token_classification", "qa")
 """Task types that fine-tune a model; word_similarity only reads the encoder."""
+TagScheme = Literal["IOB1", "IOB2", "BIO", "IOBES"]
+"""Tagging schemes of CoNLL files (bertcore.eval.metrics.entity_scores reads them)."""
 
 
 class TaskConfig(Section):

@@ -204,17 +204,21 @@ class TaskModel(nn.Module):
             return torch.stack(chosen).sum(0)
         return torch.cat(chosen, dim=-1)  # (B, T, k*H)
 
-    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        states, pooled = hidden_states(self.encoder, input_ids, attention_mask, token_type_ids)
+    def head_input(self, states: tuple[torch.Tensor, ...], pooled: torch.Tensor | None, attention_mask) -> torch.Tensor:
+        """What the head reads, from the encoder's hidden states and pooled output: (B, F)
+        for sequence tasks, (B, T, F) for token tasks and QA."""
         if self.task_type in ("classification", "regression"):
             if self.features.pooling == "pooler" and pooled is not None:
-                features = pooled  # (B, H)
-            elif self.features.pooling == "mean":
-                features = mean_pool(self._combined(states), attention_mask)
-            else:  # cls, or "pooler" on an encoder without one
-                features = self._combined(states)[:, 0]
-            return self.head(self.dropout(features))  # (B, C) or (B, 1)
-        return self.head(self.dropout(self._combined(states)))  # (B, T, C) tags, or (B, T, 2) start/end
+                return pooled  # (B, H)
+            if self.features.pooling == "mean":
+                return mean_pool(self._combined(states), attention_mask)
+            return self._combined(states)[:, 0]  # cls, or "pooler" on an encoder without one
+        return self._combined(states)  # (B, T, F)
+
+    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        states, pooled = hidden_states(self.encoder, input_ids, attention_mask, token_type_ids)
+        # (B, C) or (B, 1) for sequence tasks; (B, T, C) tags, or (B, T, 2) start/end
+        return self.head(self.dropout(self.head_input(states, pooled, attention_mask)))
 
 
 # --- optimisation --------------------------------------------------------------------------

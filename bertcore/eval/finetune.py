@@ -356,13 +356,15 @@ def _read(task: TaskConfig) -> tuple[object, list[str], dict[str, list], dict[st
     return train, labels, evaluate, skipped, problems
 
 
-def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, random_init: bool) -> dict:
-    """The fine-tuning part of `run_task` (every type but word_similarity)."""
+def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, random_init: bool, keep: list | None = None) -> dict:
+    """The fine-tuning part of `run_task` (every type but word_similarity). `keep`: a list
+    that receives the model fine-tuned on the whole training file (with cross-validation
+    and no test file, one more run fits it)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     train, labels, evaluate, skipped, problems = _read(task)
     result: dict = {"baselines": {}}
     if task.cross_validation_folds is None:
-        scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, evaluate, "full")
+        scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, evaluate, "full", keep)
         result.update(scores)
         for split, examples in evaluate.items():
             result["baselines"][split] = scoring.majority_scores(task, labels, train.examples, examples)
@@ -377,9 +379,11 @@ def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int
         result["validation"] = {name: float(np.mean([f[name] for f in per_fold])) for name in per_fold[0]}
         result["baselines"]["validation"] = None if majority[0] is None else {n: float(np.mean([m[n] for m in majority])) for n in majority[0]}
         if "test" in evaluate:
-            scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {"test": evaluate["test"]}, "full")
+            scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {"test": evaluate["test"]}, "full", keep)
             result.update(scores)
             result["baselines"]["test"] = scoring.majority_scores(task, labels, train.examples, evaluate["test"])
+        elif keep is not None:  # the folds' models each miss a fold: fit one on everything to keep
+            _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {}, "full", keep)
     result["baselines"] = {split: {"majority": scores} for split, scores in result["baselines"].items() if scores is not None}
     result.update(
         labels=labels,
@@ -393,13 +397,20 @@ def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int
     return result
 
 
-def fine_tuned_model(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool = False) -> TaskModel:
+def fine_tuned_model(
+    task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool = False, fold: int | None = None
+) -> TaskModel:
     """The model `run_task` would fine-tune on the whole training file (no folds), for
-    diagnostics: what fine-tuning did to the encoder."""
+    diagnostics: what fine-tuning did to the encoder; with `fold` k, the model of
+    cross-validation fold k instead (trained without that fold's examples)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     train, labels, _, _, _ = _read(task)
+    examples, run_key = train.examples, "full"
+    if fold is not None:
+        train_idx, _ = fold_splits(task, train.examples)[fold]
+        examples, run_key = [train.examples[i] for i in train_idx], f"fold{fold}"
     kept: list[TaskModel] = []
-    _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {}, "full", keep=kept)
+    _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, examples, {}, run_key, keep=kept)
     return kept[0]
 
 
@@ -411,6 +422,7 @@ def run_task(
     *,
     random_init: bool,
     num_threads: int = 1,
+    keep: list | None = None,
 ) -> dict:
     """Fine-tunes on `task` with one seed (word_similarity: scores the encoder's word
     vectors) and returns its metrics: {"task", "seed", "random_init", "validation":
@@ -424,6 +436,8 @@ def run_task(
     random_init: same architecture, fresh weights (the no-pretraining baseline).
     With cross_validation_folds, "validation" holds the mean over folds and "test" comes
     from a model fine-tuned on the whole training file.
+    keep: a list that receives the TaskModel fine-tuned on the whole training file (not
+    for word_similarity, which trains nothing); the evaluate stage saves it for export.
     """
     if encoder_dir is None and not random_init:
         raise ValueError("encoder_dir is required unless random_init is true")
@@ -437,7 +451,7 @@ def run_task(
 
             result = run_word_similarity(task, encoder_dir, tokenizer_dir, seed, random_init=random_init)
         else:
-            result = _fine_tune(task, encoder_dir, tokenizer_dir, seed, random_init)
+            result = _fine_tune(task, encoder_dir, tokenizer_dir, seed, random_init, keep)
     finally:
         torch.set_num_threads(threads)
     return {

@@ -21,6 +21,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from bertcore.eval.config import TagScheme
+
 # --- classification and regression -------------------------------------------------------
 
 
@@ -70,7 +72,6 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 # --- entity-level tagging ------------------------------------------------------------------
 
-TagScheme = Literal["IOB1", "IOB2", "BIO", "IOBES"]
 
 
 def entity_scores(

@@ -12,15 +12,11 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from bertcore.figures import scale
+from bertcore.metrics_log import intervals
+
 MAX_PLOTTED_STEPS = 2000
 """Longer training logs are averaged over equal bins of steps before plotting."""
-RAW_SCALE = ("loss", "perplexity", "mse", "count", "sequences", "batches", "tokens", "threshold", "anisotropy")
-"""Metric names containing these are shown as they are; every other score is shown x 100, as papers do."""
-
-
-def scale(metric: str) -> float:
-    """1 for raw quantities (losses, counts), 100 for scores shown in points."""
-    return 1.0 if any(word in metric for word in RAW_SCALE) else 100.0
 
 
 def _save(fig: Figure, path: str) -> None:
@@ -36,36 +32,48 @@ def _binned(steps: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarra
     return np.array([steps[g].mean() for g in groups]), np.array([values[g].mean() for g in groups])
 
 
-def plot_pretraining(records: list[dict], path: str) -> bool:
-    """Loss and MLM accuracy against the optimizer step, with phase changes marked.
-    Returns False (and writes nothing) when no record has a loss."""
-    series = {}
-    for name in ("loss", "mlm_accuracy"):
-        points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float)) and math.isfinite(r[name])]
-        if points:
-            steps, values = (np.asarray(x, dtype=float) for x in zip(*points))
-            series[name] = _binned(steps, values, MAX_PLOTTED_STEPS)
-    if "loss" not in series:
+def plot_pretraining(records: list[dict], validations: list[dict], every: int, unigram: float | None, path: str) -> bool:
+    """Training loss and MLM accuracy (in percent) against the optimizer step, as the
+    console and the trackers show them: the means over each logging interval of `every`
+    steps (bertcore.metrics_log), with the validations as points, the unigram baseline's
+    accuracy as a line, and phase changes marked. Returns False (and writes nothing) when
+    no record has a loss."""
+    summaries = [s for s in intervals(records, max(1, every)) if s.get("loss") is not None]
+    if not summaries:
         return False
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
-    titles = {"loss": "training loss (MLM + NSP)", "mlm_accuracy": "training MLM accuracy"}
-    for ax, name in zip(axes, ("loss", "mlm_accuracy")):
-        ax.set_title(titles[name])
+    panels = (("loss", "loss (MLM + NSP)", 1.0), ("mlm_accuracy", "MLM accuracy (%)", 100.0))
+    for ax, (name, title, factor) in zip(axes, panels):
+        ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if name in series:
-            ax.plot(*series[name], linewidth=1.2)
+        points = [(s["step"], s[name] * factor) for s in summaries if s.get(name) is not None]
+        if points:
+            steps, values = (np.asarray(x, dtype=float) for x in zip(*points))
+            ax.plot(*_binned(steps, values, MAX_PLOTTED_STEPS), linewidth=1.2, label=f"training (mean of {every} steps)")
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        previous = records[0].get("phase")
-        for record in records[1:]:  # a dashed line where the sequence-length phase changes
-            if record.get("phase") != previous:
-                ax.axvline(record["step"], color="grey", linestyle="--", linewidth=0.8)
-                ax.text(record["step"], 0.98, f" {record.get('phase')}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
-                previous = record.get("phase")
+        held = [(v["step"], v[name] * factor) for v in validations if isinstance(v.get(name), (int, float)) and math.isfinite(v[name])]
+        if held:
+            ax.plot(*zip(*held), "o-", markersize=4, linewidth=0.8, label="validation")
+        if name == "mlm_accuracy" and unigram is not None:
+            ax.axhline(unigram * factor, color="grey", linestyle=":", linewidth=1.0, label="unigram baseline")
+        _mark_phases(ax, records)
+        if points or held:
+            ax.legend(fontsize=8)
     _save(fig, path)
     return True
+
+
+def _mark_phases(ax, records: list[dict]) -> None:
+    """A dashed line where the sequence-length phase changes."""
+    previous = records[0].get("phase") if records else None
+    for record in records[1:]:
+        if record.get("phase") != previous:
+            ax.axvline(record["step"], color="grey", linestyle="--", linewidth=0.8)
+            ax.text(record["step"], 0.98, f" {record.get('phase')}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+            previous = record.get("phase")
 
 
 def plot_tasks(tasks: Mapping[str, dict], path: str) -> bool:
@@ -97,7 +105,7 @@ def plot_tasks(tasks: Mapping[str, dict], path: str) -> bool:
             continue
         ax.bar(x + offset, medians, width, yerr=[low, high], capsize=3, label=label)
     ax.set_xticks(x, [f"{n}\n({tasks[n]['primary_metric']})" for n in names])
-    ax.set_ylabel("validation score (x100), median over seeds")
+    ax.set_ylabel("validation score x 100 (accuracy: %)\nmedian over seeds")
     ax.axhline(0, color="black", linewidth=0.6)
     ax.grid(axis="y", alpha=0.3)
     ax.legend()

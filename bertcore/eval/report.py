@@ -1,7 +1,8 @@
 """The evaluation report: markdown tables, PNG plots, and flat score rows, all made from
 the evaluate stage's metrics dictionary (what it writes as eval/metrics.json).
 
-The plots are drawn in bertcore/eval/plots.py.
+The plots are drawn in bertcore/eval/plots.py (matplotlib); this module needs neither
+numpy nor matplotlib, so `bertpipe inspect evaluate` reads metrics.json in an instant.
 
 The metrics dictionary, as far as the report reads it (SUBJECT is the model judged
 against random init, "pretrained", or "student" after distillation, where "teacher" is
@@ -34,15 +35,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
+from bertcore import figures, metrics_log
 from bertcore.eval import distillation
-from bertcore.eval.plots import plot_pretraining, plot_tasks, scale
-
-__all__ = ["json_dumps", "json_safe", "plot_pretraining", "plot_tasks", "read_training_log", "render_markdown", "score_rows"]
-
-
-
+from bertcore.eval.config import TRAINED_TYPES
 
 # --- inputs ---------------------------------------------------------------------------------
 
@@ -76,7 +71,7 @@ def json_safe(value: Any) -> Any:
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():  # a numpy scalar
         return json_safe(value.item())
     return value
 
@@ -90,15 +85,18 @@ def json_dumps(metrics: Any) -> str:
 
 
 def _fmt(metric: str, value: Any) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    if scale(metric) == 100.0:
-        return f"{100.0 * value:.1f}"
-    if abs(value) < 1.0:
-        return f"{value:.4f}"  # cosines, small losses: 0.9999 must not round to 1
-    return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    """A table cell: scores in percent (correlations x 100), losses with three decimals
+    (bertcore.figures, as everywhere else); '–' when missing."""
+    text = figures.metric(metric, value)
+    return "–" if text == "-" else text
+
+
+def _gain(metric: str, gain: Any) -> str:
+    """A difference of two scores in points; of other quantities, as they are."""
+    if not figures.is_score(metric):
+        return _fmt(metric, gain)
+    text = figures.points(gain)
+    return "–" if text == "-" else text
 
 
 def _summary_cell(metric: str, summary: Mapping | None, spread: bool = True) -> str:
@@ -125,44 +123,55 @@ _INTRINSIC_COLUMNS = ("sequences", "masked_tokens", "mlm_loss", "mlm_perplexity"
 
 def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     """One flat row per (section, name, metric), with the same keys in every row, for a
-    table artifact: section, name, metric, pretrained, pretrained_min, pretrained_max,
-    random_init, gain, seeds. Scores are fractions as in metrics.json (not x 100); after
-    distillation the "pretrained" columns hold the student's."""
+    table artifact and `bertpipe inspect evaluate`: section, name, metric, pretrained,
+    pretrained_min, pretrained_max, random_init, gain, baseline (what learning nothing
+    scores: the unigram predictor, the majority NSP label, the majority class) and its
+    name, the seeds of each model (a task that trains nothing scores the pretrained model
+    once and draws random init once per seed). Scores are fractions as in metrics.json (not x 100). Sections:
+    "pretraining" (validation MLM/NSP), "fine-tuning" (tasks that train), "no training"
+    (word similarity), "embeddings". After distillation the "pretrained" columns hold the
+    student's (the subject's)."""
     subject = _subject(metrics)
 
-    def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None):
+    def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None, baseline=None, baseline_name=None, random_init_seeds=None):
         gain = None
         if isinstance(pretrained, (int, float)) and isinstance(random_init, (int, float)):
             gain = pretrained - random_init
         return json_safe(
             {
-                "section": section,
-                "name": name,
-                "metric": metric,
-                "pretrained": pretrained,
-                "pretrained_min": low,
-                "pretrained_max": high,
-                "random_init": random_init,
-                "gain": gain,
-                "seeds": seeds,
+                "section": section, "name": name, "metric": metric,
+                "pretrained": pretrained, "pretrained_min": low, "pretrained_max": high,
+                "random_init": random_init, "gain": gain,
+                "baseline": baseline, "baseline_name": baseline_name if baseline is not None else None,
+                "seeds": seeds, "random_init_seeds": random_init_seeds,
             }
         )
 
     rows = []
     for phase, by_model in (metrics.get("intrinsic") or {}).items():
+        floors = (by_model.get(subject) or {}).get("baselines") or {}
+        unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
+        baseline = {
+            "mlm_loss": (unigram.get("mlm_loss"), "unigram"),
+            "mlm_accuracy": (unigram.get("mlm_accuracy"), "unigram"),
+            "nsp_accuracy": (balance.get("majority_accuracy"), "majority label"),
+        }
         for metric in ("mlm_loss", "mlm_perplexity", "mlm_accuracy", "nsp_accuracy"):
             mine = by_model.get(subject, {}).get(metric)
             if mine is not None:
-                rows.append(row("pretraining", phase, metric, mine, by_model.get("random_init", {}).get(metric)))
+                rows.append(row("pretraining", phase, metric, mine, by_model.get("random_init", {}).get(metric), None, None, None, *baseline.get(metric, (None, None))))
     for name, task in (metrics.get("tasks") or {}).items():
+        section = "fine-tuning" if task.get("type") in TRAINED_TYPES else "no training"
         for split in ("validation", "test"):
             mine = task.get(subject, {}).get(split) or {}
             theirs = task.get("random_init", {}).get(split) or {}
+            majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             label = name if split == "validation" else f"{name} (test)"
             for metric, summary in mine.items():
-                other = theirs.get(metric, {}).get("median")
+                other = theirs.get(metric, {})
                 rows.append(
-                    row("fine-tuning", label, metric, summary["median"], other, summary["min"], summary["max"], summary["n"])
+                    row(section, label, metric, summary["median"], other.get("median"), summary["min"], summary["max"], summary["n"],
+                        majority.get(metric), "majority class", other.get("n"))
                 )
     embeddings = metrics.get("embeddings") or {}
     for pooling, scores in (embeddings.get(subject) or {}).items():
@@ -171,26 +180,34 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     return rows
 
 
-def _against_random(mine: Any, random_init: Any, percent: bool = False) -> str:
-    def shown(value: Any) -> str:
-        return f"{value:.1%}" if percent else f"{value:.3f}"
-
-    text = shown(mine) if isinstance(mine, (int, float)) else str(mine)
-    return f"{text} (random init {shown(random_init)})" if isinstance(random_init, (int, float)) else text
-
-
 def headline(stats: Mapping[str, Any]) -> dict[str, str]:
-    """The run summary's key figures from the evaluate stage's manifest statistics (its
-    `tasks` medians and `intrinsic` scores): each task's primary score, and the held-out
-    MLM accuracy of the last phase, each against random init."""
-    subject = "student" if any("student" in task for task in stats["tasks"].values()) else "pretrained"
-    headline = {f"{name} {task['metric']}": _against_random(task.get(subject), task.get("random_init")) for name, task in stats["tasks"].items()}
+    """The evaluate stage's key figures for its end line (which keeps the first that fit)
+    and the run summary (which wraps them all): how many tasks show a measurable gain, the
+    validation MLM accuracy of the last phase, then each task's primary score, each beside
+    random init, in percent (correlations x 100) and with the metric's full name; after
+    distillation, the student's."""
+    tasks = stats["tasks"]
+    subject = "student" if any("student" in task for task in tasks.values()) else "pretrained"
+    out: dict[str, str] = {}
+    if tasks:
+        gains = sum(1 for task in tasks.values() if task.get("measurable"))
+        out["tasks with a measurable gain"] = f"{gains} of {len(tasks)}"
     if stats["intrinsic"]:
         phase, by_model = list(stats["intrinsic"].items())[-1]
         mine = by_model.get(subject, {}).get("mlm_accuracy")
         if mine is not None:
-            headline[f"{phase} MLM accuracy"] = _against_random(mine, by_model.get("random_init", {}).get("mlm_accuracy"), percent=True)
-    return headline
+            sequences = by_model.get(subject, {}).get("sequences")
+            text = _against_random("mlm_accuracy", mine, by_model.get("random_init", {}).get("mlm_accuracy"))
+            out[f"{phase} validation MLM accuracy"] = text + (f" ({sequences:,} sequences)" if isinstance(sequences, int) else "")
+    for name, task in tasks.items():
+        metric = task["metric"]
+        out[f"{name} {figures.name(metric)}"] = _against_random(metric, task.get(subject), task.get("random_init"))
+    return out
+
+
+def _against_random(metric: str, mine: Any, theirs: Any) -> str:
+    text = figures.metric(metric, mine)
+    return f"{text} vs {figures.metric(metric, theirs)} for random init" if isinstance(theirs, (int, float)) else text
 
 
 def _heading(title: str, intro: str) -> list[str]:
@@ -216,7 +233,7 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     shape = model.get("config") or {}
     if shape:
         out.append(
-            f"Model `{model.get('uri', '?')}`: {shape.get('num_hidden_layers')} layers, hidden size "
+            f"Model `{model.get('uri', '?')}` (paths are relative to run.root): {shape.get('num_hidden_layers')} layers, hidden size "
             f"{shape.get('hidden_size')}, {shape.get('num_attention_heads')} heads, vocabulary {shape.get('vocab_size'):,}, "
             f"{model.get('parameters', 0):,} parameters. Seed {metrics.get('seed')}."
         )
@@ -238,20 +255,40 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
 
 
 def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    out = ["## Pretraining", ""]
+    out = ["## Distillation training" if _subject(metrics) == "student" else "## Pretraining", ""]
     log = metrics.get("pretraining_log")
     if "pretraining" in plots:
         out += [f"![pretraining curves]({plots['pretraining']})", ""]
-    if log and log.get("records"):
-        last = log.get("last") or {}
+    if not (log and log.get("records")):
+        return out + ["No pretraining log (pretrain/metrics.jsonl) was found, so there are no training curves.", ""]
+    every = log.get("log_every", 1)
+    out.append(
+        f"{log['records']:,} steps logged in `{log.get('uri')}`. Training figures are means over logging intervals of "
+        f"{every} steps, as the console and TensorBoard show them; the plot's points are the validations, on the fixed held-out sample."
+    )
+    final = log.get("final")
+    if final:
         out.append(
-            f"{log['records']:,} steps logged in `{log.get('uri')}`; last step {last.get('step')}: "
-            f"loss {_fmt('loss', last.get('loss'))}, MLM accuracy {_fmt('mlm_accuracy', last.get('mlm_accuracy'))}."
+            f"Final training figures ({metrics_log.steps_text(final)}): loss {figures.loss(final.get('loss'))}, "
+            f"MLM accuracy {figures.percent(final.get('mlm_accuracy'))}"
+            + (f", NSP accuracy {figures.percent(final['nsp_accuracy'])}" if final.get("nsp_accuracy") is not None else "")
+            + "."
         )
-        if log.get("unreadable_lines"):
-            out.append(f"{log['unreadable_lines']} unreadable line(s) of the log were left out.")
-    else:
-        out.append("No pretraining log (pretrain/metrics.jsonl) was found, so there are no training curves.")
+    validation = log.get("validation")
+    if validation:
+        out.append(
+            f"Validation at step {validation.get('step')} ({validation.get('sequences', '?'):,} held-out sequences; "
+            f"{log.get('validations')} validations in all): loss {figures.loss(validation.get('loss'))}, "
+            f"MLM accuracy {figures.percent(validation.get('mlm_accuracy'))}"
+            + (f", NSP accuracy {figures.percent(validation['nsp_accuracy'])}" if validation.get("nsp_accuracy") is not None else "")
+            + "."
+        )
+    jumps = log.get("loss_jumps") or []
+    if jumps:
+        listed = "; ".join(f"step {j['step']}: {j['loss']:.2f} ({j['factor']:.1f}x the running mean)" for j in jumps[:10])
+        out.append(f"Loss jumps seen during training (training went on): {listed}" + (f"; and {len(jumps) - 10} more." if len(jumps) > 10 else "."))
+    if log.get("unreadable_lines"):
+        out.append(f"{log['unreadable_lines']} unreadable line(s) of the log were left out.")
     out.append("")
     return out
 
@@ -266,8 +303,9 @@ def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> 
     intrinsic = metrics["intrinsic"]
     with_nsp = any(s.get("nsp_accuracy") is not None for by_model in intrinsic.values() for s in by_model.values())
     out = _heading(
-        "Held-out masked LM" + (" and next sentence prediction" if with_nsp else ""),
-        "On the examples stage's validation sequences (masks as stored, or drawn with a fixed seed for dynamic masking). "
+        "Validation masked LM" + (" and next sentence prediction" if with_nsp else ""),
+        "On all of the examples stage's validation sequences (masks as stored, or drawn with a fixed seed for dynamic "
+        "masking); the pretraining section's validations score a fixed sample of them, so the two can differ a little. "
         "The unigram baseline always guesses the most frequent training token and scores each target by its training "
         "frequency (the plateau a fresh BERT first reaches)"
         + ("; the majority label's share is what an NSP head that learned nothing scores." if with_nsp else "."),
@@ -317,7 +355,8 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     tasks, subject = metrics["tasks"], _subject(metrics)
     out = _heading(
         "Tasks",
-        f"Validation scores x 100: median over seeds [min, max]; gain = {subject} median - random-init median; "
+        "Validation scores (accuracy and F1 in percent, correlations x 100): median over seeds [min, max]; "
+        f"gain = {subject} median - random-init median, in points; "
         "majority = always the training data's most frequent label; chance = uniform random guessing.",
     )
     rows = []
@@ -327,9 +366,9 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
         gain = (task.get("gain") or {}).get(metric)
         rows.append(
-            [name, task["type"], metric, _summary_cell(metric, mine), _summary_cell(metric, theirs), _fmt(metric, gain), *_floor_cell(task, metric), task.get("seeds"), _how(task)]
+            [name, task["type"], figures.name(metric), _summary_cell(metric, mine), _summary_cell(metric, theirs), _gain(metric, gain), *_floor_cell(task, metric), task.get("seeds"), _how(task)]
         )
-    out += _table(["task", "type", "metric", subject, "random init", "gain", "majority", "chance", "seeds", "scored on"], rows)
+    out += _table(["task", "type", "metric", subject, "random init", "gain (points)", "majority", "chance", "seeds", "scored on"], rows)
     out.append("")
     out += [f"- {name}: {task['verdict']['text']}" for name, task in tasks.items() if task.get("verdict")] + [""]
     if "tasks" in plots:
@@ -342,7 +381,7 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
             theirs = (task.get("random_init") or {}).get(split) or {}
             majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             for metric, summary in mine.items():
-                rows.append([name, split, metric, _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric)), _fmt(metric, majority.get(metric))])
+                rows.append([name, split, figures.name(metric), _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric)), _fmt(metric, majority.get(metric))])
     out += _table(["task", "split", "metric", subject, "random init", "majority"], rows)
     out.append("")
     return out
@@ -379,7 +418,7 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
     for model_name in ("teacher", _subject(metrics), "random_init"):
         for pooling, scores in (embeddings.get(model_name) or {}).items():
             rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
-    out += _table(["model", "pooling", "anisotropy", "STS Spearman (x100)"], rows)
+    out += _table(["model", "pooling", "anisotropy", "STS Spearman x100"], rows)
     out.append("")
     return out
 

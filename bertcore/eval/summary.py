@@ -11,7 +11,10 @@ judge it: one pretrained score can beat a few random draws by luck (a fresh mode
 another random draw). There the verdict is a rank test: under "pretraining changed
 nothing" the pretrained score is one more draw among the random-init ones, so
 p = (1 + draws scoring at least as high) / (draws + 1), and the gain counts when p <= 0.05
-(which takes 19 or more random-init seeds). A model whose median sits at the
+(which takes 19 or more random-init seeds); a score beyond the whole range of the draws by
+more than that range is a gain (or a loss) whatever the test can resolve, and the test's
+resolution becomes a note. With one seed a trained task has no spread: a gain over a
+random init at the majority-class level still counts, with that caveat as a note. A model whose median sits at the
 majority-class score learned nothing, whatever the other one did. Held-out MLM accuracy
 is judged against the unigram predictor (always the most frequent token), NSP accuracy
 against the share of the majority label among the held-out pairs.
@@ -27,6 +30,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bertcore import figures
 from bertcore.eval import baselines, finetune
 from bertcore.eval.config import PRIMARY_METRIC, TRAINED_TYPES, TaskConfig
 
@@ -90,47 +94,73 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: st
 
 
 def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """{"text", "gain", "spread", "measurable"} for a task entry (fractions, not points)."""
+    """{"text", "gain", "spread", "measurable"} for a task entry (fractions, not points).
+    The text is the verdict, then what the floors say, then notes on how far the test can
+    see ("note: one seed ..."), so a caveat never hides the verdict."""
     metric = entry["primary_metric"]
     models = (entry.get("subject", "pretrained"), "random_init")
     mine, theirs = _median(entry, models[0], metric), _median(entry, "random_init", metric)
     majority = ((entry.get("baselines") or {}).get("validation") or {}).get("majority", {}).get(metric)
+    at_floor = [m for m in models if majority is not None and (v := _median(entry, m, metric)) is not None and v <= majority + AT_FLOOR_POINTS / 100]
     floor = ""
     if majority is not None and mine is not None:
-        at_floor = [m for m in models if (v := _median(entry, m, metric)) is not None and v <= majority + AT_FLOOR_POINTS / 100]
         if len(at_floor) == 2:
-            floor = f"; both models score at the majority-class level ({_points(majority)}): neither learned the task"
+            floor = f"; both models score at the majority-class level ({figures.metric(metric, majority)}): neither learned the task"
         elif at_floor:
-            floor = f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level ({_points(majority)})"
+            floor = f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level ({figures.metric(metric, majority)})"
     if mine is None:
         return {"text": f"no {metric} score", "gain": None, "spread": None, "measurable": False}
     if theirs is None:
-        return {"text": f"{metric} {_points(mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
+        return {"text": f"{figures.name(metric)} {figures.metric(metric, mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
     gain = mine - theirs
     if entry.get("type") not in TRAINED_TYPES:
         return _rank_verdict(entry, metric, mine, gain, floor)
     spread = baselines.spread(*(((entry.get(m) or {}).get("validation") or {}).get(metric) for m in models))
+    notes = []
     if spread is None:
-        text, measurable = f"gain {_points(gain)} points with one seed: no seed spread to judge it by", False
+        notes.append("one seed, so no seed spread to judge it by")
+        if gain > AT_FLOOR_POINTS / 100 and at_floor == ["random_init"]:  # random init learned nothing, pretrained did
+            text, measurable = f"gain {_points(gain)} points", True
+        elif len(at_floor) == 2:  # neither learned anything: nothing to judge
+            text, measurable = f"no measurable gain ({_points(gain)} points)", False
+        else:
+            text, measurable = f"undecided: {_points(gain)} points (add seeds to judge it)", False
     elif gain > spread:
         text, measurable = f"gain {_points(gain)} points, above the seed spread of {_points(spread)}", True
     elif gain < -spread:
         text, measurable = f"loss of {_points(-gain)} points, beyond the seed spread of {_points(spread)}: random init does better", True
     else:
         text, measurable = f"no measurable gain ({_points(gain)} points, within the seed spread of {_points(spread)})", False
-    return {"text": text + floor, "gain": gain, "spread": spread, "measurable": measurable and gain > 0}
+    return {"text": text + floor + _notes(notes), "gain": gain, "spread": spread, "measurable": measurable and gain > 0}
+
+
+def _notes(notes: list[str]) -> str:
+    return "".join(f"; note: {note}" for note in notes)
 
 
 def _rank_verdict(entry: Mapping[str, Any], metric: str, mine: float, gain: float, floor: str) -> dict[str, Any]:
-    """The verdict for a pretrained score that does not depend on the seed: its rank among the random-init draws."""
-    draws = [r["validation"][metric] for r in (entry.get("random_init") or {}).get("runs", []) if _finite(r.get("validation", {}).get(metric))]
+    """The verdict for a pretrained score that does not depend on the seed, against the
+    random-init draws: beyond their whole range by more than that range, it is a gain (or
+    a loss) whatever the rank test can resolve; otherwise its rank decides, at p <= 0.05."""
+    draws = sorted(r["validation"][metric] for r in (entry.get("random_init") or {}).get("runs", []) if _finite(r.get("validation", {}).get(metric)))
     p = (1 + sum(d >= mine for d in draws)) / (len(draws) + 1)
+    out = {"gain": gain, "spread": None, "p_value": p}
+    notes = []
+    if len(draws) + 1 < 1 / RANK_TEST_LEVEL:
+        notes.append(f"the rank test cannot go below p = {1 / (len(draws) + 1):.2f} with {len(draws)} draws (19 or more reach {RANK_TEST_LEVEL})")
+    if draws:
+        low, high = draws[0], draws[-1]
+        width = high - low
+        where = f"{len(draws)} draws from {_points(low)} to {_points(high)}"
+        if mine > high + width:
+            return out | {"text": f"gain {_points(gain)} points, beyond every random-init draw ({where}){floor}{_notes(notes)}", "measurable": True}
+        if mine < low - width:
+            return out | {"text": f"loss of {_points(-gain)} points, below every random-init draw ({where}){floor}{_notes(notes)}", "measurable": False}
     if p <= RANK_TEST_LEVEL and gain > 0:
         text = f"gain {_points(gain)} points: above all {len(draws)} random-init draws (rank test p = {p:.2f})"
-        return {"text": text + floor, "gain": gain, "spread": None, "p_value": p, "measurable": True}
-    low = f"; {len(draws)} draws cannot reach p <= {RANK_TEST_LEVEL} (19 or more can)" if len(draws) + 1 < 1 / RANK_TEST_LEVEL else ""
-    text = f"no measurable gain ({_points(gain)} points; rank among {len(draws)} random-init draws: p = {p:.2f}{low})"
-    return {"text": text + floor, "gain": gain, "spread": None, "p_value": p, "measurable": False}
+        return out | {"text": text + floor, "measurable": True}
+    text = f"no measurable gain ({_points(gain)} points; rank among {len(draws)} random-init draws: p = {p:.2f})"
+    return out | {"text": text + floor + _notes(notes), "measurable": False}
 
 
 def _finite(value: Any) -> bool:
@@ -146,7 +176,8 @@ def mlm_verdict(phase: str, scores: Mapping[str, Mapping], subject: str = "pretr
         return None
     token = unigram.get("token")
     guess = f"always guessing {token!r}" if token else "the unigram predictor"
-    text = f"{phase} held-out MLM accuracy {_points(accuracy)}% vs {_points(unigram['mlm_accuracy'])}% for {guess}"
+    sequences = f" ({mine['sequences']:,} held-out sequences)" if isinstance(mine.get("sequences"), int) else ""
+    text = f"{phase} validation MLM accuracy {_points(accuracy)}%{sequences} vs {_points(unigram['mlm_accuracy'])}% for {guess}"
     if "random_init" in scores:
         text += f" and {_points(scores['random_init'].get('mlm_accuracy'))}% for random init"
     if accuracy <= unigram["mlm_accuracy"] + PLATEAU_POINTS / 100:
@@ -162,7 +193,7 @@ def nsp_verdict(phase: str, scores: Mapping[str, Mapping], subject: str = "pretr
     if accuracy is None or not balance:
         return None
     majority = balance["majority_accuracy"]
-    text = f"{phase} held-out NSP accuracy {_points(accuracy)}% vs {_points(majority)}% for always guessing the majority label"
+    text = f"{phase} validation NSP accuracy {_points(accuracy)}% vs {_points(majority)}% for always guessing the majority label"
     if accuracy <= majority + PLATEAU_POINTS / 100:
         return text + ": the label balance, no next-sentence skill"
     return text + f": {_points(accuracy - majority)} points above it"
@@ -175,7 +206,7 @@ def verdicts(metrics: Mapping[str, Any]) -> list[str]:
     for phase, scores in (metrics.get("intrinsic") or {}).items():
         lines += [line for line in (mlm_verdict(phase, scores, subject), nsp_verdict(phase, scores, subject)) if line]
     for name, task in (metrics.get("tasks") or {}).items():
-        lines.append(f"{name} ({task['primary_metric']}): {task['verdict']['text']}")
+        lines.append(f"{name} ({figures.name(task['primary_metric'])}): {task['verdict']['text']}")
     return lines
 
 
@@ -189,6 +220,8 @@ def stats(metrics: Mapping[str, Any]) -> dict[str, Any]:
     for name, task in metrics["tasks"].items():
         metric = task["primary_metric"]
         models = (task.get("subject", "pretrained"), "random_init", "teacher")
-        stats["tasks"][name] = {"metric": metric} | {m: _median(task, m, metric) for m in models if m in task}
+        stats["tasks"][name] = {"metric": metric, "measurable": bool((task.get("verdict") or {}).get("measurable"))} | {
+            m: _median(task, m, metric) for m in models if m in task
+        }
     stats["verdicts"] = metrics["verdicts"]
     return json_safe(stats)

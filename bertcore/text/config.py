@@ -55,7 +55,7 @@ class CorpusConfig(Section):
     shard_chars: int = Field(50_000_000, gt=0)
     """Target characters of text per output shard; shards are balanced by characters."""
     split_bytes: int = Field(64 * 2**20, gt=0)
-    """Input bytes per work unit: a larger file is read in ranges of about this size by several Ray tasks (plain XML and text by byte range, a multistream .bz2 dump by its streams); a larger single-stream compressed file is decompressed once by one task that hands its records to cleaning tasks in batches of this size; small files are grouped up to this size."""
+    """Input bytes per work unit: a larger file is read in ranges of about this size by several Ray tasks (plain XML and text by byte range, a multistream .bz2 dump by its streams, a single-stream .bz2 by the bzip2 blocks that start in each compressed range); a larger .gz/.xz/.zst (or csv, or non-UTF-8) file is decompressed once by one task that hands it to cleaning tasks in batches of this size (at most 4 MiB); small files are grouped up to this size."""
     min_sentences: int = Field(2, ge=1)
     """Documents with fewer sentences are dropped (reason: too_few_sentences)."""
     min_chars: int = Field(200, ge=0)

@@ -89,6 +89,16 @@ class _Prefixed:
         return self.stream.read(size)
 
 
+def peek(stream: BinaryIO, size: int) -> tuple[bytes, Any]:
+    """(the first `size` bytes of a stream, or all of a shorter one; the stream from its
+    first byte again). Reads that return less are repeated."""
+    pieces: list[bytes] = []
+    while sum(map(len, pieces)) < size and (data := stream.read(size - sum(map(len, pieces)))):
+        pieces.append(data)
+    head = b"".join(pieces)
+    return head, _Prefixed(head, stream)
+
+
 class Reader:
     """Block reads over a decompressed stream, as UTF-8 whatever the file's encoding.
 

@@ -26,6 +26,7 @@ message names the file, the byte offset in the decompressed data and what to do.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import BinaryIO
 from xml.etree import ElementTree
 
@@ -33,13 +34,16 @@ from bertcore.text import tabular
 from bertcore.text.reader import InputError, RawDocument, Reader, ReadStats, label
 from bertcore.text.wikisite import SiteInfo
 
-__all__ = ["FORMATS", "InputError", "RawDocument", "ReadStats", "detect_format", "iter_raw_documents"]
+__all__ = ["FORMATS", "Chunk", "InputError", "RawDocument", "ReadStats", "detect_format", "iter_raw_documents", "record_chunks"]
 
 _HEAD = 4096  # bytes format detection looks at
 _COMPRESSION_SUFFIXES = (".bz2", ".gz", ".xz", ".zst", ".zstd", ".lzma")
 FORMATS = ("wikipedia", "book", "lines", "jsonl", "tsv", "csv", "parquet")
 SPLITTABLE = frozenset({"wikipedia", "lines", "jsonl", "tsv", "parquet"})
 """Formats whose files can be read in byte ranges (UTF-8 text, or Parquet row groups)."""
+CHUNKABLE = SPLITTABLE - {"parquet"}
+"""Formats whose records can be found by their first bytes (`<page>`, a line start), so a
+decompressed stream can be cut into chunks of whole records (`record_chunks`)."""
 _HEADER_LIMIT = 16 << 20  # most bytes kept from before a dump's first <page>
 
 
@@ -137,6 +141,70 @@ def iter_raw_documents(
     else:
         columns = {"text": text_column, "title": title_column}
         yield from tabular.read(fmt, reader, owns, aligned or first, columns, None if first else header)
+
+
+# ------------------------------------------------------------------- chunks of records
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Whole records of a decompressed file, as bytes: a piece that one task parses."""
+
+    offset: int
+    """Byte offset of data[0] in the decompressed file."""
+    data: bytes
+    last: bool
+    """The chunk ends the file (a non-last chunk ends where a record starts)."""
+
+    def stream(self) -> _ChunkStream:
+        return _ChunkStream(self)
+
+
+class _ChunkStream:
+    """A chunk's bytes as a stream for `iter_raw_documents` (with start=chunk.offset): a
+    non-last chunk ends `paused`, so the reader stops there instead of taking the chunk's
+    end for the file's end."""
+
+    def __init__(self, chunk: Chunk):
+        self.data, self.position = memoryview(chunk.data), 0
+        self.paused = not chunk.last
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self.data) if size is None or size < 0 else self.position + size
+        out = bytes(self.data[self.position : end])
+        self.position += len(out)
+        return out
+
+
+def record_chunks(stream: BinaryIO, fmt: str, size: int, *, name: str = "", stats: ReadStats | None = None) -> Iterator[Chunk]:
+    """A decompressed stream of a CHUNKABLE format (in UTF-8) cut into chunks of about
+    `size` bytes, each ending where a record starts (before `<page>`, after a newline); a
+    record longer than `size` makes its chunk longer. Decompression errors become
+    InputError at the offset reached; `stats` counts the bytes read."""
+    if fmt not in CHUNKABLE:
+        raise ValueError(f"{fmt} records cannot be found from their first bytes")
+    reader = Reader(stream, name, stats if stats is not None else ReadStats())
+    mark = _OPEN if fmt == "wikipedia" else b"\n"
+    after = 0 if fmt == "wikipedia" else len(mark)  # a record starts at the mark, or after it
+    buffer = bytearray()
+    offset = scanned = 0  # file offset of buffer[0]; buffer[:scanned] holds no mark past `size`
+    while block := reader.read():
+        buffer += block
+        while len(buffer) >= size:
+            # the last record start at or before `size` (not at 0), else the first one after
+            back = buffer.rfind(mark, 1 - after, size + len(mark) - 2 * after)
+            if back >= 0:
+                cut = back + after
+            else:
+                forward = buffer.find(mark, max(size, scanned - len(mark) + 1))
+                if forward < 0:
+                    scanned = len(buffer)
+                    break
+                cut = forward + after
+            yield Chunk(offset, bytes(buffer[:cut]), False)
+            del buffer[:cut]
+            offset, scanned = offset + cut, 0
+    yield Chunk(offset, bytes(buffer), True)
 
 
 # ------------------------------------------------------------------------- wikipedia

@@ -1,0 +1,25 @@
+"""The corpus stage's declaration; its work is pipelines/corpus.py."""
+
+from __future__ import annotations
+
+from bertcore.text.config import CorpusConfig
+from pipelines.corpus_inputs import input_location_free, list_inputs
+from pipelines.progress import size
+from pipelines.stage import External, Stage
+from pipelines.storage import Storage
+
+
+def identify(cfg: CorpusConfig, storage: Storage) -> External:
+    """The input files and what identifies their content (names relative to their input,
+    sizes, content hashes or ETags; never where they are); the files are listed once."""
+    listing = list_inputs(cfg, storage)
+    summary = f"{len(listing.files)} input files ({size(sum(f.size for f in listing.files))})"
+    return External(identity=listing.identity, value=listing, summary=summary)
+
+
+# The split hashes document ids; only MinHash near-deduplication draws from the seed.
+STAGE = Stage(
+    "corpus", CorpusConfig, "pipelines.corpus:run", code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
+    fingerprint_config=input_location_free,
+    writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
+)

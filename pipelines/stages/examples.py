@@ -1,0 +1,13 @@
+"""The examples stage's declaration; its work is pipelines/examples.py."""
+
+from __future__ import annotations
+
+from bertcore.examples_config import ExamplesConfig
+from pipelines.stage import Stage
+
+CODE_VERSION = "1"
+
+STAGE = Stage(
+    "examples", ExamplesConfig, "pipelines.examples:run", reads=("corpus", "vocab"), code_version=CODE_VERSION,
+    writes="masked pretraining sequences: PHASE/{train,validation}/part-NNNNN-lenBBB.arrow",
+)
