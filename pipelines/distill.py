@@ -1,5 +1,6 @@
-"""Distill stage: a teacher (the pretrain stage's model, or `distill.teacher`, a Hugging
-Face folder outside the run root) + examples + vocab -> a smaller student under
+"""Distill stage's work (its declaration is pipelines/stages/distill.py): a teacher (the
+pretrain stage's model, or `distill.teacher`, a Hugging Face folder outside the run root)
++ examples + vocab -> a smaller student under
 `<run.root>/distill/`: DeepSpeed checkpoints, `model/` (the same Hugging Face layout as
 `pretrain/model/`, a BertForMaskedLM), `metrics.jsonl`, `validation.jsonl`.
 
@@ -20,19 +21,16 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bertcore.distill.config import DistillConfig, DistillLoss
 from bertcore.errors import ConfigError
-from pipelines.stage import External, Output, Stage, StageRun, Upstream
+from bertcore.hf_files import MODEL_DIR
+from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
 from pipelines.training import (
-    MODEL_DIR,
     WorkerJob,
-    check_phases,
-    check_positions,
     headline,
     prepare_checkpoints,
     read_inputs,
@@ -45,58 +43,6 @@ if TYPE_CHECKING:
     from pipelines.external import ExternalFolder
 
 log = logging.getLogger(__name__)
-
-METRICS = ("loss", "soft_target_loss", "hidden_loss", "attention_loss", "mlm_loss", "mlm_accuracy")
-"""Step-record fields the manifest statistics summarise."""
-
-
-# -- the recipe ---------------------------------------------------------------------------------
-
-
-def off(sections: dict[str, Any]) -> str | None:
-    """The stage runs only when distill.enabled."""
-    return None if sections["distill"].enabled else "distill.enabled is false"
-
-
-def _same_folder(vocabulary: str | None, teacher: str) -> bool:
-    """Whether a vocab.pretrained URI is the teacher's folder or a file in it."""
-    if vocabulary is None:
-        return False
-    vocabulary, teacher = vocabulary.rstrip("/"), teacher.rstrip("/")
-    return vocabulary == teacher or posixpath.dirname(vocabulary) == teacher
-
-
-def check(cfg: DistillConfig, reads: dict[str, Any]) -> None:
-    """Run when the recipe loads (and against what the upstream stages recorded): the
-    phases name examples phases; the teacher is the pretrain stage's model or a folder
-    whose vocabulary the examples are built with; a from_teacher student of a pretrained
-    teacher keeps its width."""
-    lengths = check_phases(cfg, reads["examples"])
-    vocab = reads["vocab"]
-    if cfg.teacher is None:
-        if "pretrain" not in reads:
-            raise ValueError("distill.teacher is unset, so the teacher would be the pretrain stage's model, but the recipe leaves pretrain out; name a teacher folder")
-        pretrain = reads["pretrain"]
-        if pretrain.max_position_embeddings is not None:  # None with pretrain.init_from: checked when the stage runs
-            check_positions(cfg, lengths, pretrain.max_position_embeddings, "shorten the phase or give the pretrained model more positions")
-        return
-    if vocab.source != "pretrained" or not _same_folder(vocab.pretrained, cfg.teacher):
-        built_with = f"vocab.pretrained {vocab.pretrained}" if vocab.source == "pretrained" else "a vocabulary trained on the corpus (vocab.source: train)"
-        raise ValueError(
-            f"distill.teacher {cfg.teacher} and the examples' vocabulary ({built_with}) differ: the student uses the teacher's "
-            "vocabulary, so set vocab.source: pretrained and leave vocab.pretrained unset (it defaults to distill.teacher)"
-        )
-
-
-def identify(cfg: DistillConfig, storage: Storage) -> External | None:
-    """The content identity of distill.teacher's config.json and weights (None: the pretrain stage's model)."""
-    if cfg.teacher is None:
-        return None
-    from pipelines.external import model_folder
-
-    teacher = model_folder(storage, cfg.teacher, "distill.teacher")
-    return External(identity={"teacher": teacher.identity}, value=teacher, summary=f"teacher {teacher.uri}")
-
 
 # -- the teacher --------------------------------------------------------------------------------
 
@@ -219,7 +165,7 @@ def run(r: StageRun) -> Output:
     if cfg.student.init == "from_teacher":
         check_from_teacher(student, teacher.config)
     try:
-        check_positions(cfg, [p.max_seq_length for p in cfg.phases], teacher.config.max_position_embeddings, "shorten the phase")
+        cfg.check_positions([p.max_seq_length for p in cfg.phases], teacher.config.max_position_embeddings, "shorten the phase")
     except ValueError as exc:
         raise ConfigError(f"{exc} (distill.teacher: {teacher.folder.uri})") from None
     notes = _notes(cfg, teacher)
@@ -241,7 +187,7 @@ def run(r: StageRun) -> Output:
         ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases),
         f"resuming from step {start['step']}" if start else "from scratch",
     )
-    marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"], METRICS)
+    marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
     stats.update(_model_stats(teacher, student, pairs, marker, notes))
     out_headline = headline(stats)
     out_headline["student"] = f"{student.num_hidden_layers}x{student.hidden_size}, {stats['student']['parameters'] / 1e6:.1f}M parameters"
@@ -280,11 +226,3 @@ def _model_stats(teacher: Teacher, student: ModelConfig, pairs: list[int], marke
         "init": marker.get("init"),
         "notes": notes,
     }
-
-
-# Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
-STAGE = Stage(
-    "distill", DistillConfig, run, reads=("pretrain", "examples", "vocab"), check=check, identify=identify, off=off,
-    resumable=False, verify_inputs=True,
-    writes="(when distill.enabled) DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout: the student), metrics.jsonl",
-)

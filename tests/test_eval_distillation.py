@@ -48,15 +48,15 @@ def test_the_student_keeps_a_share_of_the_teachers_gain_at_a_measured_speed():
     assert polarity["kept"] == pytest.approx((0.75 - 0.51) / (0.80 - 0.51)) and sts["kept"] == pytest.approx(0.5 / 0.6)
     assert metrics["verdicts"][-2] == (
         "polarity (accuracy): the student keeps 83% of the teacher's gain over random init (24.0 of 29.0 points; "
-        "teacher 80.0, student 75.0, random init 51.0), at 2.3x its speed"
+        "teacher 80.0%, student 75.0%, random init 51.0%), at 2.3x its speed"
     )
-    assert metrics["verdicts"][-1].startswith("STS (mean pooling) (sts_spearman): the student keeps 83%")
+    assert metrics["verdicts"][-1].startswith("STS (mean pooling) (STS Spearman x100): the student keeps 83%")
 
 
 def test_a_teacher_without_a_gain_leaves_nothing_to_keep_and_says_so():
     metrics = _metrics(0.50, [0.55, 0.56, 0.57], [0.50, 0.51, 0.52])
     assert metrics["distillation"]["polarity"]["kept"] is None
-    assert "the teacher gains nothing over random init, so there is nothing to keep (teacher 50.0, student 56.0, random init 51.0)" in metrics["verdicts"][-2]
+    assert "the teacher gains nothing over random init, so there is nothing to keep (teacher 50.0%, student 56.0%, random init 51.0%)" in metrics["verdicts"][-2]
     assert distillation.compare("spearman", None, 0.3, 0.0)["teacher_gain"] is None
 
 
@@ -67,8 +67,8 @@ def test_the_report_shows_the_three_models_their_speed_and_what_is_kept():
     assert "## Distillation: teacher, student, random init" in text
     assert "| teacher | `/models/teacher` | 3 x 384 | 1,000 | 40.0 | 1.00x |" in text
     assert "| student | `/models/student` | 3 x 384 | 1,000 | 92.0 | 2.30x |" in text
-    assert "| polarity | accuracy | 80.0 | 75.0 | 51.0 | 29.0 | 24.0 | 83% |" in text
-    assert "| task | type | metric | student | random init | gain |" in text  # the tasks table judges the student
+    assert "| polarity | accuracy | 80.0% | 75.0% | 51.0% | 29.0 | 24.0 | 83% |" in text
+    assert "| task | type | metric | student | random init | gain (points) |" in text  # the tasks table judges the student
     rows = report.score_rows(metrics)
     assert rows[0]["pretrained"] == pytest.approx(0.75)  # the flat rows carry the subject's scores
 

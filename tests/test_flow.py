@@ -37,6 +37,7 @@ def test_flow_caches_and_reruns_downstream_only(upstream_copy, prefect_harness):
         "vocab": "complete",
         "examples": "complete",
         "pretrain": "missing",
+        "distill": "off",  # distill.enabled is false: status says so rather than "missing"
         "evaluate": "missing",
     }
 

@@ -17,11 +17,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from bertcore import figures
+
 MODELS = ("teacher", "student", "random_init")
-
-
-def _points(value: float | None) -> str:
-    return "–" if value is None or not math.isfinite(value) else f"{100.0 * value:.1f}"
 
 
 def _median(entry: Mapping, model: str, metric: str) -> float | None:
@@ -67,16 +65,16 @@ def comparisons(metrics: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def line(label: str, comparison: Mapping[str, Any], ratio: float | None) -> str:
     """One verdict line: "polarity (accuracy): the student keeps 91% of the teacher's gain
     over random init (8.2 of 9.0 points), at 2.3x its speed"."""
-    c = comparison
+    c, shown = comparison, lambda value: figures.metric(comparison["metric"], value)
     speed = f", at {ratio:.1f}x its speed" if ratio else ""
-    head = f"{label} ({c['metric']}): "
+    head = f"{label} ({figures.name(c['metric'])}): "
     if c["teacher_gain"] is None:
         return head + "no three-way comparison (a score is missing)"
-    scores = f"teacher {_points(c['teacher'])}, student {_points(c['student'])}, random init {_points(c['random_init'])}"
+    scores = f"teacher {shown(c['teacher'])}, student {shown(c['student'])}, random init {shown(c['random_init'])}"
     if c["kept"] is None:
         return head + f"the teacher gains nothing over random init, so there is nothing to keep ({scores}){speed}"
     return (head + f"the student keeps {c['kept']:.0%} of the teacher's gain over random init "
-            f"({_points(c['student_gain'])} of {_points(c['teacher_gain'])} points; {scores}){speed}")
+            f"({figures.points(c['student_gain'])} of {figures.points(c['teacher_gain'])} points; {scores}){speed}")
 
 
 def lines(metrics: Mapping[str, Any]) -> list[str]:
@@ -98,7 +96,8 @@ def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     out = ["## Distillation: teacher, student, random init", ""]
     measured = next(iter(speed.values()), None)
     out.append(
-        "Scores x 100 (validation medians over seeds). The random init has the student's architecture. "
+        "Validation medians over seeds (accuracy and F1 in percent, correlations x 100), gains in points. "
+        "The random init has the student's architecture. "
         "Kept = (student - random init) / (teacher - random init). "
         + (f"Speed: the encoder forward on batches of {measured['batch_size']} x {measured['seq_length']} tokens with "
            f"{measured['threads']} thread(s) on the machine that evaluated, the models interleaved, median of {measured['passes']} passes."
@@ -119,8 +118,8 @@ def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     rows = []
     for label, c in comparisons(metrics).items():
         kept = f"{c['kept']:.0%}" if c["kept"] is not None else "–"
-        rows.append([label, c["metric"], _points(c["teacher"]), _points(c["student"]), _points(c["random_init"]),
-                     _points(c["teacher_gain"]), _points(c["student_gain"]), kept])
+        shown = [figures.metric(c["metric"], c[m]) for m in MODELS]
+        rows.append([label, figures.name(c["metric"]), *shown, figures.points(c["teacher_gain"]), figures.points(c["student_gain"]), kept])
     out += _table(["task", "metric", "teacher", "student", "random init", "teacher gain", "student gain", "student keeps"], rows)
     out.append("")
     return out
