@@ -240,7 +240,7 @@ def status(
 
 @app.command("inspect", short_help="Look at what a stage produced.")
 def inspect_stage(
-    stage: Annotated[str, typer.Argument(help="corpus, vocab, examples, pretrain or evaluate.")],
+    stage: Annotated[str, typer.Argument(help="corpus, vocab, examples, pretrain, distill or evaluate.")],
     config: ConfigOpt = None,
     set_: SetOpt = None,
     root: Annotated[Optional[str], typer.Option("--root", metavar="URI", help="Run root to read (default: run.root of the recipe, or runs/demo without one).")] = None,
