@@ -141,6 +141,11 @@ def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_for_transf
 
     again, computed = run_stage("distill", section(teacher), root=str(root), storage=STORAGE, seed=SEED, reads=READS)
     assert not computed and again.fingerprint == manifest.fingerprint
+    from flows.inspect import Options, inspect
+
+    data, lines = inspect(STORAGE, str(root), "distill", Options())
+    assert lines[0].startswith("distill: 30 steps under") and [c["step"] for c in data["checkpoints"]] == [10, 20, 30]
+    assert {f["file"] for f in data["model"]["files"]} == set(HF_FILES)
     _evaluate_three_ways(root, teacher, tmp_path)
 
 
