@@ -29,9 +29,10 @@ fingerprint = hash(code version + evaluate section without its file paths + pret
 distill), examples and corpus fingerprints + run seed + the content signature of every task file),
 so editing a task file in place re-runs the evaluation and moving it does not.
 
-The module is under 600 lines: it is the one place that turns the section into
-jobs, runs them on Ray and folds their results into metrics; the scoring, floors,
-verdicts and report live in bertcore/eval.
+The module is about 650 lines: it is the one place that turns the section and the models
+(two, or three after distillation) into jobs, runs them on Ray and folds their results
+into metrics; the scoring, floors, verdicts, three-way comparisons and report live in
+bertcore/eval.
 """
 
 from __future__ import annotations
