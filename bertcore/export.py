@@ -22,7 +22,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import safetensors.torch
 import torch
@@ -37,16 +37,19 @@ from bertcore.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
 
 
-def _expected_keys(model_config: ModelConfig) -> tuple[list[str], list[list[str]]]:
-    """(state-dict keys, parameter names per optimizer group) of the model, computed on
-    the meta device (no memory, no initialisation cost)."""
+def _expected_keys(model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None) -> tuple[list[str], list[list[str]]]:
+    """(state-dict keys, parameter names per optimizer group) of the model (`build()`, by
+    default a BertForPreTraining), computed on the meta device (no memory, no
+    initialisation cost)."""
     with torch.device("meta"):
-        model = BertForPreTraining(model_config)
+        model = build() if build is not None else BertForPreTraining(model_config)
     return list(model.state_dict()), parameter_group_names(model)
 
 
-def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Full fp32 state dict (tied entries included) of a DeepSpeed checkpoint folder.
+def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None) -> dict[str, torch.Tensor]:
+    """Full fp32 state dict (tied entries included) of a DeepSpeed checkpoint folder of a
+    BertForPreTraining of `model_config`, or of the module `build()` makes (e.g. a
+    distillation student with its projections; called on the meta device).
 
     ZeRO 1-3 checkpoints keep the fp32 master weights partitioned in the optimizer files;
     DeepSpeed's zero_to_fp32 joins them. A stage-0 checkpoint holds the whole module; with
@@ -57,7 +60,7 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig) -> di
     if not os.path.isdir(checkpoint_dir):
         raise InputDataError(f"{checkpoint_dir}: no such checkpoint folder")
     names = os.listdir(checkpoint_dir)
-    keys, groups = _expected_keys(model_config)
+    keys, groups = _expected_keys(model_config, build)
     check_pickles(checkpoint_dir)  # DeepSpeed's reader unpickles: only its own classes may be named
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
         if not torch.cuda.is_available():  # what DeepSpeed would detect, said so it does not warn

@@ -1,7 +1,7 @@
-"""The pretraining logs, JSON lines keyed by optimizer step: metrics.jsonl (one record per
-step: losses, accuracies, rates) and validation.jsonl (one record per validation of the
-held-out sample, every pretrain.eval_every steps and at the end), and the one definition
-of the figures shown from them.
+"""The training logs (pretrain, distill), JSON lines keyed by optimizer step: metrics.jsonl
+(one record per step: losses, accuracies, rates) and validation.jsonl (one record per
+validation of the held-out sample, every <section>.eval_every steps and at the end), and
+the one definition of the figures shown from them.
 
 What every place shows (the console, TensorBoard, MLflow, W&B, `bertpipe inspect`, the
 report, the run summary) is an interval mean, Hugging Face Trainer's convention: the
@@ -59,11 +59,13 @@ class MetricsLog:
             return [json.loads(line) for line in handle if line.strip()]
 
 
-MEANS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm", "mfu")
-"""Step figures averaged over an interval."""
+DISTILLATION = ("soft_target_loss", "hidden_loss", "attention_loss")
+"""The distill stage's loss terms (bertcore/distill/objective.py), beside its MLM figures."""
+MEANS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", *DISTILLATION, "grad_norm", "mfu")
+"""Step figures averaged over an interval (a figure a log lacks is None)."""
 AT_END = ("phase", "lr", "tokens_seen", "epoch")
 """Step figures taken at the interval's last step."""
-VALIDATION_FIGURES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+VALIDATION_FIGURES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", *DISTILLATION)
 
 
 def interval_index(step: int, every: int) -> int:
@@ -71,8 +73,8 @@ def interval_index(step: int, every: int) -> int:
     return (step - 1) // every
 
 
-def summarize(records: list[dict]) -> dict:
-    """The figures of one interval from its steps' records (in step order): means of MEANS,
+def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
+    """The figures of one interval from its steps' records (in step order): means of `means`,
     tokens/s and sequences/s over the interval's seconds, AT_END at its last step, the
     skipped micro-batches summed, and the loss jumps the watcher saw (bertcore.loss_watch)."""
     last = records[-1]
@@ -83,7 +85,7 @@ def summarize(records: list[dict]) -> dict:
 
     seconds = sum(r.get("step_time_s") or 0.0 for r in records)
     out = {"first_step": records[0]["step"], "step": last["step"], "steps": len(records), "seconds": seconds}
-    out.update({key: mean(key) for key in MEANS})
+    out.update({key: mean(key) for key in means})
     out.update({key: last.get(key) for key in AT_END})
     out["tokens_per_s"] = sum(r.get("tokens", 0) for r in records) / seconds if seconds else None
     out["sequences_per_s"] = sum(r.get("sequences", 0) for r in records) / seconds if seconds else None
@@ -126,8 +128,8 @@ class Interval:
     `resumed` with the records of S's interval already in metrics.jsonl, so the figures
     logged at the end of that interval are the same as without the interruption."""
 
-    def __init__(self, every: int):
-        self.every, self.records = every, []
+    def __init__(self, every: int, means: tuple[str, ...] = MEANS):
+        self.every, self.means, self.records = every, means, []
 
     def resumed(self, logged: list[dict], step: int) -> Interval:
         k = interval_index(step + 1, self.every)
@@ -141,5 +143,5 @@ class Interval:
         return final or step % self.every == 0
 
     def close(self) -> dict:
-        summary, self.records = summarize(self.records), []
+        summary, self.records = summarize(self.records, self.means), []
         return summary

@@ -8,7 +8,7 @@ n_b is the batch's non-pad token count (padding is waste, not work), T_b its pad
 length (what the attention kernels run on), m_b the share of its tokens that are MLM
 targets; encoder_flops_per_token (bertcore/model.py) is 6 * weights + 12 * L * H * T plus
 the gathered MLM head. t_step is rank 0's wall time for the step, W the number of workers,
-P the declared peak FLOP/s of one device: `pretrain.peak_flops_per_device`, or when unset
+P the declared peak FLOP/s of one device: `<section>.peak_flops_per_device`, or when unset
 the dense tensor-core peak of a known GPU (PEAK_FLOPS: A100 312e12, H100/H200 989e12 for
 bf16/fp16; 19.5e12 / 67e12 for fp32, which PyTorch runs without TF32 by default). A CPU
 has no default, so MFU is null there unless the key is set.
@@ -16,7 +16,7 @@ has no default, so MFU is null there unless the key is set.
 
 from __future__ import annotations
 
-from bertcore.pretrain_config import PretrainConfig
+from bertcore.train_config import TrainingConfig
 
 PEAK_FLOPS: dict[tuple[str, str], float] = {
     # (device name fragment, precision) -> dense peak FLOP/s of one device (NVIDIA datasheets)
@@ -32,7 +32,7 @@ PEAK_FLOPS: dict[tuple[str, str], float] = {
 }
 
 
-def peak_flops(cfg: PretrainConfig, device_name: str | None) -> float | None:
+def peak_flops(cfg: TrainingConfig, device_name: str | None) -> float | None:
     """Declared peak FLOP/s of one device: the config's, else the PEAK_FLOPS entry whose
     name fragment occurs in the device name, else None (MFU not reported)."""
     if cfg.peak_flops_per_device is not None:

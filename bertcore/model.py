@@ -21,6 +21,7 @@ BERT has no such architecture, so it does not export to `transformers`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -72,7 +73,9 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """`probs`, when given, receives this layer's attention distributions (B, nh, T, T)
+        (before dropout): the explicit softmax then replaces the fused kernel."""
         b, t, h = x.shape
         # One (H, 3H) product instead of three (H, H) ones; the weights stay separate
         # parameters so the checkpoint keeps HF's names. The concatenation is a small copy.
@@ -84,7 +87,15 @@ class BertSelfAttention(nn.Module):
         # the real keys, so every row has a finite softmax.
         # With dropout (training) PyTorch picks its unfused "math" kernel; without, a fused one.
         dropout_p = self.dropout_p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if probs is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        else:  # what SDPA computes, with the distribution kept (attention distillation reads it)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, nh, T, T)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            attention = scores.softmax(-1)
+            probs.append(attention)
+            out = F.dropout(attention, dropout_p) @ v if dropout_p else attention @ v
         return out.transpose(1, 2).reshape(b, t, h)  # (B, T, H)
 
 
@@ -123,17 +134,24 @@ class BertLayer(nn.Module):
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
         attn_out, ffn_out = self.attention.output, self.output
         if self.pre_layer_norm:
             # x + Attn(LN(x)), then x + FFN(LN(x))
-            x = x + attn_out.dropout(attn_out.dense(self.attention.self(attn_out.LayerNorm(x), mask)))
+            x = x + attn_out.dropout(attn_out.dense(self.attention.self(attn_out.LayerNorm(x), mask, probs)))
             hidden = self.act(self.intermediate.dense(ffn_out.LayerNorm(x)))  # (B, T, I)
             return x + ffn_out.dropout(ffn_out.dense(hidden))
         # LN(x + Attn(x)), then LN(x + FFN(x))
-        x = attn_out.LayerNorm(x + attn_out.dropout(attn_out.dense(self.attention.self(x, mask))))
+        x = attn_out.LayerNorm(x + attn_out.dropout(attn_out.dense(self.attention.self(x, mask, probs))))
         hidden = self.act(self.intermediate.dense(x))  # (B, T, I)
         return ffn_out.LayerNorm(x + ffn_out.dropout(ffn_out.dense(hidden)))
+
+
+class LayerOutputs(NamedTuple):
+    hidden_states: list[torch.Tensor]
+    """L + 1 tensors (B, T, H): the embeddings' output, then each layer's output."""
+    attentions: list[torch.Tensor] | None
+    """L tensors (B, nh, T, T): each layer's attention distribution over the keys, when asked for."""
 
 
 class BertEncoder(nn.Module):
@@ -147,6 +165,17 @@ class BertEncoder(nn.Module):
         for layer in self.layer:
             x = layer(x, mask)
         return x if self.LayerNorm is None else self.LayerNorm(x)
+
+    def every_layer(self, x: torch.Tensor, mask: torch.Tensor | None, attentions: bool = False) -> LayerOutputs:
+        """What `forward` computes, with every layer's output kept (and, with `attentions`,
+        its attention distributions)."""
+        states, probs = [x], [] if attentions else None
+        for layer in self.layer:
+            x = layer(x, mask, probs)
+            states.append(x)
+        if self.LayerNorm is not None:
+            states[-1] = self.LayerNorm(states[-1])
+        return LayerOutputs(states, probs)
 
 
 class BertPooler(nn.Module):
@@ -176,6 +205,10 @@ class BertModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1/True for real
         tokens, 0/False for padding. Returns the last hidden states (B, T, H)."""
+        return self.encoder(*self._embed(input_ids, token_type_ids, attention_mask))
+
+    def _embed(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embeddings' output (B, T, H) and the key mask (B, 1, 1, T), True = real token."""
         t = input_ids.shape[1]
         if t > self.cfg.max_position_embeddings:
             raise ValueError(
@@ -183,8 +216,19 @@ class BertModel(nn.Module):
             )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        return self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        return self.embeddings(input_ids, token_type_ids), mask
+
+    def every_layer(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        attentions: bool = False,
+    ) -> LayerOutputs:
+        """`forward` with every hidden state kept (hidden_states[-1] is its result) and,
+        with `attentions`, every layer's attention distributions (for distillation)."""
+        return self.encoder.every_layer(*self._embed(input_ids, token_type_ids, attention_mask), attentions)
 
 
 class BertPredictionHeadTransform(nn.Module):

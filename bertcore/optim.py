@@ -1,12 +1,12 @@
 """Optimisation: the learning-rate schedule, LAMB, BERT's two parameter groups, and the
-DeepSpeed JSON built from the `pretrain:` section.
+DeepSpeed JSON built from a training section (`pretrain:`, `distill:`).
 
 Which optimizer runs: AdamW is DeepSpeed's (`torch_adam`: torch.optim.AdamW; else its
 fused Adam, FusedAdam on GPU). LAMB on GPU is DeepSpeed's FusedLamb (`"type": "Lamb"`:
 NVIDIA's fused kernel, the trust ratio clamped to [min_coeff, max_coeff] = [0.01, 10]);
 on CPU, where DeepSpeed has none, the client `Lamb` below. Either LAMB needs ZeRO stage 0:
 ZeRO hands the optimizer flat partitions, which would make the trust ratio one per
-partition instead of one per layer (pretrain_config refuses the combination).
+partition instead of one per layer (train_config refuses the combination).
 
 Learning rate: one schedule over the steps of all phases, linear warmup to
 `learning_rate` then linear decay to zero at the last step (`lr_multiplier`).
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from bertcore.pretrain_config import PretrainConfig
+from bertcore.train_config import TrainingConfig
 
 
 def lr_multiplier(step: int, warmup: int, total: int) -> float:
@@ -102,7 +102,7 @@ FUSED_LAMB_TRUST_RANGE = (0.01, 10.0)
 """DeepSpeed FusedLamb's min_coeff and max_coeff (its defaults, written out)."""
 
 
-def client_optimizer(cfg: PretrainConfig, groups: list[dict]) -> torch.optim.Optimizer | None:
+def client_optimizer(cfg: TrainingConfig, groups: list[dict]) -> torch.optim.Optimizer | None:
     """The optimizer handed to deepspeed.initialize, or None when the DeepSpeed JSON names
     one: the client LAMB on CPU."""
     if cfg.optimizer == "lamb" and not cfg.use_gpu:
@@ -110,7 +110,7 @@ def client_optimizer(cfg: PretrainConfig, groups: list[dict]) -> torch.optim.Opt
     return None
 
 
-def deepspeed_config(cfg: PretrainConfig, micro_batch_size: int) -> dict:
+def deepspeed_config(cfg: TrainingConfig, micro_batch_size: int) -> dict:
     """The DeepSpeed JSON for this section. The optimizer is DeepSpeed's AdamW, its fused
     LAMB on GPU, or absent when LAMB runs as a client optimizer on CPU; the schedule is
     always a client LambdaLR."""

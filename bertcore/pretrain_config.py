@@ -1,69 +1,27 @@
-"""The `pretrain:` config section: model shape, workers, precision, optimizer, phases,
-schedule, checkpoint cadence and the divergence policy.
-
-`resume_key` hashes what decides a training trajectory, so a checkpoint resumes only into
-a run that would have produced it.
+"""The `pretrain:` config section: the model's shape (a named size with overrides, or an
+existing model to continue from) on top of the training loop's settings
+(bertcore/train_config.py: workers, precision, optimizer, phases, schedule, checkpoints,
+divergence policy).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any, Literal
+from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from bertcore.config import describe_errors
 from bertcore.model_config import ModelConfig, SizeName
-from bertcore.section import Name, Section
-from bertcore.tracking import TrackingConfig
-
-
-class PretrainPhase(Section):
-    """One sequence-length phase of pretraining; reads examples/<name>/train/."""
-
-    name: Name
-    """Phase name; must be one of the examples stage's phases (examples.phases[*].name), e.g. seq128."""
-    steps: int = Field(ge=1)
-    """Optimizer steps spent in this phase."""
-    batch_size: int = Field(ge=1)
-    """Global batch: sequences per optimizer step over all workers and accumulation steps."""
-    max_seq_length: int | None = Field(None, ge=3)
-    """Longest sequence of the phase (batches are padded to at most this); default: the examples phase's max_seq_length. At most the model's max_position_embeddings."""
-
-
-def _default_phases() -> list[PretrainPhase]:
-    # Devlin et al. 2019: 1M steps of 256 sequences, 90% of them at 128 tokens.
-    return [
-        PretrainPhase(name="seq128", steps=900_000, batch_size=256),
-        PretrainPhase(name="seq512", steps=100_000, batch_size=256),
-    ]
-
-
-# Fields that change neither the trajectory nor the data order: a checkpoint written with
-# other values of these resumes (the rest must match, see `resume_key`).
-_RESUME_NEUTRAL = {
-    "time_budget_s",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "resume",
-    "log_every",
-    "torch_threads",
-    "peak_flops_per_device",
-    "loader_processes",
-    "max_failures",
-    "validation_batches",
-    "eval_every",
-    "tracking",
-}
-
+from bertcore.train_config import TrainingConfig
 
 INIT_OVERRIDABLE = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
 """model_overrides that a model continued from pretrain.init_from may take (its shape is its own)."""
 
 
-class PretrainConfig(Section):
+class PretrainConfig(TrainingConfig):
     """Pretraining with DeepSpeed on Ray Train workers (`pretrain:` in a run recipe)."""
+
+    SECTION: ClassVar[str] = "pretrain"
 
     init_from: str | None = None
     """Continue pretraining a Hugging Face BERT folder (local path or s3://...; BertForPreTraining, BertForMaskedLM or BertModel weights): its config.json sets the shape (model_size is then not used), heads it lacks (NSP) start fresh. Needs its vocabulary: vocab.source: pretrained."""
@@ -71,104 +29,9 @@ class PretrainConfig(Section):
     """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large (24x1024)."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
     """Any bertcore.model.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
-    num_workers: int = Field(2, ge=1)
-    """Data-parallel workers (Ray Train), one per GPU or one CPU process each."""
-    use_gpu: bool = False
-    """One GPU per worker with NCCL; false runs on CPU with gloo (DS_ACCELERATOR=cpu)."""
-    zero_stage: int = Field(0, ge=0, le=3)
-    """DeepSpeed ZeRO stage: 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters partitioned."""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Training precision: fp32, bf16 (fp32 master weights), fp16 (GPU only, dynamic loss scaling)."""
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; DeepSpeed's fused LAMB on GPU, a client optimizer on CPU; needs zero_stage 0)."""
-    torch_adam: bool = True
-    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's fused Adam (on GPU FusedAdam, which nvcc compiles the first time; on CPU gcc compiles its CPU Adam, minutes)."""
-    learning_rate: float = Field(1e-4, gt=0.0)
-    """Peak learning rate, reached at the end of warmup."""
-    betas: tuple[float, float] = Field((0.9, 0.999), strict=False)  # a YAML or JSON list is a tuple here
-    """Adam/LAMB moment decay rates (beta1, beta2)."""
-    eps: float = Field(1e-6, gt=0.0)
-    """Adam/LAMB epsilon (BERT: 1e-6)."""
-    weight_decay: float = Field(0.01, ge=0.0)
-    """Decoupled weight decay; biases and LayerNorm parameters are exempt, as in BERT."""
-    warmup_steps: int | None = Field(None, ge=0)
-    """Linear warmup length in optimizer steps; give this or warmup_fraction (default: 1% of all steps, as BERT's 10k of 1M)."""
-    warmup_fraction: float | None = Field(None, ge=0.0, lt=1.0)
-    """Linear warmup as a share of all steps (all phases); give this or warmup_steps."""
-    phases: list[PretrainPhase] = Field(default_factory=_default_phases, min_length=1)
-    """Phases in order, each with its own steps and global batch (default: BERT's 900k x 256 at seq128, 100k x 256 at seq512)."""
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    """Micro-batches accumulated per optimizer step on each worker."""
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    """Gradients are clipped to this global L2 norm before each update."""
-    checkpoint_every: int = Field(1000, ge=1)
-    """Write a checkpoint every this many optimizer steps (and always at the end)."""
-    keep_checkpoints: int = Field(3, ge=1)
-    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
-    resume: Literal["auto", "never"] = "auto"
-    """auto: continue from the latest complete checkpoint; never: delete the checkpoints and start over."""
-    time_budget_s: float | None = Field(None, gt=0.0)
-    """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and exports."""
-    log_every: int = Field(10, ge=1)
-    """Steps between progress lines (rank 0 logs those steps' mean loss and MLM accuracy, tokens/s, MFU where known, ETA) and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
-    peak_flops_per_device: float | None = Field(None, gt=0.0)
-    """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is null)."""
-    on_nonfinite: Literal["stop", "skip"] = "stop"
-    """When a micro-batch loss is NaN/inf or a spike: stop with an error naming the step, or skip the batch."""
-    loss_spike_factor: float | None = Field(4.0, gt=1.0)
-    """After warmup, a micro-batch loss above this multiple of the running mean loss is a spike (handled per on_nonfinite); null: no spike check."""
-    torch_threads: int | None = Field(None, ge=1)
-    """torch intra-op threads per worker (default: what Ray gives the worker)."""
-    loader_processes: int = Field(0, ge=0)
-    """DataLoader processes per worker that read and collate batches (0: in the training process)."""
-    validation_batches: int = Field(20, ge=0)
-    """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps and at the end (validation.jsonl); 0 skips validation."""
-    eval_every: int | None = Field(1000, ge=1)
-    """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    """Experiment tracking: TensorBoard always, MLflow and W&B when enabled."""
-    max_failures: int = Field(0, ge=0)
-    """Times Ray Train restarts the workers after a failure; each restart resumes from the latest checkpoint."""
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
-        return betas
-
-    @field_validator("phases")
-    @classmethod
-    def _unique_phase_names(cls, phases: list[PretrainPhase]) -> list[PretrainPhase]:
-        names = [p.name for p in phases]
-        if len(set(names)) != len(names):
-            raise ValueError(f"phase names must be unique, got {names}")
-        return phases
 
     @model_validator(mode="after")
-    def _consistent(self) -> PretrainConfig:
-        if self.precision == "fp16" and not self.use_gpu:
-            raise ValueError(
-                "pretrain.precision=fp16 needs a GPU (pretrain.use_gpu=true); DeepSpeed has no fp16 on CPU: use bf16 or fp32"
-            )
-        if self.optimizer == "lamb" and self.zero_stage != 0:
-            raise ValueError(
-                f"pretrain.optimizer=lamb needs pretrain.zero_stage=0 (got {self.zero_stage}): ZeRO flattens the "
-                "parameters, so LAMB's per-layer trust ratios would be computed over partitions"
-            )
-        if self.warmup_steps is not None and self.warmup_fraction is not None:
-            raise ValueError("pretrain.warmup_steps and pretrain.warmup_fraction are both set; keep one")
-        if self.warmup_steps is not None and self.warmup_steps >= self.total_steps:
-            raise ValueError(
-                f"pretrain.warmup_steps ({self.warmup_steps}) must be below the total steps of pretrain.phases ({self.total_steps})"
-            )
-        per_step = self.num_workers * self.gradient_accumulation_steps
-        for i, phase in enumerate(self.phases):
-            if phase.batch_size % per_step:
-                raise ValueError(
-                    f"pretrain.phases[{i}].batch_size ({phase.batch_size}) must be a multiple of pretrain.num_workers x "
-                    f"pretrain.gradient_accumulation_steps ({self.num_workers} x {self.gradient_accumulation_steps} = {per_step})"
-                )
+    def _consistent_model(self) -> PretrainConfig:
         if "vocab_size" in self.model_overrides:
             raise ValueError("pretrain.model_overrides.vocab_size: the vocabulary size comes from the vocab stage")
         if self.init_from is not None:
@@ -193,21 +56,6 @@ class PretrainConfig(Section):
         return self
 
     @property
-    def total_steps(self) -> int:
-        return sum(p.steps for p in self.phases)
-
-    @property
-    def warmup(self) -> int:
-        """Warmup length in optimizer steps."""
-        if self.warmup_steps is not None:
-            return self.warmup_steps
-        return int(round((0.01 if self.warmup_fraction is None else self.warmup_fraction) * self.total_steps))
-
-    def micro_batch_size(self, phase: PretrainPhase) -> int:
-        """Sequences per forward pass on one worker."""
-        return phase.batch_size // (self.num_workers * self.gradient_accumulation_steps)
-
-    @property
     def max_position_embeddings(self) -> int | None:
         """The longest sequence the configured model can take; None with init_from (the
         folder's config.json decides, read when the stage runs)."""
@@ -221,23 +69,6 @@ class PretrainConfig(Section):
         if base is not None:
             return ModelConfig.model_validate({**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides})
         return ModelConfig.named(self.model_size, vocab_size, **{"pad_token_id": pad_token_id, **self.model_overrides})
-
-    def phase_at(self, step: int) -> int:
-        """Index of the phase that the 0-based optimizer step `step` belongs to."""
-        end = 0
-        for i, phase in enumerate(self.phases):
-            end += phase.steps
-            if step < end:
-                return i
-        raise ValueError(f"step {step} is past the last phase ({self.total_steps} steps)")
-
-    def resume_key(self, inputs: dict[str, Any]) -> str:
-        """Hash of what decides the trajectory: this section minus the fields that do not
-        (budget, checkpoint cadence, logging, ...) plus the input fingerprints and seed.
-        A checkpoint resumes only into a run with the same key."""
-        section = self.model_dump(mode="json", exclude=_RESUME_NEUTRAL)
-        payload = json.dumps({"pretrain": section, "inputs": inputs}, sort_keys=True, default=str)
-        return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
 def _one_line(exc: Exception) -> str:

@@ -1,18 +1,22 @@
-"""The DeepSpeed training loop of one pretraining worker.
+"""The DeepSpeed training loop of one training worker: the one loop of every training
+stage (pretrain, distill).
 
-The model (bertcore.model) is single-device code; `Trainer` wraps it with DeepSpeed
-(ZeRO 0-3, fp32/bf16/fp16, AdamW or a client LAMB), feeds it ExamplesLoader batches phase
-by phase (BERT: seq128, then seq512), and checkpoints (bertcore.checkpoint) so that a
-killed run, started again, finishes with the same steps on the same data.
+What a step optimises is an objective component (bertcore.objectives.Objective: MLM+NSP
+pretraining, or distillation from a teacher); the model it builds is single-device code.
+`Trainer` wraps it with DeepSpeed (ZeRO 0-3, fp32/bf16/fp16, AdamW or a client LAMB), feeds
+it ExamplesLoader batches phase by phase (BERT: seq128, then seq512), and checkpoints
+(bertcore.checkpoint) so that a killed run, started again, finishes with the same steps on
+the same data.
 
-Ray is not imported here: the caller (pipelines/pretrain.py) starts the workers, sets up
+Ray is not imported here: the caller (pipelines/training.py) starts the workers, sets up
 torch.distributed, and hands over a `StageFiles` that knows where the stage directory
 lives (a local folder, or a local mirror of an object-store prefix).
 
-Every pretrain.eval_every steps it scores a fixed held-out sample (validation.jsonl), and
-rank 0 reports to the trackers (bertcore.tracking). The module is over 500 lines because
-it is one class whose set-up, steps, validation and checkpoints share the engine, the
-loader and the counters; the pieces that need none of them live in the modules it imports.
+Every <section>.eval_every steps it scores the objective on a fixed held-out sample
+(validation.jsonl), and rank 0 reports to the trackers (bertcore.tracking). The module is
+about 500 lines because it is one class whose set-up, steps, validation and checkpoints
+share the engine, the loader and the counters; the pieces that need none of them live in
+the modules it imports.
 """
 
 from __future__ import annotations
@@ -47,25 +51,24 @@ from bertcore.loss_watch import LossWatch
 from bertcore.masking import MaskConfig
 from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
 from bertcore.mfu import peak_flops
-from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
+from bertcore.objectives import MicroBatchResult, Objective
 from bertcore.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
-from bertcore.pretrain_config import PretrainConfig, PretrainPhase
-from bertcore.pretrained import load_into
 from bertcore.rng import keyed_seed
+from bertcore.train_config import TrainingConfig, TrainingPhase
 from bertcore.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
-TRACKED = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm", "tokens_per_s",
-           "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
-"""Figures of an interval's summary (bertcore.metrics_log) that the trackers get as train/<field>,
-every log_every steps and at the last."""
+TRACKED = ("lr", "grad_norm", "tokens_per_s", "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
+"""Figures of an interval's summary (bertcore.metrics_log) that the trackers get as
+train/<field>, every log_every steps and at the last, after the loss and the objective's
+metrics."""
 
 
 class TrainingDiverged(BertpipeError):
-    """The loss became NaN/inf or spiked, and pretrain.on_nonfinite says stop."""
+    """The loss became NaN/inf or spiked, and <section>.on_nonfinite says stop."""
 
 
 @dataclass
@@ -99,11 +102,11 @@ def _device(ctx: WorkerContext) -> torch.device:
     return device
 
 
-def _loader(cfg: PretrainConfig, data: PhaseData, phase: PretrainPhase, seed: int, ctx: WorkerContext, validation: bool = False) -> ExamplesLoader:
+def _loader(cfg: TrainingConfig, data: PhaseData, phase: TrainingPhase, seed: int, ctx: WorkerContext, validation: bool = False) -> ExamplesLoader:
     return ExamplesLoader(
         data.validation_paths if validation else data.paths,
         cfg.micro_batch_size(phase),
-        seed=keyed_seed(seed, "pretrain", phase.name, "validation" if validation else "train") >> 1,
+        seed=keyed_seed(seed, cfg.SECTION, phase.name, "validation" if validation else "train") >> 1,
         rank=ctx.rank,
         world_size=ctx.world_size,
         length_bins=data.length_bins,
@@ -121,7 +124,7 @@ def _loader(cfg: PretrainConfig, data: PhaseData, phase: PretrainPhase, seed: in
     )
 
 
-def _batches(loader: ExamplesLoader, phase: str) -> Iterator[dict[str, torch.Tensor]]:
+def _batches(loader: ExamplesLoader, phase: str, section: str = "pretrain") -> Iterator[dict[str, torch.Tensor]]:
     """Epoch after epoch, forever; the loader's state_dict stays exact between batches."""
     while True:
         empty = True
@@ -130,49 +133,33 @@ def _batches(loader: ExamplesLoader, phase: str) -> Iterator[dict[str, torch.Ten
             yield batch
         if empty:
             raise ConfigError(
-                f"pretrain: the examples of phase {phase} ({len(loader.dataset)} sequences) fill no batch of "
+                f"{section}: the examples of phase {phase} ({len(loader.dataset)} sequences) fill no batch of "
                 f"{loader.batch_size} per worker in any length bin; lower the phase's batch_size or make more examples"
             )
 
 
-def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": batch["input_ids"].to(device),
-        "token_type_ids": batch["token_type_ids"].to(device),
-        "attention_mask": batch["attention_mask"].to(device),
-        "labels": batch["labels"].to(device),
-        "next_sentence_label": batch["next_sentence_label"].to(device),
-    }
-
-
 @dataclass
 class _StepSums:
-    """Per-rank sums over a step's micro-batches, all-reduced into the step's metrics."""
+    """Per-rank sums over a step's micro-batches, all-reduced into the step's metrics: the
+    loop's own (loss, micro-batches, tokens, ...) then the objective's `sums`."""
 
-    values: torch.Tensor = field(default_factory=lambda: torch.zeros(12, dtype=torch.float64))
-    LOSS, MLM, NSP, MICRO, MLM_OK, MLM_N, NSP_OK, NSP_N, TOKENS, SEQS, FLOPS, PADDED = range(12)
+    names: tuple[str, ...]
+    values: torch.Tensor = field(init=False)
+    OWN = ("loss", "micro", "tokens", "sequences", "flops", "padded")
 
-    def add(self, out, batch: dict[str, torch.Tensor], model_cfg: ModelConfig) -> None:
-        v = self.values
-        tokens = int(batch["attention_mask"].sum())
-        mlm_n = int(out.mlm_count)
-        v[self.LOSS] += out.loss.item()
-        v[self.MLM] += out.mlm_loss.item()
-        v[self.NSP] += out.nsp_loss.item() if out.nsp_loss is not None else 0.0
-        v[self.MICRO] += 1
-        v[self.MLM_OK] += int(out.mlm_correct)
-        v[self.MLM_N] += mlm_n
-        v[self.NSP_OK] += int(out.nsp_correct) if out.nsp_correct is not None else 0
-        v[self.NSP_N] += int(out.nsp_count) if out.nsp_count is not None else 0
-        v[self.TOKENS] += tokens
-        v[self.SEQS] += batch["input_ids"].shape[0]
-        padded_len = batch["input_ids"].shape[1]
-        v[self.PADDED] += batch["input_ids"].numel()
-        v[self.FLOPS] += encoder_flops_per_token(model_cfg, padded_len, mlm_n / max(1, tokens)) * tokens
+    def __post_init__(self) -> None:
+        self.values = torch.zeros(len(self.OWN) + len(self.names), dtype=torch.float64)
 
+    def add(self, out: MicroBatchResult, batch: dict[str, torch.Tensor]) -> None:
+        own = (out.loss.item(), 1, int(batch["attention_mask"].sum()), batch["input_ids"].shape[0], out.flops, batch["input_ids"].numel())
+        for i, value in enumerate(own):
+            self.values[i] += value
+        for i, name in enumerate(self.names, start=len(self.OWN)):
+            self.values[i] += out.sums[name]
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
+    def totals(self, values: torch.Tensor) -> dict[str, float]:
+        """Summed `values` (this layout, e.g. all-reduced) by name."""
+        return {name: float(v) for name, v in zip(self.OWN + self.names, values)}
 
 
 class Trainer:
@@ -181,8 +168,8 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: PretrainConfig,
-        model_cfg: ModelConfig,
+        cfg: TrainingConfig,
+        objective: Objective,
         phases: Sequence[PhaseData],
         files: StageFiles,
         *,
@@ -192,23 +179,20 @@ class Trainer:
         on_step: Callable[[dict], None] | None = None,
         on_log: Callable[[dict], None] | None = None,
         device_name: str | None = None,
-        init_state_dict: dict[str, torch.Tensor] | None = None,
     ):
-        """`init_state_dict`: start from these weights (bertcore.model names, e.g. an existing
-        model's, see bertcore.pretrained) instead of a fresh initialisation; entries it
-        lacks (the heads) keep the seeded initialisation. On rank 0, `on_step` receives each
-        step's metrics record, and `on_log`, every log_every steps and at the last, the
-        summary of the interval's steps (bertcore.metrics_log.summarize), and each validation's
-        record (with event: validation): what the caller reports as progress."""
+        """`cfg`: the training section (pretrain, distill); `objective`: what a step
+        optimises (bertcore.objectives). On rank 0, `on_step` receives each step's metrics
+        record, and `on_log`, every log_every steps and at the last, the summary of the
+        interval's steps (bertcore.metrics_log.summarize), and each validation's record
+        (with event: validation): what the caller reports as progress."""
+        self.key = cfg.SECTION
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
-            raise ValueError(f"phase data {[p.name for p in phases]} does not match pretrain.phases {[p.name for p in cfg.phases]}")
-        self.cfg, self.model_cfg, self.phases, self.files = cfg, model_cfg, list(phases), files
+            raise ValueError(f"phase data {[p.name for p in phases]} does not match {self.key}.phases {[p.name for p in cfg.phases]}")
+        self.cfg, self.objective, self.phases, self.files = cfg, objective, list(phases), files
         self.seed, self.resume_key = seed, resume_key
         self.ctx = ctx or WorkerContext()
         self.on_step, self.on_log = on_step, on_log
-        self.interval = Interval(cfg.log_every)
-        self.init_state_dict = init_state_dict
-        self.init_report: dict | None = None
+        self.interval = Interval(cfg.log_every, means=("loss", *objective.metrics, "grad_norm", "mfu"))
         self.peak = peak_flops(cfg, device_name)
         self.rank0 = self.ctx.rank == 0
         self.watch = LossWatch(cfg.loss_spike_factor, grace=max(cfg.warmup, 20))
@@ -235,12 +219,9 @@ class Trainer:
                        announce=os.environ.get("LOCAL_RANK", "0") == "0")
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self.device = _device(self.ctx)
-        torch.manual_seed(keyed_seed(self.seed, "pretrain", "torch", self.ctx.rank))  # dropout
-        init = torch.Generator().manual_seed(keyed_seed(self.seed, "pretrain", "init"))
-        model = BertForPreTraining(self.model_cfg, generator=init)
-        if self.init_state_dict is not None:
-            plan = load_into(model, self.init_state_dict)
-            self.init_report = {"fresh": plan.fresh, "ignored": plan.ignored}
+        torch.manual_seed(keyed_seed(self.seed, self.key, "torch", self.ctx.rank))  # dropout
+        init = torch.Generator().manual_seed(keyed_seed(self.seed, self.key, "init"))
+        model = self.objective.build(init, self.device)
         groups = parameter_groups(model, self.cfg.weight_decay)
         optimizer = client_optimizer(self.cfg, groups)
         warmup, total = self.cfg.warmup, self.cfg.total_steps
@@ -278,7 +259,7 @@ class Trainer:
             self.loader.load_state_dict(loader_state)
         else:
             self.watch.reset()
-        self.stream = _batches(self.loader, phase.name)
+        self.stream = _batches(self.loader, phase.name, self.key)
 
     # -- checkpoints -------------------------------------------------------------------
     def _resume(self) -> dict | None:
@@ -287,8 +268,8 @@ class Trainer:
             return None
         if marker.get("resume_key") != self.resume_key:
             raise ConfigError(
-                f"pretrain: the latest checkpoint ({checkpoint_tag(marker['step'])}) was written with another pretrain "
-                "config or other inputs; set pretrain.resume=never to start over (its checkpoints are deleted)"
+                f"{self.key}: the latest checkpoint ({checkpoint_tag(marker['step'])}) was written with another {self.key} "
+                f"config or other inputs; set {self.key}.resume=never to start over (its checkpoints are deleted)"
             )
         tag = checkpoint_tag(marker["step"])
         self.files.download(f"{CHECKPOINTS}/{tag}")
@@ -308,7 +289,7 @@ class Trainer:
             same_phase = state["phase"] == self.cfg.phases[index].name
             self._enter_phase(index, state["loader"] if same_phase else None)
         self.files.drop_local(f"{CHECKPOINTS}/{tag}")
-        log.info("pretrain: resumed from %s", tag)
+        log.info("%s: resumed from %s", self.key, tag)
         return marker
 
     def _save(self, stopped_by: str | None, extra: dict | None = None) -> dict:
@@ -346,7 +327,7 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "zero_stage": self.cfg.zero_stage,
             "precision": self.cfg.precision,
-            "model_config": self.model_cfg.model_dump(mode="json"),
+            **self.objective.describe(),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **(extra or {}),
         }
@@ -373,7 +354,7 @@ class Trainer:
     def _train_step(self) -> tuple[dict, str]:
         """One optimizer step: gradient_accumulation_steps good micro-batches on every
         rank. Returns the step's metrics and a hash of the data it consumed."""
-        sums = _StepSums()
+        sums = _StepSums(self.objective.sums)
         digest = hashlib.blake2b(digest_size=8)
         manual_norm = self.cfg.zero_stage == 0 and self.cfg.precision == "fp32"
         grad_norm = None
@@ -382,31 +363,31 @@ class Trainer:
         gas = self.cfg.gradient_accumulation_steps
         while done < gas:
             batch = next(self.stream)
-            inputs = _model_inputs(batch, self.device)
-            out = self.engine(**inputs)
+            out = self.objective.forward(self.engine, batch, self.device)
             loss = float(out.loss.detach())
             flags = torch.tensor([0.0 if math.isfinite(loss) else 1.0, 1.0 if self.watch.is_spike(loss) else 0.0])
             nonfinite, spike = (bool(x) for x in self._collective(flags, "max"))
             if nonfinite or spike:
                 what = "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.watch.mean:.4g})"
                 where = f"step {self.step + 1} (phase {self.cfg.phases[self.phase_index].name})"
+                key = self.key
                 if self.cfg.on_nonfinite == "stop":
                     raise TrainingDiverged(
-                        f"pretrain: the loss {what} at {where}; lower pretrain.learning_rate, raise pretrain.warmup_steps, "
-                        "or set pretrain.on_nonfinite=skip; the latest complete checkpoint is kept"
+                        f"{key}: the loss {what} at {where}; lower {key}.learning_rate, raise {key}.warmup_steps, "
+                        f"or set {key}.on_nonfinite=skip; the latest complete checkpoint is kept"
                     )
                 skipped += 1
                 consecutive += 1
-                log.warning("pretrain: skipped a micro-batch at %s: the loss %s", where, what)
+                log.warning("%s: skipped a micro-batch at %s: the loss %s", key, where, what)
                 if consecutive >= MAX_CONSECUTIVE_SKIPS:
-                    raise TrainingDiverged(f"pretrain: {consecutive} micro-batches in a row skipped at {where}; the run has diverged")
+                    raise TrainingDiverged(f"{key}: {consecutive} micro-batches in a row skipped at {where}; the run has diverged")
                 continue
             consecutive = 0
             self.engine.backward(out.loss)
             if manual_norm and done == gas - 1:
                 grad_norm = self._grad_norm()
             self.engine.step()
-            sums.add(out, batch, self.model_cfg)
+            sums.add(out, batch)
             digest.update(batch["input_ids"].numpy().tobytes())
             done += 1
         if grad_norm is None:
@@ -416,57 +397,48 @@ class Trainer:
         hashes[self.ctx.rank] = int.from_bytes(digest.digest(), "little", signed=True)
         data_hash = hashlib.blake2b(self._collective(hashes).numpy().tobytes(), digest_size=8).hexdigest()
         totals = self._collective(torch.cat([sums.values, torch.tensor([float(skipped)], dtype=torch.float64)]))
-        return self._step_metrics(totals, grad_norm), data_hash
+        return self._step_metrics(sums.totals(totals), int(totals[-1]), grad_norm), data_hash
 
-    def _step_metrics(self, t: torch.Tensor, grad_norm: float | None) -> dict:
-        s = _StepSums
-        micro = float(t[s.MICRO])
+    def _step_metrics(self, t: dict[str, float], skipped: int, grad_norm: float | None) -> dict:
         return {
-            "loss": float(t[s.LOSS]) / micro,
-            "mlm_loss": float(t[s.MLM]) / micro,
-            "nsp_loss": float(t[s.NSP]) / micro if t[s.NSP_N] else None,
-            "mlm_accuracy": _ratio(float(t[s.MLM_OK]), float(t[s.MLM_N])),
-            "nsp_accuracy": _ratio(float(t[s.NSP_OK]), float(t[s.NSP_N])),
+            "loss": t["loss"] / t["micro"],
+            **self.objective.summarise(t, t["micro"]),
             "grad_norm": grad_norm,
-            "tokens": int(t[s.TOKENS]),
-            "sequences": int(t[s.SEQS]),
-            "padded_tokens": int(t[s.PADDED]),
-            "flops": float(t[s.FLOPS]),
-            "skipped_batches": int(t[-1]),
+            "tokens": int(t["tokens"]),
+            "sequences": int(t["sequences"]),
+            "padded_tokens": int(t["padded"]),
+            "flops": t["flops"],
+            "skipped_batches": skipped,
         }
 
     @torch.no_grad()
     def _validate(self) -> dict | None:
-        """MLM/NSP loss and accuracy on a fixed sample of the current phase's validation
-        examples: the first validation_batches batches per worker of one keyed shuffle,
-        summed over the ranks. Every rank calls it (ZeRO-3 gathers weights collectively)."""
+        """The objective's loss and metrics on a fixed sample of the current phase's
+        validation examples: the first validation_batches batches per worker of one keyed
+        shuffle, summed over the ranks. Every rank calls it (ZeRO-3 gathers weights
+        collectively)."""
         index = self.phase_index
         data = self.phases[index]
         if self.cfg.validation_batches == 0 or not data.validation_paths:
             return None
         started = time.perf_counter()
         loader = _loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
-        sums = _StepSums()
+        sums = _StepSums(self.objective.sums)
         self.engine.eval()
         for k, batch in enumerate(loader):
             if k >= self.cfg.validation_batches:
                 break
-            sums.add(self.engine(**_model_inputs(batch, self.device)), batch, self.model_cfg)
+            sums.add(self.objective.forward(self.engine, batch, self.device), batch)
         self.engine.train()
-        t = self._collective(sums.values)
-        s = _StepSums
-        if not t[s.MICRO]:
+        t = sums.totals(self._collective(sums.values))
+        if not t["micro"]:
             return None
-        micro = float(t[s.MICRO])
         return {
             "step": self.step,
             "phase": self.cfg.phases[index].name,
-            "sequences": int(t[s.SEQS]),
-            "loss": float(t[s.LOSS]) / micro,
-            "mlm_loss": float(t[s.MLM]) / micro,
-            "nsp_loss": float(t[s.NSP]) / micro if t[s.NSP_N] else None,
-            "mlm_accuracy": _ratio(float(t[s.MLM_OK]), float(t[s.MLM_N])),
-            "nsp_accuracy": _ratio(float(t[s.NSP_OK]), float(t[s.NSP_N])),
+            "sequences": int(t["sequences"]),
+            "loss": t["loss"] / t["micro"],
+            **self.objective.summarise(t, t["micro"]),
             "time_s": time.perf_counter() - started,
         }
 
@@ -478,7 +450,7 @@ class Trainer:
         record = self._validate()
         if record is not None and self.rank0:
             self.validation_log.append(record)
-            self.trackers.log(self.step, {k: record[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}, "validation")
+            self.trackers.log(self.step, {k: record[k] for k in ("loss", *self.objective.metrics)}, "validation")
             if self.on_log is not None:
                 self.on_log({**record, "event": "validation"})
         return record
@@ -501,8 +473,9 @@ class Trainer:
         if self.loader is None:
             self._enter_phase(self.cfg.phase_at(self.step))
         if self.rank0:
-            params = {"pretrain": self.cfg.model_dump(mode="json"), "model": self.model_cfg.model_dump(mode="json")}
-            self.trackers = open_trackers(self.cfg.tracking, self.files, step=self.step, run_name=f"pretrain-{self.resume_key[:8]}", params=params)
+            described = self.objective.describe()
+            params = {self.key: self.cfg.model_dump(mode="json"), "model": described.pop("model_config"), **described}
+            self.trackers = open_trackers(self.cfg.tracking, self.files, step=self.step, run_name=f"{self.key}-{self.resume_key[:8]}", params=params)
         stopped_by = None
         try:
             while self.step < total:
@@ -527,9 +500,9 @@ class Trainer:
                     self._log(record, data_hash, elapsed, final)
                 validation = self._validate_if_due(final)
                 if final or self.step % self.cfg.checkpoint_every == 0:
-                    marker = self._save(stopped_by, {"validation": validation, "init": self.init_report} if final else None)
+                    marker = self._save(stopped_by, {"validation": validation, "init": self.objective.init_report} if final else None)
                 if stopped_by:
-                    log.warning("pretrain: time budget of %ss spent at step %d of %d; stopping", self.cfg.time_budget_s, self.step, total)
+                    log.warning("%s: time budget of %ss spent at step %d of %d; stopping", self.key, self.cfg.time_budget_s, self.step, total)
                     break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
@@ -558,7 +531,7 @@ class Trainer:
         self.interval.add(out)
         if self.interval.ends(self.step, final):
             summary = self.interval.close()
-            self.trackers.log(self.step, {k: summary[k] for k in TRACKED}, "train")
+            self.trackers.log(self.step, {k: summary.get(k) for k in ("loss", *self.objective.metrics, *TRACKED)}, "train")
             if self.on_log is not None:
                 self.on_log(summary)
         if self.on_step is not None:

@@ -147,7 +147,7 @@ def run(
         cfg = _load(config, set_)
         from pipelines.registry import select
 
-        select(_split_names(only), from_stage)  # validate names before starting anything
+        select(_split_names(only), from_stage, cfg.off)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
 
         _stop_when_interrupted()
@@ -286,11 +286,13 @@ def status(
         typer.echo(line)
         for reason in r.get("changed") or []:
             typer.echo(f"{'':<10} changed: {reason}")
+        if r["state"] == "off":
+            typer.echo(f"{'':<10} off: {r['note']}")
 
 
 @app.command("inspect", short_help="Look at what a stage produced.")
 def inspect_stage(
-    stage: Annotated[str, typer.Argument(help="corpus, vocab, examples, pretrain or evaluate.")],
+    stage: Annotated[str, typer.Argument(help="corpus, vocab, examples, pretrain, distill or evaluate.")],
     config: ConfigOpt = None,
     set_: SetOpt = None,
     root: Annotated[Optional[str], typer.Option("--root", metavar="URI", help="Run root to read (default: run.root of the recipe, or runs/demo without one).")] = None,

@@ -205,10 +205,11 @@ def render_examples(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-# -- pretrain -----------------------------------------------------------------------------------
+# -- pretrain, distill: a training stage --------------------------------------------------------
 
 
 def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    """A training stage's checkpoints, final figures and model folders (pretrain's, or distill's student)."""
     storage = directory.storage
     records: list[dict] = []
     if storage.exists(directory.path(METRICS)):
@@ -250,7 +251,7 @@ def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
     }
     stats = manifest.stats
     return {
-        "stage": "pretrain",
+        "stage": directory.directory,
         "uri": directory.uri,
         "steps": stats.get("steps"),
         "log_every": every,
@@ -272,7 +273,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_pretrain(data: dict[str, Any]) -> list[str]:
     final, validation = data["final"] or {}, data["validation"] or {}
-    lines = [f"pretrain: {data['steps']} steps under {data['uri']}; training figures are means over intervals of {data['log_every']} steps"]
+    lines = [f"{data['stage']}: {data['steps']} steps under {data['uri']}; training figures are means over intervals of {data['log_every']} steps"]
     if final:
         lines.append(f"final training figures ({metrics_log.steps_text(final)}): loss {figures.loss(final.get('loss'))}, "
                      f"MLM accuracy {figures.percent(final.get('mlm_accuracy'))}")
@@ -305,6 +306,7 @@ def evaluate(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
         "uri": directory.uri,
         "report": directory.path(manifest.report) if manifest.report else None,
         "scores": score_rows(metrics),
+        "subject": metrics.get("subject", "pretrained"),
         "verdicts": metrics.get("verdicts", []),
         "notes": metrics.get("notes", []),
     }
@@ -330,7 +332,8 @@ def render_evaluate(data: dict[str, Any]) -> list[str]:
     """The scores grouped by section, each beside random init and what learning nothing
     scores (accuracy in percent, correlations x 100, gains in points), then the verdicts
     as the report words them."""
-    lines = [f"evaluate: scores under {data['uri']} (pretrained median over seeds; accuracy in %, correlations x 100, gains in points)"]
+    subject = data.get("subject", "pretrained")
+    lines = [f"evaluate: scores under {data['uri']} ({subject} median over seeds; accuracy in %, correlations x 100, gains in points)"]
     for section in dict.fromkeys(r["section"] for r in data["scores"]):
         rows = [
             [r["name"], figures.name(r["metric"]), _score(r["metric"], r["pretrained"]), _score(r["metric"], r["random_init"]),
@@ -339,7 +342,7 @@ def render_evaluate(data: dict[str, Any]) -> list[str]:
             for r in data["scores"] if r["section"] == section
         ]
         lines.append(f"{section}:")
-        lines += ["    " + line for line in table(["name", "metric", "pretrained", "random init", "gain", "learning nothing", "seeds"], rows)]
+        lines += ["    " + line for line in table(["name", "metric", subject, "random init", "gain", "learning nothing", "seeds"], rows)]
     if data["verdicts"]:
         lines.append("verdicts:")
         lines += [f"    {verdict}" for verdict in data["verdicts"]]
@@ -354,6 +357,7 @@ INSPECTORS: dict[str, tuple[Callable[..., dict], Callable[[dict], list[str]]]] =
     "vocab": (vocab, render_vocab),
     "examples": (examples, render_examples),
     "pretrain": (pretrain, render_pretrain),
+    "distill": (pretrain, render_pretrain),
     "evaluate": (evaluate, render_evaluate),
 }
 

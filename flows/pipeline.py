@@ -120,8 +120,8 @@ def bert_pretraining(
     pretrain -> evaluate. Stages already complete with the same fingerprint are cached;
     `verify` re-hashes every shard before trusting it."""
     logs.default_levels()
-    stages = select(only, from_stage)
     pipeline = Pipeline(config, verify=verify)
+    stages = select(only, from_stage, pipeline.off)
     summaries = []
     try:
         with one_writer(pipeline) as lease:

@@ -71,8 +71,9 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
     recipe = f" -c {shlex.quote(str(config))}" if config else ""
     by_stage = {s["stage"]: s for s in summaries}
     lines = []
-    if "model" in by_stage.get("pretrain", {}):
-        lines.append(f'load the model:  AutoModelForMaskedLM.from_pretrained("{_shown(by_stage["pretrain"]["model"])}")  (transformers)')
+    for stage, what in (("pretrain", "the model"), ("distill", "the student")):
+        if "model" in by_stage.get(stage, {}):
+            lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{_shown(by_stage[stage]["model"])}")  (transformers)')
     if "report" in by_stage.get("evaluate", {}):
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:

@@ -2,30 +2,37 @@
 initialised model of the same size, and sentence embeddings, each beside what learning
 nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
 `eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root; the
-scores and verdicts also go to the trackers pretraining used (TensorBoard files under
+scores and verdicts also go to the trackers the training used (TensorBoard files under
 `eval/tensorboard/`, the MLflow and W&B runs; bertcore/tracking.py).
+
+After distillation (the distill stage ran) the models are three: the teacher, the student
+(the "subject", judged against random init as the pretrained model is otherwise) and a
+random init of the student's architecture; the report adds what the student keeps of the
+teacher's gain and the speed of each, measured here (bertcore/eval/distillation.py).
 
 Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
 `evaluate.num_gpus` of a GPU each when set):
-- intrinsic: one per (examples phase, pretrained | random init), over the phase's
+- intrinsic: one per (examples phase, subject | random init), over the phase's
   validation shards (and its training shards, for the unigram baseline);
-- tasks: one per (task, seed, pretrained | random init); cross-validation folds run
-  inside the job; the job of a task's first seed on the pretrained model also keeps the
-  model fine-tuned on the whole training file, `heads/pretrained/<task>.safetensors`
-  (bertcore/eval/heads.py), which `bertpipe export --task` puts on the exported encoder;
-- embeddings: one per (pretrained | random init); fill-mask: one, pretrained.
+- tasks: one per (task, seed, model); cross-validation folds run inside the job; the job
+  of a task's first seed on the subject also keeps the model fine-tuned on the whole
+  training file, `heads/<subject>/<task>.safetensors` (bertcore/eval/heads.py), which
+  `bertpipe export --task` puts on the exported encoder;
+- embeddings: one per model; fill-mask: one, the subject; speed (after distillation): one,
+  after the others, alone.
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
 crashed, re-run with the same fingerprint, computes only the jobs still missing. Remote
 files (model, task files) are copied to a per-content local cache in the worker that reads
 them, because transformers and the task readers read local folders.
 
-fingerprint = hash(code version + evaluate section without its file paths + pretrain,
-examples and corpus fingerprints + run seed + the content signature of every task file),
+fingerprint = hash(code version + evaluate section without its file paths + pretrain (or
+distill), examples and corpus fingerprints + run seed + the content signature of every task file),
 so editing a task file in place re-runs the evaluation and moving it does not.
 
-The module is under 600 lines: it is the one place that turns the section into
-jobs, runs them on Ray and folds their results into metrics; the scoring, floors,
-verdicts and report live in bertcore/eval.
+The module is about 650 lines: it is the one place that turns the section and the models
+(two, or three after distillation) into jobs, runs them on Ray and folds their results
+into metrics; the scoring, floors, verdicts, three-way comparisons and report live in
+bertcore/eval.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import ray
 
 from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.eval import finetune, report, summary
+from bertcore.eval import distillation, finetune, report, summary
 from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import (
     TASK_FILES,
@@ -50,6 +57,7 @@ from bertcore.eval.config import (
     EmbeddingsConfig,
     EvaluateConfig,
     IntrinsicConfig,
+    SpeedConfig,
     TaskConfig,
 )
 from bertcore.examples_config import ExamplesConfig, PhaseConfig
@@ -77,9 +85,21 @@ SENTENCE_POOL = 50
 # -- local copies -------------------------------------------------------------------------------
 
 
-def _model_dir(storage: Storage, model_uri: str, cache_key: str) -> str:
-    """A local folder with the exported model (the folder itself when the root is local)."""
-    return local_folder(storage, model_uri, HF_FILES, cache_key)
+@dataclass(frozen=True)
+class Model:
+    """A model under evaluation: its name in metrics.json (pretrained; or teacher, student
+    after distillation; random_init), the folder its encoder is read from (for random_init:
+    the architecture's), the files read there, and whether its weights are fresh."""
+
+    name: str
+    uri: str
+    files: tuple[str, ...]
+    cache_key: str
+    random_init: bool = False
+
+    def local(self, storage: Storage) -> str:
+        """A local folder with its files (the folder itself when it is local)."""
+        return local_folder(storage, self.uri, list(self.files), self.cache_key)
 
 
 def _local_file(storage: Storage, uri: str, file_keys: dict[str, str]) -> str:
@@ -126,13 +146,12 @@ def _unigram_counts(storage: Storage, shard_uris: list[str], vocab: list[str]):
 
 @ray.remote(max_retries=1)
 def _intrinsic_job(
-    model_uri: str,
+    model: Model,
     shard_uris: list[str],
     train_uris: list[str],
     phase: PhaseConfig,
     examples_cfg: ExamplesConfig,
     cfg: IntrinsicConfig,
-    random_init: bool,
     seed: int,
     storage: Storage,
     cache_key: str,
@@ -146,9 +165,9 @@ def _intrinsic_job(
     from bertcore.tokenizer import VOCAB_FILE, read_vocab
 
     _threads(num_threads)
-    model_dir = _model_dir(storage, model_uri, cache_key)
-    model = load_pretraining_model(model_dir, random_init=random_init, seed=seed).to(device())
+    model_dir = model.local(storage)
     tokens = read_vocab(os.path.join(model_dir, VOCAB_FILE))
+    model = load_pretraining_model(model_dir, random_init=model.random_init, seed=seed).to(device())
     mask_config = None
     if examples_cfg.masking == "dynamic":
         mask_config = examples_cfg.mask_config(phase, VocabTables.from_tokens(tokens))
@@ -165,46 +184,60 @@ def _intrinsic_job(
     )
     counts = _unigram_counts(storage, train_uris, tokens) if train_uris else None
     scores = held_out_scores(model, loader, max_batches=cfg.max_batches, unigram_counts=counts)
+    if not _has_nsp_head(model_dir):  # e.g. a distilled student: its NSP head would be random, its scores noise
+        scores = {k: v for k, v in scores.items() if not k.startswith("nsp_")}
+        scores["baselines"] = {**scores["baselines"], "nsp_balance": None}
     unigram = scores["baselines"]["unigram"]
     if unigram:
         unigram["token"] = tokens[unigram["token_id"]]
     return scores
 
 
+def _has_nsp_head(model_dir: str) -> bool:
+    """Whether the folder's model was exported with its next-sentence head (BertForPreTraining)."""
+    import json
+
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+        return "BertForPreTraining" in (json.load(handle).get("architectures") or ["BertForPreTraining"])
+
+
 @ray.remote(max_retries=1)
-def _fill_mask_job(model_uri: str, sentences: list[str], count: int, seed: int, storage: Storage, cache_key: str, num_threads: int) -> list[dict]:
+def _fill_mask_job(model: Model, sentences: list[str], count: int, seed: int, storage: Storage, num_threads: int) -> list[dict]:
     """The pretrained model's top guesses for one masked word in each of a few held-out sentences."""
     from bertcore.eval.encoder import load_tokenizer
     from bertcore.eval.intrinsic import fill_mask, load_pretraining_model
 
     _threads(num_threads)
-    model_dir = _model_dir(storage, model_uri, cache_key)
+    model_dir = model.local(storage)
     return fill_mask(load_pretraining_model(model_dir), load_tokenizer(model_dir), sentences, seed=seed, count=count)
 
 
 @ray.remote(max_retries=1)
 def _finetune_job(
-    task: TaskConfig, model_uri: str, random_init: bool, task_seed: int, storage: Storage, cache_key: str, file_keys: dict[str, str], num_threads: int,
+    task: TaskConfig, model: Model, tokenizer: Model, task_seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int,
     keep_in: StageDir | None = None,
 ) -> dict:
     """One fine-tuning run (all folds of one seed); file names in messages are the task's URIs.
-    With `keep_in` (the stage directory), the model fine-tuned on the whole training file is
-    saved there for `bertpipe export --task`; the result's "saved" is its shard record."""
-    model_dir = _model_dir(storage, model_uri, cache_key)
+    `tokenizer`: the model whose folder holds the tokenizer files (every model shares the
+    vocabulary). With `keep_in` (the stage directory), the model fine-tuned on the whole
+    training file is saved there for `bertpipe export --task`; the result's "saved" is its
+    shard record."""
+    model_dir = model.local(storage)
     local, back = _local_task(task, storage, file_keys)
     kept: list | None = [] if keep_in is not None else None
     try:
-        result = finetune.run_task(local, model_dir, model_dir, task_seed, random_init=random_init, num_threads=num_threads, keep=kept)
+        result = finetune.run_task(local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept)
     except BertpipeError as exc:
         raise type(exc)(_original_paths(str(exc), back)) from None
     result["skipped_problems"] = [_original_paths(p, back) for p in result["skipped_problems"]]
     if kept:
-        result["saved"] = asdict(_save_task_model(keep_in, task, kept[0], model_dir, task_seed, result))
+        result["saved"] = asdict(_save_task_model(keep_in, task, model.name, kept[0], model_dir, task_seed, result))
     return result
 
 
-def _save_task_model(stage: StageDir, task: TaskConfig, model, model_dir: str, seed: int, result: dict) -> ShardInfo:
-    """heads/pretrained/<task>.safetensors: the fine-tuned model and what export needs to know of it."""
+def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_dir: str, seed: int, result: dict) -> ShardInfo:
+    """heads/<name>/<task>.safetensors (name: pretrained, or student): the fine-tuned model
+    and what export needs to know of it."""
     from bertcore.eval.heads import TaskHead, head_path, save_task_model
     from bertcore.export import WEIGHTS_FILE
     from pipelines.storage import sha256_file
@@ -215,17 +248,16 @@ def _save_task_model(stage: StageDir, task: TaskConfig, model, model_dir: str, s
         seed=seed, trained_on=f"the whole training file ({result['train_examples']} examples)",
         encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)), max_seq_length=task.max_seq_length,
     )
-    return stage.publish(head_path(_model_name(False), task.name), lambda path: save_task_model(path, model, head), rows=0)
+    return stage.publish(head_path(name, task.name), lambda path: save_task_model(path, model, head), rows=0)
 
 
 @ray.remote(max_retries=1)
 def _embeddings_job(
-    model_uri: str, sentences: list[str], cfg: EmbeddingsConfig, random_init: bool, seed: int, storage: Storage, cache_key: str, file_keys: dict[str, str], num_threads: int
+    model: Model, tokenizer: Model, sentences: list[str], cfg: EmbeddingsConfig, seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int
 ) -> dict:
     """Anisotropy (and STS Spearman) for [CLS] and mean pooling."""
     from bertcore.eval.embeddings import embedding_report, read_sts
 
-    model_dir = _model_dir(storage, model_uri, cache_key)
     pairs, skipped, problems = None, 0, []
     if cfg.sts is not None:
         path = _local_file(storage, cfg.sts.file, file_keys)
@@ -236,10 +268,19 @@ def _embeddings_job(
         pairs, skipped = read.examples, read.skipped
         problems = [_original_paths(p, {path: cfg.sts.file}) for p in read.problems]
     scores = embedding_report(
-        model_dir, model_dir, sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
-        max_seq_length=cfg.max_seq_length, random_init=random_init, num_threads=num_threads,
+        model.local(storage), tokenizer.local(storage), sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
+        max_seq_length=cfg.max_seq_length, random_init=model.random_init, num_threads=num_threads,
     )
     return {"scores": scores, "sts_pairs": len(pairs or []), "skipped": skipped, "skipped_problems": problems}
+
+
+@ray.remote(max_retries=1)
+def _speed_job(models: list[Model], cfg: SpeedConfig, seed: int, storage: Storage, num_threads: int) -> dict:
+    """Sequences/s of each model's encoder forward, measured together (bertcore/eval/speed.py)."""
+    from bertcore.eval.speed import measure
+
+    folders = {m.name: (m.local(storage), m.random_init) for m in models}
+    return measure(folders, batch_size=cfg.batch_size, seq_length=cfg.max_seq_length, passes=cfg.passes, seed=seed, threads=num_threads)
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -250,7 +291,7 @@ class _Job:
     key: str
     """Name of the job's progress marker, e.g. finetune__sst2__pretrained__seed1."""
     kind: str
-    random_init: bool
+    model: Model
     phase: str | None = None
     task: TaskConfig | None = None
     task_seed: int = 0
@@ -260,8 +301,6 @@ class _Job:
     train_shards: list[str] = field(default_factory=list)
 
 
-def _model_name(random_init: bool) -> str:
-    return "random_init" if random_init else "pretrained"
 
 
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
@@ -320,29 +359,61 @@ class _Plan:
     cfg: EvaluateConfig
     """The section with local absolute file paths."""
     signatures: dict[str, str]
-    model_uri: str
-    cache_key: str
-    models: list[bool]
+    models: list[Model]
+    """pretrained (or teacher and student), then random_init when the baseline runs."""
+    subject: Model
+    """The model judged against random init: pretrained, or the student after distillation.
+    Its folder holds the tokenizer files every model shares."""
+    trained: Upstream
+    """The stage that trained the subject (pretrain or distill): its phases and training log."""
     jobs: list[_Job] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     examples_cfg: ExamplesConfig | None = None
     sentences: list[str] = field(default_factory=list)
 
 
+def _models(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream]:
+    """The models to score, the subject, and the stage that trained it. After distillation:
+    the teacher (the folder the distill stage recorded), the student and a random init of
+    the student's architecture; otherwise the pretrained model and its random init."""
+    if "distill" in r.inputs:
+        distill = r.inputs["distill"]
+        subject = Model("student", distill.path(MODEL_DIR), HF_FILES, f"eval-{distill.fingerprint}")
+        models, trained = [_teacher(r, distill), subject], distill
+    else:
+        pretrain = r.inputs["pretrain"]
+        subject = Model("pretrained", pretrain.path(MODEL_DIR), HF_FILES, f"eval-{pretrain.fingerprint}")
+        models, trained = [subject], pretrain
+    if not r.storage.exists(f"{subject.uri}/config.json"):
+        stage = trained.dir.directory
+        raise ConfigError(f"{subject.uri}: no exported model (config.json missing); re-run the {stage} stage (`bertpipe run --only {stage} --force`)")
+    if baseline:
+        models.append(Model("random_init", subject.uri, subject.files, subject.cache_key, random_init=True))
+    return models, subject, trained
+
+
+def _teacher(r: StageRun, distill: Upstream) -> Model:
+    """The distill stage's teacher: its config.json and weights (the tokenizer is the student's)."""
+    from pipelines.external import model_folder
+
+    uri = distill.manifest.inputs.get("teacher")
+    if uri is None:
+        raise ConfigError(f"{distill.dir.uri}: the distill manifest names no teacher; re-run the distill stage (`bertpipe run --only distill --force`)")
+    folder = model_folder(r.storage, uri, "distill.teacher")
+    return Model("teacher", folder.uri, tuple(folder.files), folder.cache_key)
+
+
 def run(r: StageRun) -> Output:
-    """Evaluate pretrain/model/ and write eval/. Needs a running Ray (pipelines.ray_runtime.ensure_ray)."""
+    """Evaluate pretrain/model/ (after distillation: the teacher, distill/model/ and a
+    student-sized random init) and write eval/. Needs a running Ray (pipelines.ray_runtime.ensure_ray)."""
     resolved, signatures = r.external
-    pretrain = r.inputs["pretrain"]
-    model_uri = pretrain.path(MODEL_DIR)
-    cache_key = f"eval-{pretrain.fingerprint}"
-    if not r.storage.exists(f"{model_uri}/config.json"):
-        raise ConfigError(f"{model_uri}: no exported model (config.json missing); re-run the pretrain stage (`bertpipe run --only pretrain --force`)")
+    models, subject, trained = _models(r, resolved.baseline)
     from bertcore.eval.intrinsic import model_config_of
 
-    model_cfg = model_config_of(os.path.dirname(local_copy(r.storage, f"{model_uri}/config.json", cache_key)))
-    check_lengths(resolved, model_cfg.max_position_embeddings, f"{model_uri}/config.json", ConfigError)
-    plan = _Plan(resolved, signatures, model_uri, cache_key, [False, True] if resolved.baseline else [False])
-    _plan_jobs(plan, r, model_cfg.max_position_embeddings)
+    configs = {m.name: model_config_of(os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key))) for m in models}
+    check_lengths(resolved, configs[subject.name].max_position_embeddings, f"{subject.uri}/config.json", ConfigError)
+    plan = _Plan(resolved, signatures, models, subject, trained)
+    _plan_jobs(plan, r, configs[subject.name].max_position_embeddings)
 
     t0 = time.perf_counter()
     results, reused = _run_jobs(plan, r)
@@ -350,14 +421,15 @@ def run(r: StageRun) -> Output:
 
     for note in plan.notes:
         log.info("evaluate: %s", note)
-    records, validations, log_summary = _training_log(r.storage, pretrain)
-    metrics = _metrics(plan, results, model_cfg, log_summary, r.seed, r.fingerprint)
-    metrics["model"]["uri"] = f"{pretrain.dir.directory}/{MODEL_DIR}"  # relative to run.root: the report survives a move
+    records, validations, log_summary = _training_log(r.storage, trained)
+    metrics = _metrics(plan, results, configs, log_summary, r.seed, r.fingerprint)
+    for model in metrics["models"].values():  # relative to run.root when a stage wrote it: the report survives a move
+        model["uri"] = next((f"{up.dir.directory}/{MODEL_DIR}" for up in r.inputs.values() if model["uri"] == up.path(MODEL_DIR)), model["uri"])
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, metrics) + _saved_models(results),
+        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, trained, metrics) + _saved_models(results),
         stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
@@ -368,14 +440,15 @@ def run(r: StageRun) -> Output:
 
 
 def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
-    """One job per (intrinsic phase | task and seed | embeddings) and model."""
+    """One job per (intrinsic phase | task and seed | embeddings) and model; one speed job
+    for the three models of a distillation."""
     cfg = plan.cfg
     if cfg.intrinsic.enabled:
         examples = r.inputs["examples"]
         from bertcore.eval.intrinsic import phases_to_score
 
         plan.examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
-        trained = [p.get("name") for p in (r.inputs["pretrain"].manifest.config or {}).get("phases", []) if isinstance(p, dict)]
+        trained = [p.get("name") for p in (plan.trained.manifest.config or {}).get("phases", []) if isinstance(p, dict)]
         phases = phases_to_score(cfg.intrinsic, plan.examples_cfg, trained, max_positions, plan.notes)
         for phase in phases:
             shards = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
@@ -383,23 +456,24 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
                 plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
                 continue
             train = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/train/") if s.rows]
-            for random_init in plan.models:
-                key = f"intrinsic__{phase.name}__{_model_name(random_init)}"
-                plan.jobs.append(_Job(key, "intrinsic", random_init, phase=phase.name, shards=shards, train_shards=train))
+            for model in plan.models:
+                if model.name != "teacher":  # the masked-LM skill of the subject against random init
+                    plan.jobs.append(_Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
     for task in cfg.tasks:
-        for random_init in plan.models:
-            for task_seed in summary.seeds_of(task, random_init):
-                key = f"finetune__{task.name}__{_model_name(random_init)}__seed{task_seed}"
-                keep = not random_init and task.type in TRAINED_TYPES and task_seed == task.seeds[0]
-                plan.jobs.append(_Job(key, "finetune", random_init, task=task, task_seed=task_seed, keep_model=keep))
+        for model in plan.models:
+            for task_seed in summary.seeds_of(task, model.random_init):
+                keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0]
+                plan.jobs.append(_Job(f"finetune__{task.name}__{model.name}__seed{task_seed}", "finetune", model, task=task, task_seed=task_seed, keep_model=keep))
     fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
     if plan.sentences and cfg.embeddings.enabled:
-        for random_init in plan.models:
-            plan.jobs.append(_Job(f"embeddings__{_model_name(random_init)}", "embeddings", random_init))
+        for model in plan.models:
+            plan.jobs.append(_Job(f"embeddings__{model.name}", "embeddings", model))
     if plan.sentences and fill_mask:
-        plan.jobs.append(_Job("fill_mask__pretrained", "fill_mask", False))
+        plan.jobs.append(_Job(f"fill_mask__{plan.subject.name}", "fill_mask", plan.subject))
+    if plan.subject.name == "student" and cfg.speed.enabled:
+        plan.jobs.append(_Job("speed", "speed", plan.subject))
 
 
 def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
@@ -408,27 +482,27 @@ def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
 
 
 def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
-    """Every job's result, and how many were read back from an interrupted attempt."""
+    """Every job's result, and how many were read back from an interrupted attempt. The
+    speed job runs last, alone, so no other job shares the machine while it times."""
     cfg, storage, seed = plan.cfg, r.storage, r.seed
 
     def submit(job: _Job) -> ray.ObjectRef:
         options = {"num_cpus": cfg.num_threads} | ({"num_gpus": cfg.num_gpus} if cfg.num_gpus else {})
         if job.kind == "intrinsic":
             return _intrinsic_job.options(**options).remote(
-                plan.model_uri, job.shards, job.train_shards, plan.examples_cfg.phase(job.phase), plan.examples_cfg, cfg.intrinsic,
-                job.random_init, seed, storage, plan.cache_key, cfg.num_threads,
+                job.model, job.shards, job.train_shards, plan.examples_cfg.phase(job.phase), plan.examples_cfg, cfg.intrinsic,
+                seed, storage, job.model.cache_key, cfg.num_threads,
             )
         if job.kind == "fill_mask":
-            return _fill_mask_job.options(**options).remote(
-                plan.model_uri, plan.sentences, cfg.intrinsic.fill_mask, seed, storage, plan.cache_key, cfg.num_threads
-            )
+            return _fill_mask_job.options(**options).remote(job.model, plan.sentences, cfg.intrinsic.fill_mask, seed, storage, cfg.num_threads)
         if job.kind == "finetune":
             return _finetune_job.options(**options).remote(
-                job.task, plan.model_uri, job.random_init, job.task_seed, storage, plan.cache_key, plan.signatures, cfg.num_threads,
-                r.dir if job.keep_model else None,
+                job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads, r.dir if job.keep_model else None,
             )
+        if job.kind == "speed":
+            return _speed_job.options(num_cpus=cfg.num_threads).remote(plan.models, cfg.speed, seed, storage, cfg.num_threads)
         return _embeddings_job.options(**options).remote(
-            plan.model_uri, plan.sentences, cfg.embeddings, job.random_init, seed, storage, plan.cache_key, plan.signatures, cfg.num_threads
+            job.model, plan.subject, plan.sentences, cfg.embeddings, seed, storage, plan.signatures, cfg.num_threads
         )
 
     results: dict[str, Any] = {}
@@ -442,44 +516,56 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         len(todo), ", ".join(f"{n} {kind}" for kind, n in kinds.items()) or "none",
         f", {len(results)} kept from an interrupted attempt" if results else "", cfg.num_threads,
     )
+    for batch, parallelism in (([j for j in todo if j.kind != "speed"], r.parallelism), ([j for j in todo if j.kind == "speed"], 1)):
+        if not batch:
+            continue
 
-    def finished(index: int, result: Any) -> None:
-        r.dir.complete(todo[index].key, r.fingerprint, _saved_models({todo[index].key: result}), result)
+        def finished(index: int, result: Any, batch=batch) -> None:
+            r.dir.complete(batch[index].key, r.fingerprint, _saved_models({batch[index].key: result}), result)
 
-    for job, result in zip(todo, run_tasks(submit, todo, parallelism=r.parallelism, desc="evaluate", on_result=finished, unit="jobs")):
-        results[job.key] = result
+        for job, result in zip(batch, run_tasks(submit, batch, parallelism=parallelism, desc="evaluate", on_result=finished, unit="jobs")):
+            results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 
 
-def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed: int, fp: str) -> dict:
+def _model_entry(model: Model, cfg, parameters: int) -> dict:
+    return {"uri": model.uri, "parameters": parameters, "config": cfg.model_dump(mode="json"), "random_init": model.random_init}
+
+
+def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, seed: int, fp: str) -> dict:
+    """The metrics dictionary (eval/metrics.json): `models` names every model scored, and
+    `subject` the one judged against random init (see bertcore/eval/report.py)."""
     import torch
 
     from bertcore.model import BertForPreTraining
 
-    eval_cfg, jobs, models = plan.cfg, plan.jobs, plan.models
+    eval_cfg, jobs, subject = plan.cfg, plan.jobs, plan.subject.name
     with torch.device("meta"):  # counts parameters without allocating or initialising them
-        parameters = BertForPreTraining(model_cfg).num_parameters()
+        models = {m.name: _model_entry(m, configs[m.name], BertForPreTraining(configs[m.name]).num_parameters()) for m in plan.models}
     metrics: dict[str, Any] = {
         "stage": "evaluate",
         "fingerprint": fp,
         "seed": seed,
         "baseline": eval_cfg.baseline,
-        "model": {"uri": plan.model_uri, "parameters": parameters, "config": model_cfg.model_dump(mode="json")},
+        "subject": subject,
+        "models": models,
+        "model": models[subject],
         "pretraining_log": log_summary,
         "intrinsic": {},
-        "fill_mask": results.get("fill_mask__pretrained", []),
+        "fill_mask": results.get(f"fill_mask__{subject}", []),
         "tasks": {},
         "embeddings": None,
+        "speed": results.get("speed"),
     }
     for job in jobs:
         if job.kind == "intrinsic":
-            metrics["intrinsic"].setdefault(job.phase, {})[_model_name(job.random_init)] = results[job.key]
+            metrics["intrinsic"].setdefault(job.phase, {})[job.model.name] = results[job.key]
 
     files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
-        runs = {_model_name(m): [results[f"finetune__{task.name}__{_model_name(m)}__seed{s}"] for s in summary.seeds_of(task, m)] for m in models}
-        entry = summary.task_entry(task, runs)
-        entry["saved_model"] = next((run["saved"]["path"] for run in runs["pretrained"] if run.get("saved")), None)
+        runs = {m.name: [results[f"finetune__{task.name}__{m.name}__seed{s}"] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
+        entry = summary.task_entry(task, runs, subject)
+        entry["saved_model"] = next((run["saved"]["path"] for run in runs[subject] if run.get("saved")), None)
         for split, n in entry["skipped"].items():
             if n:
                 files[getattr(task, split)] += n
@@ -490,30 +576,37 @@ def _metrics(plan: _Plan, results: dict[str, Any], model_cfg, log_summary, seed:
         first = results[embedding_jobs[0].key]
         metrics["embeddings"] = {"sentences": len(plan.sentences), "sts_pairs": first["sts_pairs"]}
         for job in embedding_jobs:
-            metrics["embeddings"][_model_name(job.random_init)] = results[job.key]["scores"]
+            metrics["embeddings"][job.model.name] = results[job.key]["scores"]
         if first["skipped"]:
             files[eval_cfg.embeddings.sts.file] += first["skipped"]
             metrics["embeddings"]["skipped_problems"] = first["skipped_problems"]
     metrics["skipped_rows"] = {"total": files.total(), "files": dict(files)}
     metrics["verdicts"] = summary.verdicts(metrics)
+    if "teacher" in models:
+        metrics["distillation"] = distillation.comparisons(metrics)
+        metrics["verdicts"] += distillation.lines(metrics)
     metrics["notes"] = plan.notes
     return metrics
 
 
-def _track(r: StageRun, metrics: dict) -> list[ShardInfo]:
-    """The scores and verdicts to the trackers pretraining used (its recorded `tracking`
-    section and the run ids in pretrain/tracking.json): TensorBoard files published under
-    eval/tensorboard/, W&B's offline files under eval/wandb/; returns them as shards."""
+def _track(r: StageRun, pretrain: Upstream, metrics: dict) -> list[ShardInfo]:
+    """The scores and verdicts to the trackers the training used (`pretrain`: the stage
+    that trained the subject, pretrain or distill; its recorded `tracking` section and the
+    run ids in its tracking.json): TensorBoard files published under eval/tensorboard/,
+    W&B's offline files under eval/wandb/; returns them as shards."""
     from bertcore.tracking import TrackingConfig, evaluation_scalars, log_evaluation
 
-    pretrain, storage = r.inputs["pretrain"], r.storage
+    storage = r.storage
     cfg = TrackingConfig.model_validate((pretrain.manifest.config or {}).get("tracking") or {})
     state_uri = pretrain.path(metrics_log.TRACKING_STATE)
     state = storage.read_json(state_uri) if storage.exists(state_uri) else {}
     verdicts: dict[str, str] = {}
     for phase, scores in metrics["intrinsic"].items():
-        verdicts.update({f"{phase} {what}": line for what, line in (("MLM", summary.mlm_verdict(phase, scores)), ("NSP", summary.nsp_verdict(phase, scores))) if line})
+        subject = metrics["subject"]
+        lines = (("MLM", summary.mlm_verdict(phase, scores, subject)), ("NSP", summary.nsp_verdict(phase, scores, subject)))
+        verdicts.update({f"{phase} {what}": line for what, line in lines if line})
     verdicts.update({name: task["verdict"]["text"] for name, task in metrics["tasks"].items()})
+    verdicts.update({f"{label} distilled": line for label, line in zip(metrics.get("distillation") or {}, distillation.lines(metrics))})
     shards = []
     for folder in ("tensorboard", "wandb"):
         storage.remove(r.dir.path(folder), recursive=True)  # the tracker files of this evaluation only
@@ -533,7 +626,7 @@ def _track(r: StageRun, metrics: dict) -> list[ShardInfo]:
 def _unigram(metrics: dict) -> float | None:
     """The unigram baseline's MLM accuracy of the last intrinsic phase (the plot's floor line)."""
     for by_model in reversed(list((metrics.get("intrinsic") or {}).values())):
-        unigram = ((by_model.get("pretrained") or {}).get("baselines") or {}).get("unigram") or {}
+        unigram = ((by_model.get(metrics.get("subject", "pretrained")) or {}).get("baselines") or {}).get("unigram") or {}
         if unigram.get("mlm_accuracy") is not None:
             return unigram["mlm_accuracy"]
     return None

@@ -37,8 +37,8 @@ from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
 
-EXPORTABLE = ("pretrain",)
-"""Stages whose output holds a model/ folder (the distill stage's student is one), in flow
+EXPORTABLE = ("pretrain", "distill")
+"""Stages whose output holds a model/ folder (the distill stage's: the student), in flow
 order; the last one the recipe runs is exported by default."""
 CODE_VERSION = "1"
 ONNX_DIR = "onnx"

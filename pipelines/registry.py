@@ -10,6 +10,7 @@ imported here, so loading a recipe imports no Ray, torch or pyarrow.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, create_model, model_validator
@@ -18,13 +19,14 @@ from bertcore.config import RayConfig, RunConfig, StorageConfig, read_recipe, va
 from bertcore.errors import ConfigError
 from bertcore.section import Section
 from pipelines.stage import Stage
-from pipelines.stages import corpus, evaluate, examples, pretrain, vocab
+from pipelines.stages import corpus, distill, evaluate, examples, pretrain, vocab
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,
     vocab.STAGE,
     examples.STAGE,
     pretrain.STAGE,
+    distill.STAGE,
     evaluate.STAGE,
 )
 REGISTRY: dict[str, Stage] = {stage.name: stage for stage in STAGES}
@@ -33,6 +35,23 @@ STAGE_NAMES: tuple[str, ...] = tuple(REGISTRY)
 for _position, _stage in enumerate(STAGES):
     _unknown = [name for name in _stage.reads if name not in STAGE_NAMES[:_position]]
     assert not _unknown, f"stage {_stage.name} reads {_unknown}, which do not come before it"
+
+
+def off_stages(sections: Mapping[str, Any]) -> dict[str, str]:
+    """The stages a recipe ({stage: section}) leaves out, with why (Stage.off)."""
+    reasons = {stage.name: stage.off(sections) if stage.off is not None else None for stage in STAGES}
+    return {name: reason for name, reason in reasons.items() if reason is not None}
+
+
+def reads_in(stage: Stage, off: Mapping[str, str]) -> tuple[str, ...]:
+    """The stages `stage` reads in a recipe that leaves out `off`."""
+    return tuple(name for name in stage.reads if name not in off)
+
+
+def default_reads(stage: Stage) -> tuple[str, ...]:
+    """What `stage` reads in a recipe with every section at its defaults (for a stage run
+    on its own section, without the rest of a recipe)."""
+    return reads_in(stage, off_stages({s.name: s.section.model_construct() for s in STAGES}))
 
 
 class _Recipe(Section):
@@ -52,10 +71,16 @@ class _Recipe(Section):
                 for key, value in stage.inherit(sections[stage.name], sections).items():
                     setattr(sections[stage.name], key, value)
         # e.g. pretrain.phases must name examples phases, at least as long as theirs
+        off = off_stages(sections)
         for stage in STAGES:
-            if stage.check is not None:
-                stage.check(getattr(self, stage.name), {name: getattr(self, name) for name in stage.reads})
+            if stage.check is not None and stage.name not in off:
+                stage.check(sections[stage.name], {name: sections[name] for name in reads_in(stage, off)})
         return self
+
+    @property
+    def off(self) -> dict[str, str]:
+        """The stages this recipe leaves out, with why."""
+        return off_stages({stage.name: getattr(self, stage.name) for stage in STAGES})
 
 
 def _section_field(section: type) -> tuple[type, Any]:
@@ -83,15 +108,22 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     return parse_config(read_recipe(path, overrides))
 
 
-def select(only: list[str] | None, from_stage: str | None) -> list[str]:
-    """The stages to run, in flow order."""
+def select(only: list[str] | None, from_stage: str | None, off: Mapping[str, str] | None = None) -> list[str]:
+    """The stages to run, in flow order, without those the recipe leaves out (`off`,
+    stage -> why); naming one of those in `only` is an error that says why."""
+    off = off or {}
     for name in (only or []) + ([from_stage] if from_stage else []):
         if name not in REGISTRY:
             raise ConfigError(f"unknown stage {name!r}; stages are: {', '.join(STAGE_NAMES)}")
     if only and from_stage:
         raise ConfigError("use either --only or --from, not both")
+    for name in only or []:
+        if name in off:
+            raise ConfigError(f"the {name} stage is off in this recipe: {off[name]}")
     if only:
-        return [s for s in STAGE_NAMES if s in only]
-    if from_stage:
-        return list(STAGE_NAMES[STAGE_NAMES.index(from_stage):])
-    return list(STAGE_NAMES)
+        chosen = [s for s in STAGE_NAMES if s in only]
+    elif from_stage:
+        chosen = list(STAGE_NAMES[STAGE_NAMES.index(from_stage):])
+    else:
+        chosen = list(STAGE_NAMES)
+    return [name for name in chosen if name not in off]

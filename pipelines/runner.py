@@ -32,7 +32,7 @@ from bertcore.errors import BertpipeError, ConfigError
 from bertcore.section import safe_name
 from pipelines import stage_log
 from pipelines.content_id import rehashing
-from pipelines.registry import REGISTRY, PipelineConfig
+from pipelines.registry import REGISTRY, PipelineConfig, default_reads, reads_in
 from pipelines.stage import (
     MANIFEST,
     DamagedManifest,
@@ -51,10 +51,11 @@ from pipelines.storage import Storage
 log = logging.getLogger(__name__)
 
 
-def upstream(stage: Stage, root: str, storage: Storage) -> dict[str, Upstream]:
-    """The complete outputs `stage` reads, by stage name."""
+def upstream(stage: Stage, root: str, storage: Storage, reads: tuple[str, ...] | None = None) -> dict[str, Upstream]:
+    """The complete outputs `stage` reads (`reads`, default: what it reads in a default
+    recipe), by stage name."""
     found = {}
-    for name in stage.reads:
+    for name in default_reads(stage) if reads is None else reads:
         directory = StageDir(storage, root, REGISTRY[name].directory)
         try:
             manifest = directory.manifest()
@@ -91,13 +92,15 @@ def run_stage(
     parallelism: int | None = None,
     external: External | None = None,
     resolved_config: str | None = None,
+    reads: tuple[str, ...] | None = None,
 ) -> tuple[Manifest, bool]:
     """Run one stage on its own section; returns (manifest, whether it was computed now).
     `verify` re-hashes every shard checked (else only those whose size or stamp changed);
     `external` is the stage's identified external files (identified here when not given);
-    `resolved_config` is written next to the output (default: the section alone)."""
+    `resolved_config` is written next to the output (default: the section alone); `reads`:
+    the stages it reads in this recipe (default: those of a default recipe)."""
     stage = REGISTRY[name]
-    inputs = upstream(stage, root, storage)
+    inputs = upstream(stage, root, storage, reads)
     check_against(stage, section, inputs)
     if external is None and stage.identify is not None:
         external = stage.identify(section, storage)
@@ -212,6 +215,8 @@ class Pipeline:
         self.verify = verify
         self._external: dict[str, External | None] = {}
         self._expected: dict[str, str] = {}
+        self.off = cfg.off
+        """The stages this recipe leaves out, with why."""
 
     def section(self, name: str) -> Any:
         return getattr(self.cfg, name)
@@ -232,13 +237,19 @@ class Pipeline:
         """What the stage's fingerprint would be if every stage before it ran on this config."""
         if name not in self._expected:
             stage = REGISTRY[name]
-            upstream_fps = {read: self.expected_fingerprint(read) for read in stage.reads}
+            upstream_fps = {read: self.expected_fingerprint(read) for read in self.reads(name)}
             self._expected[name] = stage.fingerprint(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
         return self._expected[name]
+
+    def reads(self, name: str) -> tuple[str, ...]:
+        """The stages `name` reads in this recipe."""
+        return reads_in(REGISTRY[name], self.off)
 
     def run(self, name: str, *, force: bool = False, parallelism: int | None = None) -> tuple[Manifest, bool]:
         """Run stage `name` (parallelism: most Ray tasks in flight, default ray.parallelism).
         Damaged upstream shards found before the stage reads them are recomputed first."""
+        if name in self.off:
+            raise ConfigError(f"the {name} stage is off in this recipe: {self.off[name]}")
         for attempt in (1, 2):
             try:
                 return run_stage(
@@ -252,6 +263,7 @@ class Pipeline:
                     parallelism=parallelism or self.cfg.ray.parallelism,
                     external=self.external(name),
                     resolved_config=resolved_yaml(self.cfg),
+                    reads=self.reads(name),
                 )
             except DamagedShards as exc:
                 if attempt == 2 or not exc.stage:
@@ -265,16 +277,21 @@ class Pipeline:
 
     def why_stale(self, name: str, manifest: Manifest) -> list[str]:
         stage = REGISTRY[name]
-        upstream_fps = {read: self.expected_fingerprint(read) for read in stage.reads}
+        upstream_fps = {read: self.expected_fingerprint(read) for read in self.reads(name)}
         inputs = stage.fingerprint_inputs(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
         return explain_stale(stage, self.section(name), manifest, inputs)
 
     def status(self) -> list[dict[str, Any]]:
         """Per stage: complete / stale / incomplete / damaged / missing (or unknown when the
-        expected fingerprint cannot be computed, e.g. inputs that no longer exist)."""
+        expected fingerprint cannot be computed, e.g. inputs that no longer exist), or off
+        when the recipe leaves it out (the note says why)."""
         rows = []
         for name in REGISTRY:
             directory = self.dir(name)
+            if name in self.off:
+                rows.append({"stage": name, "state": "off", "fingerprint": None, "expected_fingerprint": None, "rows": None, "bytes": None,
+                             "seconds": None, "uri": directory.uri, "note": self.off[name], "changed": []})
+                continue
             damaged = False
             try:
                 manifest, note = directory.manifest(), ""
@@ -309,7 +326,7 @@ class Pipeline:
         """Re-hash every shard of the named stages (default: all): per stage its state and
         the shards that are missing or damaged."""
         rows = []
-        for name in names or list(REGISTRY):
+        for name in names or [n for n in REGISTRY if n not in self.off]:
             directory = self.dir(name).verifying()
             try:
                 manifest = directory.manifest()

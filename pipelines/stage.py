@@ -48,7 +48,7 @@ import platform
 import posixpath
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -413,7 +413,9 @@ class Stage:
     "pipelines.<name>:run", imported only when the stage runs (how every built-in stage
     declares it: its module imports Ray, torch or pyarrow, which reading a recipe must not)."""
     reads: tuple[str, ...] = ()
-    """Stages whose outputs it reads; their fingerprints are part of its own."""
+    """Stages whose outputs it reads (those the recipe runs, see `off`); their fingerprints are part of its own."""
+    off: Callable[[Mapping[str, Any]], str | None] | None = None
+    """Whether a recipe leaves the stage out: ({stage: section} of the recipe) -> why, in a few words, or None when it runs (default: it always runs). The stages that read it then go without it; `bertpipe status` shows it as off."""
     writes: str = ""
     """What the directory holds, in a few words (for the docs' stage table)."""
     code_version: str = "1"

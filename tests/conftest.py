@@ -106,3 +106,19 @@ def world_of_one():
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     yield
+
+
+@pytest.fixture
+def minilm_or_stand_in(tmp_path, monkeypatch):
+    """`{minilm}` in a recipe: the all-MiniLM-L6-v2 folder when its optional wheel is
+    installed (`make teacher`), else a tiny BERT folder written here, so recipes that name
+    the teacher validate without the wheel."""
+    import importlib.util
+
+    from bertcore import sample_data
+
+    if importlib.util.find_spec(sample_data.MINILM_PACKAGE) is None:
+        from tiny_bert import save_tiny_bert
+
+        folder = save_tiny_bert(tmp_path / "minilm-stand-in", ["a small stand-in for the teacher", "with a few words"], vocab_size=60)
+        monkeypatch.setattr(sample_data, "minilm_dir", lambda check=True: Path(folder))

@@ -15,7 +15,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 
 @pytest.mark.parametrize("recipe", CONFIGS, ids=lambda p: p.name)
-def test_every_shipped_recipe_validates(recipe):
+def test_every_shipped_recipe_validates(recipe, minilm_or_stand_in):
     cfg = load_config(recipe)
     assert isinstance(cfg, PipelineConfig)
     for spec in cfg.corpus.inputs:

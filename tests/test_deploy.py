@@ -59,7 +59,7 @@ def test_plans_carry_the_recipe_and_the_stage_selection(demo_cfg):
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (PROJECT_ROOT / "configs").glob("*.yaml")))
-def test_every_recipe_fits_a_prefect_variable_and_comes_back_whole(recipe):
+def test_every_recipe_fits_a_prefect_variable_and_comes_back_whole(recipe, minilm_or_stand_in):
     """The parameter holds only what differs from the defaults: small enough for the Prefect
     Variable prefect.yaml reads, and the same recipe once the flow validates it."""
     cfg = load_config(PROJECT_ROOT / "configs" / recipe)

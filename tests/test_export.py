@@ -20,6 +20,7 @@ from bertcore.errors import InputDataError  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint, export_checkpoint  # noqa: E402
 from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.tokenizer import load_tokenizer  # noqa: E402
+from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -103,7 +104,7 @@ def _train_and_consolidate(root, info, stage, **overrides) -> dict:
     cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 3, "batch_size": 8, "max_seq_length": 64}], warmup_steps=1,
                         validation_batches=0, **overrides)
     model_cfg = cfg.build_model_config(len(info["tokens"]))
-    Trainer(cfg, model_cfg, phase_data(root, info), LocalStageFiles(str(stage)), seed=SEED, resume_key="k").run()
+    Trainer(cfg, Pretraining(model_cfg), phase_data(root, info), LocalStageFiles(str(stage)), seed=SEED, resume_key="k").run()
     return consolidate_checkpoint(str(stage / CHECKPOINTS / checkpoint_tag(3)), model_cfg)
 
 

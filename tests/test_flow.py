@@ -37,6 +37,7 @@ def test_flow_caches_and_reruns_downstream_only(upstream_copy, prefect_harness):
         "vocab": "complete",
         "examples": "complete",
         "pretrain": "missing",
+        "distill": "off",  # distill.enabled is false: status says so rather than "missing"
         "evaluate": "missing",
     }
 
@@ -62,8 +63,10 @@ def test_stage_selection():
     from bertcore.errors import ConfigError
     from pipelines.registry import select
 
-    assert select(None, None) == ["corpus", "vocab", "examples", "pretrain", "evaluate"]
-    assert select(None, "examples") == ["examples", "pretrain", "evaluate"]
+    assert select(None, None) == ["corpus", "vocab", "examples", "pretrain", "distill", "evaluate"]
+    off = {"distill": "distill.enabled is false"}  # what a recipe without distillation leaves out
+    assert select(None, None, off) == ["corpus", "vocab", "examples", "pretrain", "evaluate"]
+    assert select(None, "examples", off) == ["examples", "pretrain", "evaluate"]
     assert select(["evaluate", "corpus"], None) == ["corpus", "evaluate"]
     with pytest.raises(ConfigError, match="unknown stage 'trainer'"):
         select(["trainer"], None)

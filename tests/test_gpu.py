@@ -26,6 +26,7 @@ from bertcore.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # 
 from bertcore.export import consolidate_checkpoint, export_checkpoint  # noqa: E402
 from bertcore.metrics_log import METRICS, MetricsLog  # noqa: E402
 from bertcore.model import BertForPreTraining  # noqa: E402
+from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer, WorkerContext  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def news_root(tmp_path_factory, gensim_data):
 
 def gpu_trainer(cfg, root, info, stage, on_step=None) -> Trainer:
     return Trainer(
-        cfg, cfg.build_model_config(len(info["tokens"])), phase_data(root, info), LocalStageFiles(str(stage)),
+        cfg, Pretraining(cfg.build_model_config(len(info["tokens"]))), phase_data(root, info), LocalStageFiles(str(stage)),
         seed=SEED, resume_key="gpu", ctx=WorkerContext(device="cuda:0"), on_step=on_step,
         device_name=torch.cuda.get_device_name(0),
     )

@@ -32,6 +32,7 @@ from bertcore.export import HF_FILES, consolidate_checkpoint  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
+from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 from pipelines import pretrain  # noqa: E402
 from pipelines.registry import (
@@ -190,16 +191,20 @@ KILLED_RUN = textwrap.dedent(
     """
     import sys
     from bertcore.config import RayConfig, StorageConfig
-    from bertcore.pretrain_config import PretrainConfig
     from pipelines.ray_runtime import ensure_ray
+    from pipelines.registry import REGISTRY
     from pipelines.runner import run_stage
     from pipelines.storage import Storage
 
-    address, root, cfg = sys.argv[1], sys.argv[2], PretrainConfig.model_validate_json(sys.argv[3])
+    # address, root, section JSON, seed[, stage (default pretrain)[, the stages it reads, comma-separated]]
+    address, root, stage = sys.argv[1], sys.argv[2], sys.argv[5] if len(sys.argv) > 5 else "pretrain"
+    cfg = REGISTRY[stage].section.model_validate_json(sys.argv[3])
+    reads = tuple(sys.argv[6].split(",")) if len(sys.argv) > 6 else None
     ensure_ray(RayConfig(address=address))  # joins the test's embedded (loopback-only) Ray
-    run_stage("pretrain", cfg, root=root, storage=Storage(StorageConfig()), seed=int(sys.argv[4]))
+    run_stage(stage, cfg, root=root, storage=Storage(StorageConfig()), seed=int(sys.argv[4]), reads=reads)
     """
 )
+"""A stage run in a process of its own, to be killed: python -c KILLED_RUN <arguments above>."""
 
 
 def _wait_for_idle_workers(ray_module, cpus: float, timeout: float = 60.0) -> None:
@@ -290,7 +295,7 @@ def test_remote_checkpoints_are_uploaded_and_resume_on_another_machine(world_of_
 
     def trainer(files, on_step=None) -> Trainer:
         # the shards are read locally here; this test is about the checkpoints' way to the bucket
-        return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phase_data(news_root, info), files, seed=SEED,
+        return Trainer(cfg, Pretraining(cfg.build_model_config(len(info["tokens"]))), phase_data(news_root, info), files, seed=SEED,
                        resume_key="k", on_step=on_step)
 
     trainer(LocalStageFiles(str(tmp_path / "local"))).run()

@@ -21,6 +21,7 @@ from bertcore.errors import InputDataError
 from bertcore.export import export_checkpoint
 from bertcore.metrics_log import METRICS, MetricsLog
 from bertcore.model import BertForPreTraining, ModelConfig
+from bertcore.objectives import Pretraining
 from bertcore.pretrained import load_into, model_config, read_weights
 from bertcore.trainer import Trainer, WorkerContext, _batches, _loader
 
@@ -154,8 +155,8 @@ def test_training_starts_from_the_loaded_weights(world_of_one, tmp_path, gensim_
     folder = save(transformers.BertForMaskedLM(hf_config(len(info["tokens"]))), tmp_path / "mlm")
     cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 3, "batch_size": 8, "max_seq_length": 64}], warmup_steps=1, validation_batches=0)
     model_cfg = cfg.build_model_config(len(info["tokens"]), base=model_config(folder))
-    marker = Trainer(cfg, model_cfg, phase_data(root, info), LocalStageFiles(str(tmp_path / "stage")), seed=SEED, resume_key="k",
-                     init_state_dict=read_weights(folder)).run()
+    marker = Trainer(cfg, Pretraining(model_cfg, init_state_dict=read_weights(folder)), phase_data(root, info),
+                     LocalStageFiles(str(tmp_path / "stage")), seed=SEED, resume_key="k").run()
     assert sorted(marker["init"]["fresh"]) == sorted(NSP_AND_POOLER) and marker["model_config"]["hidden_size"] == 96
     # the first step's MLM loss is the Hugging Face model's own loss on the first batch
     first = next(_batches(_loader(cfg, phase_data(root, info)[0], cfg.phases[0], SEED, WorkerContext()), "seq64"))

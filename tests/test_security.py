@@ -23,6 +23,7 @@ from bertcore.checkpoint import (  # noqa: E402
 )
 from bertcore.errors import ConfigError  # noqa: E402
 from bertcore.export import consolidate_checkpoint  # noqa: E402
+from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 from pipelines.registry import parse_config  # noqa: E402
 from pipelines.runner import export_target  # noqa: E402
@@ -122,7 +123,7 @@ def trained(tmp_path_factory, gensim_data, world_of_one):
     cfg = tiny_pretrain(phases=[{"name": "seq64", "steps": 3, "batch_size": 8, "max_seq_length": 64}], warmup_steps=1,
                         validation_batches=0, zero_stage=2, checkpoint_every=3)
     model_cfg = cfg.build_model_config(len(info["tokens"]))
-    Trainer(cfg, model_cfg, phase_data(root, info), LocalStageFiles(str(root / "pretrain")), seed=SEED, resume_key="k").run()
+    Trainer(cfg, Pretraining(model_cfg), phase_data(root, info), LocalStageFiles(str(root / "pretrain")), seed=SEED, resume_key="k").run()
     return root, info, cfg, model_cfg
 
 
@@ -151,7 +152,7 @@ def test_a_planted_pickle_is_refused_by_export_and_resume_without_running(traine
     with pytest.raises(UnsafeCheckpoint, match=rf"{folder}/\S+\.pt: (refusing to load: it would call (builtins|io)\.open|not a checkpoint file)"):
         consolidate_checkpoint(str(folder), model_cfg)
     resumed = cfg.model_copy(update={"phases": [cfg.phases[0].model_copy(update={"steps": 6})]})
-    trainer = Trainer(resumed, model_cfg, phase_data(root, info), LocalStageFiles(str(stage)), seed=SEED, resume_key="k")
+    trainer = Trainer(resumed, Pretraining(model_cfg), phase_data(root, info), LocalStageFiles(str(stage)), seed=SEED, resume_key="k")
     with pytest.raises(UnsafeCheckpoint):
         trainer.run()
     assert not marker.exists(), "the planted payload ran"

@@ -36,6 +36,7 @@ from bertcore.loss_watch import LossWatch  # noqa: E402
 from bertcore.masking import VocabTables  # noqa: E402
 from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
 from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
+from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
 from bertcore.pairs import InMemoryDocs  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
@@ -361,10 +362,10 @@ def phase_data(root: Path, info: dict, name: str = "seq64") -> list[PhaseData]:
     ]
 
 
-def make_trainer(cfg: PretrainConfig, root: Path, info: dict, stage: Path, **kwargs) -> Trainer:
+def make_trainer(cfg: PretrainConfig, root: Path, info: dict, stage: Path, init_state_dict=None, **kwargs) -> Trainer:
     return Trainer(
         cfg,
-        cfg.build_model_config(len(info["tokens"])),
+        Pretraining(cfg.build_model_config(len(info["tokens"])), init_state_dict=init_state_dict),
         phase_data(root, info),
         LocalStageFiles(str(stage)),
         seed=SEED,
@@ -506,7 +507,7 @@ def test_phases_run_in_order_and_a_crash_resumes_exactly_across_the_boundary(wor
             PhaseData(name=n, paths=[str(root / "examples" / n / "train" / "part-00000.arrow")], pad_id=vocab.special.pad)
             for n in ("seq32", "seq64")
         ]
-        return Trainer(cfg, cfg.build_model_config(len(info["tokens"])), phases, LocalStageFiles(str(stage)),
+        return Trainer(cfg, Pretraining(cfg.build_model_config(len(info["tokens"]))), phases, LocalStageFiles(str(stage)),
                        seed=SEED, resume_key="k", on_step=on_step)
 
     def steps(stage: Path):

@@ -217,6 +217,21 @@ class EmbeddingsConfig(Section):
     """Optional STS-style file: Spearman correlation of cosine similarity with the gold scores."""
 
 
+class SpeedConfig(Section):
+    """Inference speed of the models an evaluation of a distillation compares (teacher,
+    student, random init), measured on the evaluating machine: the encoder forward on the
+    same batch, with the same threads (evaluate.num_threads), interleaved."""
+
+    enabled: bool = True
+    """Measure it when the distill stage ran (the report's "at 2.3x its speed")."""
+    batch_size: int = Field(32, ge=1)
+    """Sequences per forward pass."""
+    max_seq_length: int = Field(128, ge=8)
+    """Tokens per sequence, every one a real token."""
+    passes: int = Field(5, ge=1)
+    """Timed passes per model after a warm-up pass; the median counts."""
+
+
 class EvaluateConfig(Section):
     """The evaluate stage (`evaluate:` in a run recipe): held-out pretraining scores,
     fine-tuning tasks against a randomly initialised baseline, sentence embeddings, and a
@@ -225,11 +240,13 @@ class EvaluateConfig(Section):
     tasks: list[TaskConfig] = Field(default_factory=list)
     """Fine-tuning tasks (classification, regression, token_classification, qa), each run once per seed in its `seeds`."""
     baseline: bool = True
-    """Also evaluate the same architecture with random weights (every task and seed, the MLM scores and the embeddings), so the report shows what pretraining bought."""
+    """Also evaluate the same architecture with random weights (every task and seed, the MLM scores and the embeddings), so the report shows what pretraining bought; after distillation, the student's architecture."""
     intrinsic: IntrinsicConfig = Field(default_factory=IntrinsicConfig)
     """Masked-LM and NSP scores on the held-out examples."""
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     """Sentence-embedding check."""
+    speed: SpeedConfig = Field(default_factory=SpeedConfig)
+    """Inference speed of teacher, student and random init (only when the distill stage ran)."""
     num_threads: int = Field(1, ge=1)
     """torch threads of each evaluation job (each Ray task reserves as many CPUs)."""
     num_gpus: float = Field(0.0, ge=0.0)

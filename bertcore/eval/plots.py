@@ -77,16 +77,20 @@ def _mark_phases(ax, records: list[dict]) -> None:
 
 
 def plot_tasks(tasks: Mapping[str, dict], path: str) -> bool:
-    """Per task, the median of its primary validation metric over seeds for the pretrained
-    and the randomly initialised model, with min-max bars. False when there is no task."""
-    names = [name for name, t in tasks.items() if t.get("pretrained", {}).get("validation")]
+    """Per task, the median of its primary validation metric over seeds for each model
+    (the pretrained or, after distillation, the teacher and the student; the randomly
+    initialised one), with min-max bars. False when there is no task."""
+    names = [name for name, t in tasks.items() if t.get(t.get("subject", "pretrained"), {}).get("validation")]
     if not names:
         return False
-    fig = Figure(figsize=(max(4.5, 1.6 * len(names) + 2), 3.8), layout="constrained")
+    subject = tasks[names[0]].get("subject", "pretrained")
+    models = [m for m in ("teacher", subject, "random_init") if any(m in tasks[n] for n in names)]
+    fig = Figure(figsize=(max(4.5, 0.8 * len(models) * len(names) + 2), 3.8), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(names))
-    width = 0.38
-    for offset, model, label in ((-width / 2, "pretrained", "pretrained"), (width / 2, "random_init", "random init")):
+    width = 0.76 / len(models)
+    for i, model in enumerate(models):
+        offset, label = (i - (len(models) - 1) / 2) * width, model.replace("_", " ")
         medians, low, high = [], [], []
         for name in names:
             summary = tasks[name].get(model, {}).get("validation", {}).get(tasks[name]["primary_metric"])

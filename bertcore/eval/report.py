@@ -4,20 +4,25 @@ the evaluate stage's metrics dictionary (what it writes as eval/metrics.json).
 The plots are drawn in bertcore/eval/plots.py (matplotlib); this module needs neither
 numpy nor matplotlib, so `bertpipe inspect evaluate` reads metrics.json in an instant.
 
-The metrics dictionary, as far as the report reads it:
-    model:           {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
+The metrics dictionary, as far as the report reads it (SUBJECT is the model judged
+against random init, "pretrained", or "student" after distillation, where "teacher" is
+scored beside it; `subject` names it, "pretrained" when absent):
+    subject:         "pretrained" | "student"
+    models:          {name: {"uri", "parameters", "config", "random_init"}}
+    model:           models[subject]: {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
     pretraining_log: {"uri", "records", "unreadable_lines", "last": {...}} or None
-    intrinsic:       {phase: {"pretrained": scores, "random_init": scores}}, scores with
+    intrinsic:       {phase: {SUBJECT: scores, "random_init": scores}}, scores with
                       "baselines": {"unigram": {"token", "mlm_accuracy", "mlm_loss"},
                       "nsp_balance": {"is_next", "random", "majority_accuracy"}}
     fill_mask:       [{"text", "answer", "predictions": [[token, p], ...], "answer_rank"}]
-    tasks:           {name: {"type", "primary_metric", "seeds", "folds", "pretrained":
-                      {"validation": {metric: summary}, "test": ...}, "random_init": ...,
+    tasks:           {name: {"subject", "type", "primary_metric", "seeds", "folds", SUBJECT:
+                      {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ...,
                       "gain": {metric: float}, "baselines": {"chance": {metric: value},
                       "validation": {"majority": {metric: value}}}, "verdict": {"text", ...},
                       "pooler", "pooling", "skipped": {split: rows}, "skipped_problems"}}
     verdicts:        [str], one line per pretraining objective and task
-    embeddings:      {"sentences", "sts_pairs", "pretrained": {pooling: {...}}, "random_init": ...} or None
+    embeddings:      {"sentences", "sts_pairs", SUBJECT: {pooling: {...}}, "random_init": ..., "teacher": ...} or None
+    speed, distillation: after distillation, bertcore/eval/speed.py's and bertcore/eval/distillation.py's
     skipped_rows:    {"total", "files": {uri: rows}}
     notes:           [str]
 where a summary is {median, min, max, std, n, n_nan} over seeds (metrics.summarize).
@@ -31,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bertcore import figures, metrics_log
+from bertcore.eval import distillation
 from bertcore.eval.config import TRAINED_TYPES
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -102,6 +108,10 @@ def _summary_cell(metric: str, summary: Mapping | None, spread: bool = True) -> 
     return text
 
 
+def _subject(metrics: Mapping[str, Any]) -> str:
+    return metrics.get("subject", "pretrained")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
@@ -119,7 +129,9 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
     name, the seeds of each model (a task that trains nothing scores the pretrained model
     once and draws random init once per seed). Scores are fractions as in metrics.json (not x 100). Sections:
     "pretraining" (validation MLM/NSP), "fine-tuning" (tasks that train), "no training"
-    (word similarity), "embeddings"."""
+    (word similarity), "embeddings". After distillation the "pretrained" columns hold the
+    student's (the subject's)."""
+    subject = _subject(metrics)
 
     def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None, baseline=None, baseline_name=None, random_init_seeds=None):
         gain = None
@@ -137,7 +149,7 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
 
     rows = []
     for phase, by_model in (metrics.get("intrinsic") or {}).items():
-        floors = (by_model.get("pretrained") or {}).get("baselines") or {}
+        floors = (by_model.get(subject) or {}).get("baselines") or {}
         unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
         baseline = {
             "mlm_loss": (unigram.get("mlm_loss"), "unigram"),
@@ -145,13 +157,13 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
             "nsp_accuracy": (balance.get("majority_accuracy"), "majority label"),
         }
         for metric in ("mlm_loss", "mlm_perplexity", "mlm_accuracy", "nsp_accuracy"):
-            mine = by_model.get("pretrained", {}).get(metric)
+            mine = by_model.get(subject, {}).get(metric)
             if mine is not None:
                 rows.append(row("pretraining", phase, metric, mine, by_model.get("random_init", {}).get(metric), None, None, None, *baseline.get(metric, (None, None))))
     for name, task in (metrics.get("tasks") or {}).items():
         section = "fine-tuning" if task.get("type") in TRAINED_TYPES else "no training"
         for split in ("validation", "test"):
-            mine = task.get("pretrained", {}).get(split) or {}
+            mine = task.get(subject, {}).get(split) or {}
             theirs = task.get("random_init", {}).get(split) or {}
             majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             label = name if split == "validation" else f"{name} (test)"
@@ -162,7 +174,7 @@ def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
                         majority.get(metric), "majority class", other.get("n"))
                 )
     embeddings = metrics.get("embeddings") or {}
-    for pooling, scores in (embeddings.get("pretrained") or {}).items():
+    for pooling, scores in (embeddings.get(subject) or {}).items():
         for metric, value in scores.items():
             rows.append(row("embeddings", pooling, metric, value, (embeddings.get("random_init") or {}).get(pooling, {}).get(metric)))
     return rows
@@ -172,22 +184,24 @@ def headline(stats: Mapping[str, Any]) -> dict[str, str]:
     """The evaluate stage's key figures for its end line (which keeps the first that fit)
     and the run summary (which wraps them all): how many tasks show a measurable gain, the
     validation MLM accuracy of the last phase, then each task's primary score, each beside
-    random init, in percent (correlations x 100) and with the metric's full name."""
+    random init, in percent (correlations x 100) and with the metric's full name; after
+    distillation, the student's."""
     tasks = stats["tasks"]
+    subject = "student" if any("student" in task for task in tasks.values()) else "pretrained"
     out: dict[str, str] = {}
     if tasks:
         gains = sum(1 for task in tasks.values() if task.get("measurable"))
         out["tasks with a measurable gain"] = f"{gains} of {len(tasks)}"
     if stats["intrinsic"]:
         phase, by_model = list(stats["intrinsic"].items())[-1]
-        mine = by_model.get("pretrained", {}).get("mlm_accuracy")
+        mine = by_model.get(subject, {}).get("mlm_accuracy")
         if mine is not None:
-            sequences = by_model.get("pretrained", {}).get("sequences")
+            sequences = by_model.get(subject, {}).get("sequences")
             text = _against_random("mlm_accuracy", mine, by_model.get("random_init", {}).get("mlm_accuracy"))
             out[f"{phase} validation MLM accuracy"] = text + (f" ({sequences:,} sequences)" if isinstance(sequences, int) else "")
     for name, task in tasks.items():
         metric = task["metric"]
-        out[f"{name} {figures.name(metric)}"] = _against_random(metric, task.get("pretrained"), task.get("random_init"))
+        out[f"{name} {figures.name(metric)}"] = _against_random(metric, task.get(subject), task.get("random_init"))
     return out
 
 
@@ -224,6 +238,13 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
             f"{model.get('parameters', 0):,} parameters. Seed {metrics.get('seed')}."
         )
         out.append("")
+    if _subject(metrics) == "student":
+        teacher = (metrics.get("models") or {}).get("teacher") or {}
+        out.append(
+            f"This is the distilled student; its teacher `{teacher.get('uri', '?')}` is scored beside it, and the random init "
+            "has the student's architecture."
+        )
+        out.append("")
     if metrics.get("baseline", True):
         out.append(
             "Every score is also computed for the same architecture with random weights (\"random init\"), "
@@ -234,7 +255,7 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
 
 
 def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    out = ["## Pretraining", ""]
+    out = ["## Distillation training" if _subject(metrics) == "student" else "## Pretraining", ""]
     log = metrics.get("pretraining_log")
     if "pretraining" in plots:
         out += [f"![pretraining curves]({plots['pretraining']})", ""]
@@ -292,11 +313,11 @@ def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> 
     columns = _INTRINSIC_COLUMNS if with_nsp else tuple(c for c in _INTRINSIC_COLUMNS if not c.startswith("nsp"))
     rows = []
     for phase, by_model in intrinsic.items():
-        for model_name in ("pretrained", "random_init"):
+        for model_name in (_subject(metrics), "random_init"):
             if model_name in by_model:
                 scores = by_model[model_name]
                 rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in columns])
-        floors = (by_model.get("pretrained") or {}).get("baselines") or {}
+        floors = (by_model.get(_subject(metrics)) or {}).get("baselines") or {}
         unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
         if unigram or balance:
             label = f"unigram{' / majority label' if with_nsp else ''} (always {unigram.get('token', '?')!r})"
@@ -331,23 +352,23 @@ def _floor_cell(task: Mapping[str, Any], metric: str) -> tuple[str, str]:
 
 
 def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    tasks = metrics["tasks"]
+    tasks, subject = metrics["tasks"], _subject(metrics)
     out = _heading(
         "Tasks",
         "Validation scores (accuracy and F1 in percent, correlations x 100): median over seeds [min, max]; "
-        "gain = pretrained median - random-init median, in points; "
+        f"gain = {subject} median - random-init median, in points; "
         "majority = always the training data's most frequent label; chance = uniform random guessing.",
     )
     rows = []
     for name, task in tasks.items():
         metric = task["primary_metric"]
-        mine = (task.get("pretrained") or {}).get("validation", {}).get(metric)
+        mine = (task.get(subject) or {}).get("validation", {}).get(metric)
         theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
         gain = (task.get("gain") or {}).get(metric)
         rows.append(
             [name, task["type"], figures.name(metric), _summary_cell(metric, mine), _summary_cell(metric, theirs), _gain(metric, gain), *_floor_cell(task, metric), task.get("seeds"), _how(task)]
         )
-    out += _table(["task", "type", "metric", "pretrained", "random init", "gain (points)", "majority", "chance", "seeds", "scored on"], rows)
+    out += _table(["task", "type", "metric", subject, "random init", "gain (points)", "majority", "chance", "seeds", "scored on"], rows)
     out.append("")
     out += [f"- {name}: {task['verdict']['text']}" for name, task in tasks.items() if task.get("verdict")] + [""]
     if "tasks" in plots:
@@ -356,12 +377,12 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     rows = []
     for name, task in tasks.items():
         for split in ("validation", "test"):
-            mine = (task.get("pretrained") or {}).get(split) or {}
+            mine = (task.get(subject) or {}).get(split) or {}
             theirs = (task.get("random_init") or {}).get(split) or {}
             majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             for metric, summary in mine.items():
                 rows.append([name, split, figures.name(metric), _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric)), _fmt(metric, majority.get(metric))])
-    out += _table(["task", "split", "metric", "pretrained", "random init", "majority"], rows)
+    out += _table(["task", "split", "metric", subject, "random init", "majority"], rows)
     out.append("")
     return out
 
@@ -375,7 +396,7 @@ def _how(task: Mapping[str, Any]) -> str:
     if task.get("freeze_encoder"):
         how += ", frozen encoder"
     if task.get("pooling"):
-        pooler = (task.get("pooler") or {}).get("pretrained")
+        pooler = (task.get("pooler") or {}).get(task.get("subject", "pretrained"))
         how += f", {task['pooling']} pooling" + (f" (pooler: {pooler})" if task["pooling"] == "pooler" and pooler else "")
     return how
 
@@ -394,7 +415,7 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
     )
     out.append("")
     rows = []
-    for model_name in ("pretrained", "random_init"):
+    for model_name in ("teacher", _subject(metrics), "random_init"):
         for pooling, scores in (embeddings.get(model_name) or {}).items():
             rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
     out += _table(["model", "pooling", "anisotropy", "STS Spearman x100"], rows)
@@ -421,6 +442,7 @@ def _skipped_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> li
 _SECTIONS = (
     (None, _model_section),
     ("verdicts", _verdict_section),
+    ("distillation", distillation.report_section),
     (None, _pretraining_section),
     ("intrinsic", _intrinsic_section),
     ("fill_mask", _fill_mask_section),

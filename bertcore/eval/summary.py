@@ -18,6 +18,10 @@ random init at the majority-class level still counts, with that caveat as a note
 majority-class score learned nothing, whatever the other one did. Held-out MLM accuracy
 is judged against the unigram predictor (always the most frequent token), NSP accuracy
 against the share of the majority label among the held-out pairs.
+
+The model judged against random init is the "subject": "pretrained" in a plain
+evaluation; after distillation "student", with "teacher" scored beside it (what the
+student keeps of the teacher's gain is bertcore/eval/distillation.py's).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from bertcore import figures
 from bertcore.eval import baselines, finetune
 from bertcore.eval.config import PRIMARY_METRIC, TRAINED_TYPES, TaskConfig
 
-MODELS = ("pretrained", "random_init")
 AT_FLOOR_POINTS = 1.0
 """A median within this many points (x100) of the majority-class score counts as at that level."""
 PLATEAU_POINTS = 1.0
@@ -56,13 +59,15 @@ def seeds_of(task: TaskConfig, random_init: bool) -> list[int]:
     return task.seeds[:1] if task.type not in TRAINED_TYPES and not random_init else list(task.seeds)
 
 
-def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]]) -> dict[str, Any]:
+def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: str = "pretrained") -> dict[str, Any]:
     """The metrics.json entry of one task from its `run_task` results per model name
-    ("pretrained", and "random_init" when the baseline ran): scores over seeds, the gain,
-    the floors and the verdict."""
-    first = runs["pretrained"][0]
+    (`subject`: "pretrained", or "student" beside "teacher" after distillation; and
+    "random_init" when the baseline ran): scores over seeds, the subject's gain over
+    random init, the floors and the verdict."""
+    first = runs[subject][0]
     metric = PRIMARY_METRIC[task.type]
     entry: dict[str, Any] = {
+        "subject": subject,
         "type": task.type,
         "primary_metric": metric,
         "seeds": len(task.seeds),
@@ -78,7 +83,7 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]]) -> dict[str
         entry[model] = {k: v for k, v in summary.items() if k != "runs"}
         entry[model]["runs"] = [{k: r[k] for k in _RUN_FIELDS if k in r} for r in summary["runs"]]
     if "random_init" in summaries:
-        entry["gain"] = finetune.baseline_gain(summaries["pretrained"], summaries["random_init"])
+        entry["gain"] = finetune.baseline_gain(summaries[subject], summaries["random_init"])
     entry["baselines"] = {"chance": baselines.chance(task.type, first["labels"]), **(first.get("baselines") or {})}
     if "word_pairs" in first:
         entry["word_pairs"] = first["word_pairs"]
@@ -93,9 +98,10 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     The text is the verdict, then what the floors say, then notes on how far the test can
     see ("note: one seed ..."), so a caveat never hides the verdict."""
     metric = entry["primary_metric"]
-    mine, theirs = _median(entry, "pretrained", metric), _median(entry, "random_init", metric)
+    models = (entry.get("subject", "pretrained"), "random_init")
+    mine, theirs = _median(entry, models[0], metric), _median(entry, "random_init", metric)
     majority = ((entry.get("baselines") or {}).get("validation") or {}).get("majority", {}).get(metric)
-    at_floor = [m for m in MODELS if majority is not None and (v := _median(entry, m, metric)) is not None and v <= majority + AT_FLOOR_POINTS / 100]
+    at_floor = [m for m in models if majority is not None and (v := _median(entry, m, metric)) is not None and v <= majority + AT_FLOOR_POINTS / 100]
     floor = ""
     if majority is not None and mine is not None:
         if len(at_floor) == 2:
@@ -109,7 +115,7 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     gain = mine - theirs
     if entry.get("type") not in TRAINED_TYPES:
         return _rank_verdict(entry, metric, mine, gain, floor)
-    spread = baselines.spread(*(((entry.get(m) or {}).get("validation") or {}).get(metric) for m in MODELS))
+    spread = baselines.spread(*(((entry.get(m) or {}).get("validation") or {}).get(metric) for m in models))
     notes = []
     if spread is None:
         notes.append("one seed, so no seed spread to judge it by")
@@ -161,9 +167,9 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def mlm_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
+def mlm_verdict(phase: str, scores: Mapping[str, Mapping], subject: str = "pretrained") -> str | None:
     """One line on held-out MLM accuracy against the unigram baseline and random init."""
-    mine = scores.get("pretrained") or {}
+    mine = scores.get(subject) or {}
     accuracy = mine.get("mlm_accuracy")
     unigram = (mine.get("baselines") or {}).get("unigram") or {}
     if accuracy is None or "mlm_accuracy" not in unigram:
@@ -179,9 +185,9 @@ def mlm_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
     return text + f": {_points(accuracy - unigram['mlm_accuracy'])} points above the unigram baseline"
 
 
-def nsp_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
+def nsp_verdict(phase: str, scores: Mapping[str, Mapping], subject: str = "pretrained") -> str | None:
     """One line on held-out NSP accuracy against the share of the majority label."""
-    mine = scores.get("pretrained") or {}
+    mine = scores.get(subject) or {}
     accuracy = mine.get("nsp_accuracy")
     balance = (mine.get("baselines") or {}).get("nsp_balance")
     if accuracy is None or not balance:
@@ -196,8 +202,9 @@ def nsp_verdict(phase: str, scores: Mapping[str, Mapping]) -> str | None:
 def verdicts(metrics: Mapping[str, Any]) -> list[str]:
     """Every verdict line of a metrics dictionary: per intrinsic phase, then per task."""
     lines = []
+    subject = metrics.get("subject", "pretrained")
     for phase, scores in (metrics.get("intrinsic") or {}).items():
-        lines += [line for line in (mlm_verdict(phase, scores), nsp_verdict(phase, scores)) if line]
+        lines += [line for line in (mlm_verdict(phase, scores, subject), nsp_verdict(phase, scores, subject)) if line]
     for name, task in (metrics.get("tasks") or {}).items():
         lines.append(f"{name} ({figures.name(task['primary_metric'])}): {task['verdict']['text']}")
     return lines
@@ -212,8 +219,9 @@ def stats(metrics: Mapping[str, Any]) -> dict[str, Any]:
         stats["intrinsic"][phase] = {m: {k: s.get(k) for k in ("mlm_accuracy", "mlm_perplexity", "nsp_accuracy")} for m, s in by_model.items()}
     for name, task in metrics["tasks"].items():
         metric = task["primary_metric"]
+        models = (task.get("subject", "pretrained"), "random_init", "teacher")
         stats["tasks"][name] = {"metric": metric, "measurable": bool((task.get("verdict") or {}).get("measurable"))} | {
-            m: _median(task, m, metric) for m in MODELS if m in task
+            m: _median(task, m, metric) for m in models if m in task
         }
     stats["verdicts"] = metrics["verdicts"]
     return json_safe(stats)

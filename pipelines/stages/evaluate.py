@@ -67,9 +67,9 @@ def check(cfg: EvaluateConfig, reads: dict[str, Any]) -> None:
     unknown = [p for p in cfg.intrinsic.phases or [] if p not in phases]
     if unknown:
         raise ValueError(f"evaluate.intrinsic.phases: {unknown} are not examples phases (have {phases})")
-    pretrain = reads["pretrain"]
-    positions = pretrain.max_position_embeddings
-    if positions is not None:  # None with pretrain.init_from: checked when the stage runs
+    pretrain = reads.get("pretrain")  # absent when an external teacher is distilled
+    positions = pretrain.max_position_embeddings if pretrain is not None else None
+    if positions is not None:  # None with pretrain.init_from, or after distillation: checked when the stage runs
         check_lengths(cfg, positions, f"pretrain.model_size {pretrain.model_size}", ValueError)
 
 
@@ -84,7 +84,7 @@ def check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[E
 
 
 STAGE = Stage(
-    "evaluate", EvaluateConfig, "pipelines.evaluate:run", reads=("pretrain", "examples", "corpus"), directory="eval",
+    "evaluate", EvaluateConfig, "pipelines.evaluate:run", reads=("pretrain", "distill", "examples", "corpus"), directory="eval",
     identify=identify, check=check, fingerprint_config=task_location_free,
     code_version="2",  # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`
     writes="metrics.json, report.md, plots/*.png, tensorboard/, heads/<model>/<task>.safetensors",

@@ -16,19 +16,23 @@ def identify(cfg: VocabConfig, storage: Storage) -> External | None:
     if cfg.source != "pretrained":
         return None
     if cfg.pretrained is None:
-        raise ConfigError("vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json or a model folder (or set pretrain.init_from)")
+        raise ConfigError("vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json or a model folder (or set distill.teacher or pretrain.init_from)")
     files = vocabulary_files(storage, cfg.pretrained, "vocab.pretrained")
     return External(identity={"pretrained": files.identity}, value=files)
 
 
 def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
-    """vocab.source: pretrained without vocab.pretrained adopts pretrain.init_from's vocabulary."""
+    """vocab.source: pretrained without vocab.pretrained adopts the vocabulary of the model
+    the run starts from: distill.teacher when the recipe distils one, else pretrain.init_from."""
     if cfg.source != "pretrained" or cfg.pretrained is not None:
         return {}
-    init_from = sections["pretrain"].init_from
-    if init_from is None:
-        raise ValueError("vocab.source is pretrained but neither vocab.pretrained nor pretrain.init_from names the vocabulary to adopt")
-    return {"pretrained": init_from}
+    distill = sections["distill"]
+    source = distill.teacher if distill.enabled and distill.teacher is not None else sections["pretrain"].init_from
+    if source is None:
+        raise ValueError(
+            "vocab.source is pretrained but neither vocab.pretrained, distill.teacher nor pretrain.init_from names the vocabulary to adopt"
+        )
+    return {"pretrained": source}
 
 
 STAGE = Stage(

@@ -1,0 +1,118 @@
+"""What a training step optimises: the `Objective` that the one training loop
+(bertcore/trainer.py) is given, and pretraining's, masked LM plus next-sentence prediction.
+
+The loop owns everything an objective does not decide: the DeepSpeed engine around the
+module the objective builds, the data, the schedule, checkpoints, validation, the time
+budget and the trackers. An objective decides the trainable module (what DeepSpeed wraps,
+optimises and checkpoints), the loss of one micro-batch, the quantities summed over a
+step's micro-batches and ranks, and the metrics made from those sums. Distillation
+(bertcore/distill/objective.py) is another objective: a frozen teacher outside the engine,
+the student and its learned projections inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
+from bertcore.pretrained import load_into
+
+
+@dataclass
+class MicroBatchResult:
+    """One micro-batch's loss (what the loop backpropagates) and the objective's sums."""
+
+    loss: torch.Tensor
+    sums: dict[str, float]
+    """Values of `Objective.sums`, summed by the loop over the step's micro-batches and the ranks."""
+    flops: float = 0.0
+    """Training FLOPs the micro-batch cost (for MFU), see bertcore.mfu."""
+
+
+class Objective(Protocol):
+    """A component of the training loop; see the module docstring."""
+
+    sums: tuple[str, ...]
+    """Names of the per-micro-batch quantities `forward` returns."""
+    metrics: tuple[str, ...]
+    """Fields `summarise` adds to each step's and each validation's record (after `loss`)."""
+    init_report: dict | None
+    """What `build` started from, for the final checkpoint's marker (None: a fresh initialisation)."""
+
+    def build(self, generator: torch.Generator, device: torch.device) -> nn.Module:
+        """The trainable module, initialised from `generator` (then from whatever it starts
+        from); frozen parts (a teacher) go to `device` here."""
+        ...
+
+    def forward(self, module: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> MicroBatchResult:
+        """Loss and sums of one batch from ExamplesLoader; `module` is the engine around `build`'s module."""
+        ...
+
+    def summarise(self, totals: dict[str, float], micro_batches: float) -> dict[str, Any]:
+        """The `metrics` fields from the sums over `micro_batches` micro-batches."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What a checkpoint marker records about the module (`model_config`: the exported model's)."""
+        ...
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def model_inputs(batch: dict[str, torch.Tensor], device: torch.device, *names: str) -> dict[str, torch.Tensor]:
+    """The named entries of a loader batch, on `device`."""
+    return {name: batch[name].to(device) for name in names}
+
+
+@dataclass
+class Pretraining:
+    """BERT's pretraining objective: masked LM plus next-sentence prediction (the NSP term
+    is absent for examples without NSP labels), on bertcore.model.BertForPreTraining.
+    `init_state_dict`: start from these weights (bertcore.model names, e.g. an existing
+    model's, see bertcore.pretrained) instead of a fresh initialisation; entries it lacks
+    (the heads) keep the seeded initialisation."""
+
+    model_cfg: ModelConfig
+    init_state_dict: dict[str, torch.Tensor] | None = None
+    sums: tuple[str, ...] = ("mlm", "nsp", "mlm_ok", "mlm_n", "nsp_ok", "nsp_n")
+    metrics: tuple[str, ...] = ("mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+    init_report: dict | None = field(default=None, init=False)
+
+    def build(self, generator: torch.Generator, device: torch.device) -> nn.Module:
+        model = BertForPreTraining(self.model_cfg, generator=generator)
+        if self.init_state_dict is not None:
+            plan = load_into(model, self.init_state_dict)
+            self.init_report = {"fresh": plan.fresh, "ignored": plan.ignored}
+        return model
+
+    def forward(self, module: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> MicroBatchResult:
+        out = module(**model_inputs(batch, device, "input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"))
+        tokens = int(batch["attention_mask"].sum())
+        mlm_n = int(out.mlm_count)
+        sums = {
+            "mlm": out.mlm_loss.item(),
+            "nsp": out.nsp_loss.item() if out.nsp_loss is not None else 0.0,
+            "mlm_ok": int(out.mlm_correct),
+            "mlm_n": mlm_n,
+            "nsp_ok": int(out.nsp_correct) if out.nsp_correct is not None else 0,
+            "nsp_n": int(out.nsp_count) if out.nsp_count is not None else 0,
+        }
+        flops = encoder_flops_per_token(self.model_cfg, batch["input_ids"].shape[1], mlm_n / max(1, tokens)) * tokens
+        return MicroBatchResult(out.loss, sums, flops)
+
+    def summarise(self, totals: dict[str, float], micro_batches: float) -> dict[str, Any]:
+        return {
+            "mlm_loss": totals["mlm"] / micro_batches,
+            "nsp_loss": totals["nsp"] / micro_batches if totals["nsp_n"] else None,
+            "mlm_accuracy": ratio(totals["mlm_ok"], totals["mlm_n"]),
+            "nsp_accuracy": ratio(totals["nsp_ok"], totals["nsp_n"]),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {"model_config": self.model_cfg.model_dump(mode="json")}

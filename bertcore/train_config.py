@@ -1,0 +1,232 @@
+"""The settings of the one training loop (bertcore/trainer.py) that every training stage's
+section shares: workers, precision, optimizer, phases, schedule, checkpoint cadence, time
+budget, validation, tracking and the divergence policy. `pretrain:` (PretrainConfig) and
+`distill:` (bertcore/distill/config.py) are TrainingConfigs with their own fields added;
+`SECTION` names the section in messages.
+
+`resume_key` hashes what decides a training trajectory, so a checkpoint resumes only into
+a run that would have produced it; `check_phases` and `check_positions` are the checks of
+the phases against the examples stage and the model that every training stage makes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from bertcore.section import Name, Section
+from bertcore.tracking import TrackingConfig
+
+if TYPE_CHECKING:
+    from bertcore.examples_config import ExamplesConfig
+
+
+class TrainingPhase(Section):
+    """One sequence-length phase of training; reads examples/<name>/train/."""
+
+    name: Name
+    """Phase name; must be one of the examples stage's phases (examples.phases[*].name), e.g. seq128."""
+    steps: int = Field(ge=1)
+    """Optimizer steps spent in this phase."""
+    batch_size: int = Field(ge=1)
+    """Global batch: sequences per optimizer step over all workers and accumulation steps."""
+    max_seq_length: int | None = Field(None, ge=3)
+    """Longest sequence of the phase (batches are padded to at most this); default: the examples phase's max_seq_length. At most the model's max_position_embeddings."""
+
+
+def _default_phases() -> list[TrainingPhase]:
+    # Devlin et al. 2019: 1M steps of 256 sequences, 90% of them at 128 tokens.
+    return [
+        TrainingPhase(name="seq128", steps=900_000, batch_size=256),
+        TrainingPhase(name="seq512", steps=100_000, batch_size=256),
+    ]
+
+
+# Fields that change neither the trajectory nor the data order: a checkpoint written with
+# other values of these resumes (the rest must match, see `resume_key`).
+RESUME_NEUTRAL = {
+    "time_budget_s",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "resume",
+    "log_every",
+    "torch_threads",
+    "peak_flops_per_device",
+    "loader_processes",
+    "max_failures",
+    "validation_batches",
+    "eval_every",
+    "tracking",
+}
+
+
+class TrainingConfig(Section):
+    """The training loop's settings, shared by every training stage's section."""
+
+    SECTION: ClassVar[str] = "train"
+    """The recipe key of the section (pretrain, distill), for messages and resume keys."""
+
+    num_workers: int = Field(2, ge=1)
+    """Data-parallel workers (Ray Train), one per GPU or one CPU process each."""
+    use_gpu: bool = False
+    """One GPU per worker with NCCL; false runs on CPU with gloo (DS_ACCELERATOR=cpu)."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage: 0 plain data parallel, 1 optimizer states, 2 + gradients, 3 + parameters partitioned."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Training precision: fp32, bf16 (fp32 master weights), fp16 (GPU only, dynamic loss scaling)."""
+    optimizer: Literal["adamw", "lamb"] = "adamw"
+    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; DeepSpeed's fused LAMB on GPU, a client optimizer on CPU; needs zero_stage 0)."""
+    torch_adam: bool = True
+    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's fused Adam (on GPU FusedAdam, which nvcc compiles the first time; on CPU gcc compiles its CPU Adam, minutes)."""
+    learning_rate: float = Field(1e-4, gt=0.0)
+    """Peak learning rate, reached at the end of warmup."""
+    betas: tuple[float, float] = Field((0.9, 0.999), strict=False)  # a YAML or JSON list is a tuple here
+    """Adam/LAMB moment decay rates (beta1, beta2)."""
+    eps: float = Field(1e-6, gt=0.0)
+    """Adam/LAMB epsilon (BERT: 1e-6)."""
+    weight_decay: float = Field(0.01, ge=0.0)
+    """Decoupled weight decay; biases and LayerNorm parameters are exempt, as in BERT."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Linear warmup length in optimizer steps; give this or warmup_fraction (default: 1% of all steps, as BERT's 10k of 1M)."""
+    warmup_fraction: float | None = Field(None, ge=0.0, lt=1.0)
+    """Linear warmup as a share of all steps (all phases); give this or warmup_steps."""
+    phases: list[TrainingPhase] = Field(default_factory=_default_phases, min_length=1)
+    """Phases in order, each with its own steps and global batch (default: BERT's 900k x 256 at seq128, 100k x 256 at seq512)."""
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimizer step on each worker."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """Gradients are clipped to this global L2 norm before each update."""
+    checkpoint_every: int = Field(1000, ge=1)
+    """Write a checkpoint every this many optimizer steps (and always at the end)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    resume: Literal["auto", "never"] = "auto"
+    """auto: continue from the latest complete checkpoint; never: delete the checkpoints and start over."""
+    time_budget_s: float | None = Field(None, gt=0.0)
+    """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and exports."""
+    log_every: int = Field(10, ge=1)
+    """Steps between progress lines (rank 0 logs those steps' mean loss and MLM accuracy, tokens/s, MFU where known, ETA) and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
+    peak_flops_per_device: float | None = Field(None, gt=0.0)
+    """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is null)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """When a micro-batch loss is NaN/inf or a spike: stop with an error naming the step, or skip the batch."""
+    loss_spike_factor: float | None = Field(4.0, gt=1.0)
+    """After warmup, a micro-batch loss above this multiple of the running mean loss is a spike (handled per on_nonfinite); null: no spike check."""
+    torch_threads: int | None = Field(None, ge=1)
+    """torch intra-op threads per worker (default: what Ray gives the worker)."""
+    loader_processes: int = Field(0, ge=0)
+    """DataLoader processes per worker that read and collate batches (0: in the training process)."""
+    validation_batches: int = Field(20, ge=0)
+    """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps and at the end (validation.jsonl); 0 skips validation."""
+    eval_every: int | None = Field(1000, ge=1)
+    """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking: TensorBoard always, MLflow and W&B when enabled."""
+    max_failures: int = Field(0, ge=0)
+    """Times Ray Train restarts the workers after a failure; each restart resumes from the latest checkpoint."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
+        return betas
+
+    @field_validator("phases")
+    @classmethod
+    def _unique_phase_names(cls, phases: list[TrainingPhase]) -> list[TrainingPhase]:
+        names = [p.name for p in phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phase names must be unique, got {names}")
+        return phases
+
+    @model_validator(mode="after")
+    def _consistent_loop(self) -> TrainingConfig:
+        key = self.SECTION
+        if self.precision == "fp16" and not self.use_gpu:
+            raise ValueError(
+                f"{key}.precision=fp16 needs a GPU ({key}.use_gpu=true); DeepSpeed has no fp16 on CPU: use bf16 or fp32"
+            )
+        if self.optimizer == "lamb" and self.zero_stage != 0:
+            raise ValueError(
+                f"{key}.optimizer=lamb needs {key}.zero_stage=0 (got {self.zero_stage}): ZeRO flattens the "
+                "parameters, so LAMB's per-layer trust ratios would be computed over partitions"
+            )
+        if self.warmup_steps is not None and self.warmup_fraction is not None:
+            raise ValueError(f"{key}.warmup_steps and {key}.warmup_fraction are both set; keep one")
+        if self.warmup_steps is not None and self.warmup_steps >= self.total_steps:
+            raise ValueError(
+                f"{key}.warmup_steps ({self.warmup_steps}) must be below the total steps of {key}.phases ({self.total_steps})"
+            )
+        per_step = self.num_workers * self.gradient_accumulation_steps
+        for i, phase in enumerate(self.phases):
+            if phase.batch_size % per_step:
+                raise ValueError(
+                    f"{key}.phases[{i}].batch_size ({phase.batch_size}) must be a multiple of {key}.num_workers x "
+                    f"{key}.gradient_accumulation_steps ({self.num_workers} x {self.gradient_accumulation_steps} = {per_step})"
+                )
+        return self
+
+    @property
+    def total_steps(self) -> int:
+        return sum(p.steps for p in self.phases)
+
+    @property
+    def warmup(self) -> int:
+        """Warmup length in optimizer steps."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return int(round((0.01 if self.warmup_fraction is None else self.warmup_fraction) * self.total_steps))
+
+    def micro_batch_size(self, phase: TrainingPhase) -> int:
+        """Sequences per forward pass on one worker."""
+        return phase.batch_size // (self.num_workers * self.gradient_accumulation_steps)
+
+    def phase_at(self, step: int) -> int:
+        """Index of the phase that the 0-based optimizer step `step` belongs to."""
+        end = 0
+        for i, phase in enumerate(self.phases):
+            end += phase.steps
+            if step < end:
+                return i
+        raise ValueError(f"step {step} is past the last phase ({self.total_steps} steps)")
+
+    def check_phases(self, examples: ExamplesConfig) -> list[int]:
+        """Every phase names an examples phase and is at least as long as its sequences
+        (ValueError naming the key); returns each phase's sequence length."""
+        key = self.SECTION
+        produced = {p.name: p for p in examples.phases}
+        lengths = []
+        for i, phase in enumerate(self.phases):
+            source = produced.get(phase.name)
+            if source is None:
+                raise ValueError(
+                    f"{key}.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
+                    "use one of those names or add the phase to examples.phases"
+                )
+            if phase.max_seq_length is not None and phase.max_seq_length < source.max_seq_length:
+                raise ValueError(
+                    f"{key}.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
+                    f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
+                )
+            lengths.append(phase.max_seq_length or source.max_seq_length)
+        return lengths
+
+    def check_positions(self, lengths: list[int], positions: int, remedy: str) -> None:
+        """Every phase's sequences (`lengths`, phase by phase) fit the model's positions."""
+        for i, (phase, length) in enumerate(zip(self.phases, lengths)):
+            if length > positions:
+                raise ValueError(
+                    f"{self.SECTION}.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
+                )
+
+    def resume_key(self, inputs: dict[str, Any]) -> str:
+        """Hash of what decides the trajectory: this section minus the fields that do not
+        (budget, checkpoint cadence, logging, ...) plus the input fingerprints and seed.
+        A checkpoint resumes only into a run with the same key."""
+        section = self.model_dump(mode="json", exclude=RESUME_NEUTRAL)
+        payload = json.dumps({self.SECTION: section, "inputs": inputs}, sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:20]

@@ -1,0 +1,487 @@
+"""What the training stages (pretrain, distill) share around bertcore's one training loop
+(bertcore/trainer.py): their inputs (the examples and the vocabulary), the checks of their
+phases against the examples, the Ray Train launch of the workers with their progress
+lines, the checkpoints a run may resume, the export of the final checkpoint as a Hugging
+Face folder, and the stage's statistics. A stage module says only what differs: its
+objective (`ObjectiveSpec`) and its model. (The checks of a training section's phases
+against the examples are bertcore/train_config.py's, which the declarations call.)
+
+Ray shape: a Ray Train TorchTrainer with `<section>.num_workers` workers (gloo on CPU with
+DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.trainer.Trainer, which owns the
+DeepSpeed engine, the data and the checkpoints. Then one Ray task consolidates the final
+checkpoint into `model/`.
+
+When run.root is remote (s3://...), workers copy the examples shards they read to a local
+temporary folder (the loader memory-maps files), DeepSpeed writes each checkpoint to a
+local mirror, and each rank uploads its own files before rank 0 writes the checkpoint's
+completion marker.
+
+Light at import: torch, Ray and DeepSpeed are imported by the functions that use them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import errno
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import shutil
+import signal
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bertcore import metrics_log
+from bertcore.errors import BertpipeError, ConfigError
+from bertcore.figures import percent
+from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
+from bertcore.metrics_log import METRICS, VALIDATION
+from bertcore.train_config import TrainingConfig
+from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
+from pipelines.storage import Storage, join
+
+if TYPE_CHECKING:
+    from bertcore.examples_config import ExamplesConfig
+    from bertcore.masking import VocabTables
+    from bertcore.objectives import Objective
+
+log = logging.getLogger(__name__)
+
+# -- inputs ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Inputs:
+    """What the examples and vocab stages produced, as a training stage needs it."""
+
+    examples_fingerprint: str
+    vocab_fingerprint: str
+    examples: ExamplesConfig
+    vocab: VocabTables
+    train_shards: dict[str, list[str]]
+    """Phase name -> URIs of examples/<phase>/train/ shards."""
+    validation_shards: dict[str, list[str]]
+
+
+def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storage: Storage) -> tuple[Any, Inputs]:
+    """The section with each phase's max_seq_length resolved from the examples phase, and
+    the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
+    from bertcore.examples_config import ExamplesConfig
+    from bertcore.masking import VocabTables
+    from bertcore.tokenizer import VOCAB_FILE, read_vocab
+    from pipelines.shards import local_copy
+
+    examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
+    phases = []
+    train, validation = {}, {}
+    for i, phase in enumerate(cfg.phases):
+        phases.append(phase.model_copy(update={"max_seq_length": phase.max_seq_length or examples_cfg.phase(phase.name).max_seq_length}))
+        train_shards = examples.manifest.shards_under(f"{phase.name}/train/")
+        train[phase.name] = [examples.path(s.path) for s in train_shards]
+        validation[phase.name] = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/")]
+        if not train_shards:
+            raise UpstreamMissing(f"{examples.path(phase.name + '/train')}: the examples manifest lists no shards; rerun the examples stage")
+        rows = sum(s.rows for s in train_shards)
+        if rows < cfg.micro_batch_size(phase):
+            raise ConfigError(
+                f"{cfg.SECTION}.phases[{i}].batch_size ({phase.batch_size}) needs {cfg.micro_batch_size(phase)} sequences per worker "
+                f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
+            )
+    tokens = read_vocab(local_copy(storage, vocab.path(VOCAB_FILE), f"{cfg.SECTION}-{vocab.fingerprint}"))
+    inputs = Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation)
+    return cfg.model_copy(update={"phases": phases}), inputs
+
+
+# -- workers --------------------------------------------------------------------------------------
+
+
+class ObjectiveSpec(Protocol):
+    """What a training stage trains, in a form that travels to the Ray workers (pickled):
+    it builds the objective inside each worker and the exportable weights in the export task."""
+
+    nsp: bool
+    """Whether the exported model keeps the NSP head and pooler (BertForPreTraining) or not (BertForMaskedLM)."""
+
+    def objective(self, storage: Storage) -> Objective:
+        """The objective, built in a worker (teacher and starting weights read there)."""
+        ...
+
+    def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
+        """The state dict (bertcore.model names of BertForPreTraining) of a local checkpoint folder."""
+        ...
+
+
+@dataclass
+class WorkerJob:
+    """Everything a training worker needs (pickled to each Ray Train worker)."""
+
+    cfg: Any
+    """The training section (a TrainingConfig)."""
+    spec: ObjectiveSpec
+    seed: int
+    resume_key: str
+    storage: Storage
+    stage_uri: str
+    inputs: Inputs
+    env: dict[str, str] = field(default_factory=dict)
+
+    def phase_data(self) -> list:
+        from bertcore.trainer import PhaseData
+        from pipelines.shards import local_copy
+
+        vocab = self.inputs.vocab
+        masking = self.inputs.examples.masking
+        cache_key = f"{self.cfg.SECTION}-{self.inputs.examples_fingerprint}"  # new examples, new copies
+        out = []
+        for phase in self.cfg.phases:
+            examples_phase = self.inputs.examples.phase(phase.name)
+            out.append(
+                PhaseData(
+                    name=phase.name,
+                    paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
+                    validation_paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]]
+                    if self.cfg.validation_batches
+                    else [],
+                    masking=masking,
+                    mask_config=self.inputs.examples.mask_config(examples_phase, vocab) if masking == "dynamic" else None,
+                    pad_id=vocab.special.pad,
+                    length_bins=list(self.inputs.examples.length_bins),
+                )
+            )
+        return out
+
+
+def _quiet_deepspeed_comm() -> None:
+    """Set up DeepSpeed's communication backend on the process group Ray Train made, now,
+    without its CPU shared-memory op (bertcore/op_builds.py: built on first use, never
+    used in training) and without the line each rank prints about the ops it loads;
+    `deepspeed.initialize` then reuses it. Ray Train turns print() in a worker into a log
+    record, so only muting print itself, for this call, reaches it."""
+    import builtins
+
+    import deepspeed
+    import torch
+
+    from bertcore.op_builds import skip_shm_op
+
+    skip_shm_op()
+    saved = builtins.print
+    builtins.print = lambda *args, **kwargs: None
+    try:
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, verbose=False)
+    finally:
+        builtins.print = saved
+
+
+def _train_worker(config: dict) -> None:
+    """Body of one Ray Train worker: torch.distributed is set up by TorchTrainer."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from bertcore.trainer import Trainer, WorkerContext
+    from pipelines.pretrain_progress import StepReporter
+    from pipelines.ray_runtime import quiet_known_warnings
+    from pipelines.stage_files import stage_files
+
+    job: WorkerJob = config["job"]
+    quiet_known_warnings()
+    _quiet_deepspeed_comm()
+    context = ray.train.get_context()
+    device = str(ray.train.torch.get_device()) if job.cfg.use_gpu else "cpu"
+    ctx = WorkerContext(rank=context.get_world_rank(), world_size=context.get_world_size(), device=device)
+    if job.cfg.torch_threads:
+        torch.set_num_threads(job.cfg.torch_threads)
+    who = f"rank-{ctx.rank}"
+    queue = config.get("progress")
+    reporter = StepReporter(queue, job.cfg.total_steps, job.cfg.SECTION) if (ctx.rank == 0 and queue is not None) else None
+    trainer = Trainer(
+        job.cfg,
+        job.spec.objective(job.storage),
+        job.phase_data(),
+        stage_files(job.storage, job.stage_uri, who),
+        seed=job.seed,
+        resume_key=job.resume_key,
+        ctx=ctx,
+        on_log=reporter,
+        device_name=torch.cuda.get_device_name(torch.device(device)) if job.cfg.use_gpu else None,
+    )
+    trainer.run()
+
+
+def fit(job: WorkerJob) -> None:
+    """Run the workers to the end of training (or the time budget); a user error raised in
+    a worker surfaces as itself."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.util.queue import Queue
+
+    from pipelines.pretrain_progress import relay_progress
+    from pipelines.ray_runtime import unwrap
+    from pipelines.train_backend import torch_config
+
+    cfg = job.cfg
+    queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"job": job, "progress": queue},
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
+        torch_config=torch_config(cfg.use_gpu),  # the store on 127.0.0.1 when Ray runs on this machine only
+        run_config=RunConfig(
+            name=f"{cfg.SECTION}-{job.resume_key[:8]}-{uuid.uuid4().hex[:6]}",
+            storage_path=os.path.join(tempfile.gettempdir(), "bertpipe-ray-train"),
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            worker_runtime_env={"env_vars": job.env} if job.env else None,
+        ),
+    )
+    # fit() stays on this thread, where it handles Ctrl-C, unless `bertpipe run` handles it
+    # (flows/cli.py: fit() would replace that handler with its own); the progress lines are
+    # logged from another thread, in this thread's context (Prefect's flow-run log needs it)
+    stop = threading.Event()
+    relay = threading.Thread(target=contextvars.copy_context().run, args=(relay_progress, queue, stop), daemon=True)
+    relay.start()
+    try:
+        if getattr(signal.getsignal(signal.SIGINT), "bertpipe_stops_the_run", False):
+            _on_another_thread(trainer.fit)
+        else:
+            trainer.fit()
+    except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
+        failures = getattr(exc, "worker_failures", None) or {}
+        for rank in sorted(failures):
+            error = unwrap(failures[rank])
+            if isinstance(error, BertpipeError):
+                raise error from None
+        if failures and (full := _full_disk(job.stage_uri)):
+            # torch's checkpoint writer reports a full disk as "unexpected pos": say what it is
+            log.warning("%s: the workers failed on a full disk: %s", cfg.SECTION, " ".join(str(exc).split())[:200])
+            raise OSError(errno.ENOSPC, f"No space left on device ({shutil.disk_usage(full).free:,} bytes free)", full) from None
+        raise
+    finally:
+        stop.set()
+        relay.join(timeout=30)
+        queue.shutdown()
+
+
+def _on_another_thread(call) -> None:
+    """`call()` on a thread of its own, this one waiting (and free to run signal handlers)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed back to the waiting thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), name="bertpipe-fit", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.5)
+    if failure:
+        raise failure[0]
+
+
+def _full_disk(stage_uri: str, margin: int = 16 << 20) -> str | None:
+    """The local stage folder when its file system has less than `margin` bytes free."""
+    if "://" in stage_uri and not stage_uri.startswith("file://"):
+        return None
+    folder = stage_uri.removeprefix("file://")
+    try:
+        return folder if shutil.disk_usage(folder).free < margin else None
+    except OSError:
+        return None
+
+
+def worker_env(cfg: TrainingConfig) -> dict[str, str]:
+    """Environment of the training workers: DeepSpeed's CPU accelerator without GPUs, and
+    the trackers' variables as the driver has them (MLFLOW_TRACKING_URI, WANDB_MODE, ...)."""
+    from bertcore.tracking import TRACKING_ENV
+
+    env = {} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"}
+    return {**env, **{name: os.environ[name] for name in TRACKING_ENV if name in os.environ}}
+
+
+def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: StageDir) -> None:
+    """Delete checkpoints that must not be resumed: all of them with resume=never, or those
+    of another trajectory (other trajectory-shaping settings, inputs or seed): like any
+    stage whose fingerprint changed, this one is then recomputed from the start."""
+    from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag, clear_checkpoints, latest_checkpoint
+
+    if cfg.resume == "never":
+        clear_checkpoints(files)
+        return
+    marker = latest_checkpoint(files)
+    if marker is not None and marker.get("resume_key") != resume_key:
+        log.warning(
+            "%s: %s holds checkpoints of another config or other inputs (latest %s); starting over",
+            cfg.SECTION,
+            stage.path(CHECKPOINTS),
+            checkpoint_tag(marker["step"]),
+        )
+        clear_checkpoints(files)
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
+    """Consolidate the checkpoint of `marker` and publish the Hugging Face folder at
+    `out_uri` (a BertForMaskedLM when not `spec.nsp`; with NSP a BertForPreTraining, and its
+    BertForMaskedLM twin at `out_uri`-mlm, which AutoModelForMaskedLM loads without
+    unexpected keys); returns [{uri, folder, name, bytes, sha256, stamp}] of the files written."""
+    from pipelines.stage_files import stage_files
+
+    from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag
+    from bertcore.export import export_checkpoint
+    from bertcore.model import ModelConfig
+    from bertcore.tokenizer import TOKENIZER_FILES
+    from pipelines.shards import local_folder
+
+    storage = stage.storage
+    tag = checkpoint_tag(marker["step"])
+    with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
+        files = stage_files(storage, stage.uri, f"export-{uuid.uuid4().hex[:8]}")
+        files.download(f"{CHECKPOINTS}/{tag}")
+        state = spec.exportable(files.local_path(f"{CHECKPOINTS}/{tag}"), marker)
+        files.drop_local(f"{CHECKPOINTS}/{tag}")
+        model_cfg = ModelConfig.model_validate(marker["model_config"])
+        vocab_dir = local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key)
+        folders = [(out_uri.rstrip("/"), spec.nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if spec.nsp else [])
+        written = []
+        for uri, with_nsp in folders:
+            out_local = os.path.join(tmp, posixpath.basename(uri))
+            for name in export_checkpoint(state, model_cfg, vocab_dir, out_local, nsp=with_nsp):
+                local = os.path.join(out_local, name)
+                info = storage.write_file(join(uri, name), lambda path, local=local: shutil.copyfile(local, path))
+                written.append({"uri": join(uri, name), "folder": posixpath.basename(uri), "name": name, "bytes": info.bytes,
+                                "sha256": info.sha256, "stamp": info.stamp})
+        return written
+
+
+def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
+    """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
+    one) to `out` (default: <stage>/model/), and with NSP its BertForMaskedLM twin beside it
+    (`out`-mlm); returns the files written. `vocab`: the vocabulary it was trained with.
+    Needs Ray (ensure_ray) for the one task that does the work."""
+    from pipelines.stage_files import stage_files
+
+    import ray
+
+    from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
+    from pipelines.ray_runtime import unwrap
+
+    files = stage_files(stage.storage, stage.uri, "driver")
+    markers = complete_checkpoints(files)
+    if step is not None:
+        markers = [m for m in markers if m["step"] == step]
+    if not markers:
+        what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
+        raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the {stage.directory} stage first")
+    task = ray.remote(num_cpus=1, max_retries=1)(_export_task)
+    ref = task.remote(stage, spec, vocab.dir.uri, f"{stage.directory}-{vocab.fingerprint}", markers[-1], out or stage.path(MODEL_DIR))
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        error = unwrap(exc)
+        if isinstance(error, BertpipeError):
+            raise error from None
+        raise
+
+
+def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab: Upstream) -> tuple[dict, list[ShardInfo], dict]:
+    """Train (resuming per the section's resume setting), export the final checkpoint to
+    model/; returns the final marker, the stage's shards (model/, metrics.jsonl,
+    validation.jsonl) and its statistics. With resume=auto a finished checkpoint is
+    re-exported rather than retrained."""
+    from pipelines.stage_files import stage_files
+
+    from bertcore.checkpoint import CHECKPOINTS, latest_checkpoint
+
+    files = stage_files(stage.storage, stage.uri, "driver")
+    fit(job)
+    marker = latest_checkpoint(files)
+    if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
+        raise RuntimeError(f"{cfg.SECTION}: training ended without a final checkpoint under {stage.path(CHECKPOINTS)}")
+    exported = export_model(stage, job.spec, vocab, step=marker["step"])
+    shards = [ShardInfo(f"{f['folder']}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
+    metrics_shard, records = log_shard(stage.storage, stage, METRICS)
+    shards.append(metrics_shard)
+    validations: list[dict] = []
+    if stage.storage.exists(stage.path(VALIDATION)):
+        validation_shard, validations = log_shard(stage.storage, stage, VALIDATION)
+        shards.append(validation_shard)
+    return marker, shards, training_stats(cfg, marker, records, validations)
+
+
+def log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:
+    """A JSON-lines log of the stage directory as a shard, and its records."""
+    with storage.open(stage.path(name), "rb") as handle:
+        data = handle.read()
+    records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+    digest, stamp = hashlib.sha256(data).hexdigest(), storage.stamp(stage.path(name)) or ""
+    return ShardInfo(path=name, rows=len(records), bytes=len(data), sha256=digest, stamp=stamp), records
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+
+CURVE_POINTS = 50
+"""Validation records kept in the manifest statistics at most (validation.jsonl has all)."""
+
+
+def _thin(records: list[dict], points: int) -> list[dict]:
+    """At most `points` records, evenly spaced, the first and the last included."""
+    if len(records) <= points:
+        return records
+    picks = sorted({round(i * (len(records) - 1) / (points - 1)) for i in range(points)})
+    return [records[i] for i in picks]
+
+
+def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
+    """The manifest statistics. `final` holds the final training figures: the means over the
+    last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
+    the last validation, on the held-out sample."""
+    from bertcore.checkpoint import checkpoint_tag
+
+    mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
+    final = metrics_log.final(records, cfg.log_every)
+    return {
+        "steps": marker["step"],
+        "total_steps": marker["total_steps"],
+        "stopped_by": marker.get("stopped_by"),
+        "phase": marker.get("phase"),
+        "tokens_seen": marker["tokens_seen"],
+        "train_time_s": marker["train_time_s"],
+        "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
+        "mfu": sum(mfus) / len(mfus) if mfus else None,
+        "log_every": cfg.log_every,
+        "final": {k: final.get(k) for k in ("first_step", "step", *metrics_log.VALIDATION_FIGURES)} if final else None,
+        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
+        "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
+        "validation": marker.get("validation"),
+        "validation_curve": _thin(validations, CURVE_POINTS),
+        "checkpoint": checkpoint_tag(marker["step"]),
+        "world_size": marker["world_size"],
+        "zero_stage": marker["zero_stage"],
+        "precision": marker["precision"],
+        "model_config": marker["model_config"],
+    }
+
+
+def headline(stats: dict) -> dict[str, Any]:
+    """final loss 7.464 (mean of steps 551-600) · validation MLM accuracy 8.8% (639 sequences) · tokens/s 12.3k · steps 600"""
+    out: dict[str, Any] = {}
+    final = stats.get("final") or {}
+    if final.get("loss") is not None:
+        out["final loss"] = f"{final['loss']:.3f} ({metrics_log.steps_text(final)})"
+    validation = stats.get("validation") or {}
+    if validation.get("mlm_accuracy") is not None:  # the sample validated during training (evaluate scores all of it)
+        out["validation MLM accuracy"] = f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
+    if stats["tokens_per_s"]:
+        out["tokens/s"] = round(stats["tokens_per_s"])
+    out["steps"] = stats["steps"]
+    return out
