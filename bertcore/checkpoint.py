@@ -21,11 +21,11 @@ import importlib
 import json
 import os
 import re
-import shutil
 from typing import TYPE_CHECKING, Protocol
 
 from bertcore.errors import InputDataError
 from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
+from bertcore.paths import inside, remove_within
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
@@ -148,7 +148,8 @@ class LocalStageFiles:
         self.directory = directory
 
     def local_path(self, relative: str) -> str:
-        return os.path.join(self.directory, relative)
+        """The path of `relative`; PathEscape when a symbolic link would lead it out of the folder."""
+        return inside(os.path.join(self.directory, relative), self.directory)
 
     def upload(self, relative: str) -> None:
         pass
@@ -179,11 +180,8 @@ class LocalStageFiles:
         os.replace(tmp, path)
 
     def remove(self, relative: str) -> None:
-        path = self.local_path(relative)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.unlink(path)
+        """Delete a file or folder; a symbolic link on the way is removed itself, never followed."""
+        remove_within(os.path.join(self.directory, relative), self.directory, recursive=True)
 
 
 def checkpoint_tag(step: int) -> str:

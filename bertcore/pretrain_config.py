@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from bertcore.config import describe_errors
 from bertcore.model_config import ModelConfig, SizeName
 from bertcore.train_config import TrainingConfig
 
@@ -71,4 +72,4 @@ class PretrainConfig(TrainingConfig):
 
 
 def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
+    return describe_errors(exc) if isinstance(exc, ValidationError) else " ".join(str(exc).split())[:500]

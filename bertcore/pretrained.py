@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -86,6 +87,12 @@ def read_weights(folder: str) -> dict[str, torch.Tensor]:
                 raw.update(safetensors.torch.load_file(os.path.join(folder, shard)))
         else:
             raw = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # torch's weights-only loader met a pickle that names code to run
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        raise InputDataError(
+            f"{path}: refusing to load: the pickle would call {found.group(1) if found else 'code'} (torch's weights-only "
+            "loader stopped it); use the model's safetensors file, or one from a source you trust"
+        ) from None
     except (OSError, RuntimeError, KeyError, safetensors.SafetensorError) as exc:
         raise InputDataError(f"{path}: cannot read the weights ({' '.join(str(exc).split())[:200]})") from None
     return canonical_names(raw)

@@ -4,7 +4,8 @@ One pydantic model per section; each field's description is the CLI and Prefect 
 Unknown keys are errors, so a typo never silently falls back to a default. Types are
 strict: `true` is not an integer and `2.0` is not a count, wherever the recipe comes from
 (YAML, `--set`, a Prefect form). Names that become file or folder names (phases, tasks,
-input labels) are checked against one pattern, `NAME_PATTERN`.
+input labels) are checked against one pattern, `NAME_PATTERN`. The JSON form of a section
+masks passwords inside URIs (bertcore/redact.py): what is written out never holds them.
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import codecs
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SerializationInfo, model_serializer
 
+from bertcore.redact import masked
 from bertcore.sample_data import expand_placeholders
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, strict=True)
+
+    @model_serializer(mode="wrap")
+    def _without_credentials(self, handler: Any, info: SerializationInfo) -> Any:
+        # The JSON form is what reaches disk (_config.yaml, manifests, fingerprints, Prefect
+        # parameters): passwords inside URIs are masked there; the object keeps them.
+        data = handler(self)
+        return masked(data) if info.mode_is_json() else data
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")

@@ -212,6 +212,11 @@ class Trainer:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         import deepspeed
 
+        from bertcore.op_builds import ops_to_build, prepare_builds, skip_shm_op
+
+        skip_shm_op()  # used only for inference; its first build took minutes and could hang later runs
+        prepare_builds(ops_to_build(self.cfg.use_gpu, self.cfg.optimizer, self.cfg.torch_adam),
+                       announce=os.environ.get("LOCAL_RANK", "0") == "0")
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self.device = _device(self.ctx)
         torch.manual_seed(keyed_seed(self.seed, self.key, "torch", self.ctx.rank))  # dropout

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect import artifacts
 from prefect.context import get_run_context
 from prefect.exceptions import MissingContextError
 
 from bertcore import figures
 from bertcore.figures import count
 from bertcore.metrics_log import METRICS, VALIDATION, intervals
+from bertcore.redact import mask_text, masked
 from pipelines.stage import Manifest, StageDir
 
 MAX_STATISTICS = 200
@@ -30,6 +31,16 @@ def in_a_run() -> bool:
     except MissingContextError:
         return False
     return True
+
+
+def create_table_artifact(table: list[dict], key: str, description: str) -> None:
+    """Prefect's table artifact, with passwords inside URIs masked (it is stored in Prefect's database)."""
+    artifacts.create_table_artifact(table=masked(table), key=key, description=mask_text(description))
+
+
+def create_markdown_artifact(markdown: str, key: str, description: str) -> None:
+    """Prefect's markdown artifact, with passwords inside URIs masked."""
+    artifacts.create_markdown_artifact(markdown=mask_text(markdown), key=key, description=mask_text(description))
 
 
 def publish_stage(name: str, manifest: Manifest, directory: StageDir, computed: bool) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
@@ -65,6 +64,9 @@ def options(
 
 
 def _fail(message: str, hint: str | None = None) -> None:
+    from bertcore.redact import mask_text
+
+    message, hint = mask_text(message), hint and mask_text(hint)
     if logs.configured() == "json":
         typer.echo(logs.json_line(logging.ERROR, message, event="error", hint=hint), err=True)
         raise typer.Exit(code=2)
@@ -72,6 +74,51 @@ def _fail(message: str, hint: str | None = None) -> None:
     if hint:
         typer.echo(f"  {hint}", err=True)
     raise typer.Exit(code=2)
+
+
+EPHEMERAL_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+"""Prefect's setting: how long a command waits for the temporary API server it starts when
+no PREFECT_API_URL is set (Prefect's default, 20 s, is too short on a busy machine)."""
+DEFAULT_EPHEMERAL_TIMEOUT_S = 120
+
+
+def _fail_if_no_prefect_server(exc: BaseException) -> None:
+    """One line naming the setting when Prefect's temporary API server did not start in time."""
+    if "ephemeral Prefect API server" in str(exc):
+        _fail(
+            f"Prefect's temporary API server did not answer within {os.environ.get(EPHEMERAL_TIMEOUT, '?')} s "
+            f"(a busy machine?); set {EPHEMERAL_TIMEOUT} higher, or PREFECT_API_URL to a running Prefect server"
+        )
+
+
+def _stop_when_interrupted() -> None:
+    """Ctrl-C or SIGTERM ends `run` at once with one line: the lease is given back, Ray is
+    shut down, and the process exits. Prefect's temporary API server shares the
+    terminal's Ctrl-C and is already gone, so Prefect cannot record the end; waiting on it
+    would hang with a page of connection errors. Finished units are kept."""
+    import signal
+
+    def stop(signum: int, _frame: Any) -> None:
+        from pipelines.lease import release_all
+
+        release_all()
+        what = signal.Signals(signum).name
+        message = f"interrupted ({what}); finished work is kept: run the same command again to go on"
+        line = logs.json_line(logging.ERROR, message, event="error") if logs.configured() == "json" else f"bertpipe: error: {message}"
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+            if "ray" in sys.modules:  # Ray's processes, gracefully; at most 15 s
+                import threading
+
+                threading.Timer(15, os._exit, args=(128 + signum,)).start()
+                sys.modules["ray"].shutdown()
+        finally:
+            os._exit(128 + signum)
+
+    stop.bertpipe_stops_the_run = True  # type: ignore[attr-defined]  # pipelines/pretrain.py keeps it in place
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -92,7 +139,7 @@ def run(
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="STAGE[,STAGE]", help="Run only these stages (repeatable or comma-separated).")] = None,
     from_stage: Annotated[Optional[str], typer.Option("--from", metavar="STAGE", help="Run this stage and every stage after it.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages even if their output is complete.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it (default: only shards whose size or mtime/ETag changed).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it, and every local input file (default: only what changed size or mtime/ETag).")] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run the pipeline (or some of its stages) as the Prefect flow `bert_pretraining`."""
@@ -103,10 +150,15 @@ def run(
         select(_split_names(only), from_stage, cfg.off)  # validate names before starting anything
         from flows.pipeline import bert_pretraining
 
+        _stop_when_interrupted()
+
         state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, verify=verify, return_state=True)
     except BertpipeError as exc:
         _fail(str(exc))
         return
+    except RuntimeError as exc:
+        _fail_if_no_prefect_server(exc)
+        raise
     if state.is_failed():
         _fail(state.message or "the flow failed", hint=f"logs above; stage outputs under {cfg.run.root}")
     summaries = state.result()
@@ -210,7 +262,7 @@ def status(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard (default: only shards whose size or mtime/ETag changed).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard and every local input file (default: only what changed size or mtime/ETag).")] = False,
 ) -> None:
     """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, the time its last run took (as the run summary shows it) and location."""
     try:
@@ -259,9 +311,9 @@ def inspect_stage(
             cfg = _load(config, set_)
             storage, run_root = Storage(cfg.storage), root or cfg.run.root
         else:  # no recipe: the root given, or the default one (runs/demo)
-            from bertcore.config import RunConfig, StorageConfig
+            from bertcore.config import RunConfig, StorageConfig, validate
 
-            storage, run_root = Storage(StorageConfig()), RunConfig(**({"root": root} if root else {})).root
+            storage, run_root = Storage(StorageConfig()), validate(RunConfig, {"root": root} if root else {}).root
         data, lines = inspect(storage, run_root, stage, Options(n=n, split=split, phase=phase, text=text))
     except BertpipeError as exc:
         _fail(str(exc))
@@ -276,19 +328,6 @@ def inspect_stage(
 config_app = typer.Typer(help="The run recipe.", no_args_is_help=True, context_settings=HELP_OPTIONS, rich_markup_mode=None)
 app.add_typer(config_app, name="config")
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]+):[^/@\s]+@")
-
-
-def masked(value: Any) -> Any:
-    """A password inside a URI (scheme://user:password@host) replaced by ****."""
-    if isinstance(value, dict):
-        return {k: masked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v) for v in value]
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(r"\g<scheme>:****@", value)
-    return value
-
 
 @config_app.command("show", short_help="Print the recipe as a run would use it.")
 def config_show(
@@ -302,7 +341,7 @@ def config_show(
     except BertpipeError as exc:
         _fail(str(exc))
         return
-    data = masked(cfg.model_dump(mode="json"))
+    data = cfg.model_dump(mode="json")  # passwords inside URIs masked (bertcore/redact.py)
     for name in ("key", "secret"):  # never written out; shown only as set or not
         if getattr(cfg.storage, name) is not None:
             data["storage"][name] = "****"
@@ -371,6 +410,9 @@ def deploy(
     except BertpipeError as exc:
         _fail(str(exc))
         return
+    except RuntimeError as exc:
+        _fail_if_no_prefect_server(exc)
+        raise
     typer.echo(f"{len(ids)} deployment(s) in work pool {pool!r}; start a worker with: prefect worker start --pool {pool}")
 
 
@@ -388,6 +430,9 @@ def save_recipe(
     except BertpipeError as exc:
         _fail(str(exc))
         return
+    except RuntimeError as exc:
+        _fail_if_no_prefect_server(exc)
+        raise
     typer.echo(f"recipe stored as Prefect Variable {variable!r}")
 
 
@@ -417,6 +462,8 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(logs.PROJECT_LOGGERS))
     # no network here or on most clusters: the temporary API server must not phone home
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # a scheduled run on a busy node waits longer for that server than Prefect's 20 s
+    os.environ.setdefault(EPHEMERAL_TIMEOUT, str(DEFAULT_EPHEMERAL_TIMEOUT_S))
     app(prog_name="bertpipe")  # the same usage lines under `python -m flows.cli`
 
 

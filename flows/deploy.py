@@ -13,7 +13,7 @@ Three kinds of deployment share one recipe:
 The flow's parameter is the pydantic `PipelineConfig`, so the Prefect UI shows the recipe
 as a typed form; each deployment stores the recipe resolved by `load_config` as that
 parameter's default value (secrets are excluded from the dump and never reach the Prefect
-database). The code is not packaged or pushed anywhere: the deployments point at this
+database; a recipe with a password inside a URI is refused). The code is not packaged or pushed anywhere: the deployments point at this
 checkout (a `set_working_directory` pull step) and run on a process work pool, so a
 `prefect worker start --pool <pool>` on a machine with this checkout and its virtualenv runs
 them.
@@ -96,7 +96,16 @@ class DeploymentPlan:
 def recipe_parameter(cfg: PipelineConfig) -> dict[str, Any]:
     """The recipe as the JSON value of the flow's `config` parameter (secrets excluded):
     only the keys that differ from their defaults, so it stays readable in the UI and fits
-    a Prefect Variable; the flow fills the defaults back in when it validates it."""
+    a Prefect Variable; the flow fills the defaults back in when it validates it. A
+    password inside a URI cannot be stored (the JSON form masks it): refused, naming the key."""
+    from bertcore.redact import userinfo_keys
+
+    if keys := userinfo_keys(cfg.model_dump(mode="python")):
+        raise ConfigError(
+            f"{keys[0]}: a deployment keeps its recipe in Prefect's database, where a password inside a URI is masked; "
+            "remove the user information and give the worker its credentials through its environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)"
+        )
     return cfg.model_dump(mode="json", exclude_defaults=True)
 
 

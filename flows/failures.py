@@ -17,6 +17,8 @@ import traceback
 
 import ray.exceptions
 
+from bertcore.redact import mask_text
+
 TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE}
 PERMANENT_ERRNOS = {
     errno.ENOSPC: "disk full",
@@ -74,7 +76,11 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def describe(stage: str, exc: BaseException, root: str) -> str:
-    """One line: the stage, what happened, where, and what to do."""
+    """One line: the stage, what happened, where, and what to do (passwords inside URIs masked)."""
+    return mask_text(_describe(stage, exc, root))
+
+
+def _describe(stage: str, exc: BaseException, root: str) -> str:
     cause = root_cause(exc)
     text = " ".join(str(cause).split()) or type(cause).__name__
     where = getattr(cause, "filename", None)
@@ -96,10 +102,10 @@ def describe(stage: str, exc: BaseException, root: str) -> str:
 
 
 def write_traceback(stage: str, exc: BaseException) -> str:
-    """Save the full traceback to a local log file and return its path."""
+    """Save the full traceback (passwords inside URIs masked) to a local log file and return its path."""
     folder = os.path.join(tempfile.gettempdir(), "bertpipe-logs")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{stage}.log")
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write("".join(traceback.format_exception(exc)))
+        handle.write(mask_text("".join(traceback.format_exception(exc))))
     return path

@@ -7,6 +7,8 @@ the root logger, so Prefect keeps it (Prefect adds its own console handler only 
 logger that has none), and every record — the project's, Prefect's, Python warnings, Ray's
 driver messages and, once `route_ray_output()` ran, the output Ray relays from its
 workers — is written in one format: text for people, or one JSON object per line.
+Passwords inside URIs are masked in every record when it is made (bertcore/redact.py), so
+no handler, Prefect's API log included, writes them.
 
 Levels: the project's loggers (pipelines, bertcore, flows) at INFO, DEBUG with -v, WARNING
 with -q; Prefect's at INFO (DEBUG with -vv, WARNING with -q); everything else at WARNING, as
@@ -21,6 +23,8 @@ import os
 import sys
 import time
 from typing import Any, Literal
+
+from bertcore.redact import mask_log_records
 
 PROJECT_LOGGERS = ("pipelines", "bertcore", "flows")
 WORKERS = logging.getLogger("bertpipe.workers")
@@ -49,7 +53,7 @@ class TextFormatter(logging.Formatter):
             where = f"Flow run '{record.flow_run_name}' - "
         text = f"{stamp} {level}{where}{record.getMessage()}"
         if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
+            text += "\n" + (record.exc_text or self.formatException(record.exc_info))
         return text
 
 
@@ -69,7 +73,7 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and key not in out:
                 out[key] = value
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
@@ -106,6 +110,7 @@ def level_for(verbosity: int) -> int:
 def setup(verbosity: int = 0, fmt: Format = "text") -> None:
     """Configure logging for one command (call before Prefect and Ray are imported)."""
     global _configured
+    mask_log_records()
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
@@ -127,7 +132,9 @@ def setup(verbosity: int = 0, fmt: Format = "text") -> None:
 def default_levels() -> None:
     """The project's loggers at INFO where nothing chose their level: a flow run that a
     Prefect worker started (a deployment) has not been through `setup`, and its stage lines
-    would otherwise stop at the root logger's WARNING."""
+    would otherwise stop at the root logger's WARNING. Passwords inside URIs are masked in
+    every record there too."""
+    mask_log_records()
     for name in PROJECT_LOGGERS:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:

@@ -2,7 +2,10 @@
 
 The flow only sequences stages, retries and reports; each stage decides from its manifest
 whether it is already complete (and is then shown as cached). The flow's parameter is the
-pydantic run config, so the Prefect UI shows a typed form.
+pydantic run config, so the Prefect UI shows a typed form. What Prefect stores of it (its
+JSON form) has every password inside a URI masked (bertcore/redact.py), while a run started
+in this process uses the object itself, real values included; so are the failure messages,
+log records and artifacts it stores.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
 from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
+from bertcore.redact import mask_text, masked
 from flows import logs
 from flows.artifacts import publish_stage
 from flows.failures import describe, is_transient, write_traceback
@@ -32,6 +36,12 @@ USER_ERROR = "UserError"
 PERMANENT_ERROR = "PermanentError"
 CACHED = "Cached"
 """Name of the state of a stage whose complete output has its fingerprint (Prefect shows it as cached)."""
+
+
+class TransientStageError(RuntimeError):
+    """A stage failed for a cause that may pass (a lost Ray worker, a network error); its
+    message is `describe`'s line, so what Prefect stores holds no password (the original
+    exception, masked, is in the log)."""
 
 
 def _retry_transient_only(task, task_run, state) -> bool:
@@ -57,11 +67,11 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
         manifest, computed = pipeline.run(name, force=force)
     except BertpipeError as exc:
         # A user's mistake: fail with one clear line instead of a traceback.
-        return Failed(name=USER_ERROR, message=f"{name}: {exc}")
+        return Failed(name=USER_ERROR, message=mask_text(f"{name}: {exc}"))
     except Exception as exc:
         logger.error("%s failed; full traceback in %s", name, write_traceback(name, exc), exc_info=exc)
-        if is_transient(exc):
-            raise  # Prefect tries the stage again; finished units are kept
+        if is_transient(exc):  # Prefect tries the stage again; finished units are kept
+            raise TransientStageError(describe(name, exc, pipeline.cfg.run.root)) from None
         return Failed(name=PERMANENT_ERROR, message=describe(name, exc, pipeline.cfg.run.root))
     directory = pipeline.dir(name)
     summary = {
@@ -72,19 +82,19 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
         "bytes": manifest.bytes,
         "seconds": manifest.timings.get("total_s"),
         "skipped_inputs": len(manifest.skipped),
-        "uri": directory.uri,
+        "uri": mask_text(directory.uri),
         "elapsed_s": round(time.perf_counter() - started, 3),
         "headline": manifest.headline,
     }
     if manifest.report:
-        summary["report"] = directory.path(manifest.report)
+        summary["report"] = mask_text(directory.path(manifest.report))
     for folder in (MODEL_DIR + MLM_SUFFIX, MODEL_DIR):  # the folder AutoModelForMaskedLM loads without unexpected keys
         if manifest.shards_under(f"{folder}/"):
-            summary["model"] = directory.path(folder)
+            summary["model"] = mask_text(directory.path(folder))
             break
     if manifest.stats.get("verdicts"):
         summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)
-    for skipped in manifest.skipped:
+    for skipped in masked(manifest.skipped):
         logger.warning("%s: skipped input %s: %s", name, skipped["file"], skipped["reason"])
     publish_stage(name, manifest, directory, computed)
     if computed:
@@ -124,7 +134,7 @@ def bert_pretraining(
                     return Failed(message=_one_line(name, state, pipeline))
                 summaries.append(state.result())
     except BertpipeError as exc:  # the root is held by another writer, or was taken over
-        return Failed(message=str(exc))
+        return Failed(message=mask_text(str(exc)))
     except Exception as exc:  # e.g. the lease cannot be written: a read-only root, a missing bucket
         get_run_logger().error("the run failed; full traceback in %s", write_traceback("run", exc), exc_info=exc)
         return Failed(message=describe("run", exc, config.run.root))
@@ -137,9 +147,11 @@ def _one_line(name: str, state, pipeline: Pipeline) -> str:
     if state.name in (USER_ERROR, PERMANENT_ERROR):
         return state.message
     error = state.result(raise_on_failure=False)
+    if isinstance(error, TransientStageError):
+        return f"{error} (after retries)"
     if isinstance(error, BaseException):
         return describe(name, error, pipeline.cfg.run.root) + " (after retries)"
-    return f"{name}: {' '.join(str(state.message).split())}"
+    return mask_text(f"{name}: {' '.join(str(state.message).split())}")
 
 
 def root_limit(root: str) -> str:

@@ -5,24 +5,43 @@ moved, copied or touched: the object store's ETag for remote files, a content ha
 Hashing a 22 GB dump takes a while, and `bertpipe status` asks for the identity of every
 input each time it runs, so local hashes are kept in a small SQLite cache keyed by (real
 path, size, modification time, inode): a file is hashed again only when one of those
-changes, and a file that was only touched hashes to the same value. The cache lives in
+changes, and a file that was only touched hashes to the same value. The trade-off (the one
+make, rsync and DVC make): a file rewritten in place with the same size, modification time
+and inode keeps its cached hash. Within `rehashing()` (`status --verify`, `run --verify`)
+every local input is hashed again and the cache updated. The cache lives in
 $BERTPIPE_CACHE_DIR, else $XDG_CACHE_HOME/bertpipe, else ~/.cache/bertpipe; when it cannot
-be written the hash is simply computed every time.
+be written the hash is simply computed every time. Only regular files are hashed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from bertcore.errors import InputDataError
+from bertcore.paths import not_regular
 from pipelines.storage import Storage, is_local
 
 _BLOCK = 4 << 20
 _TAG_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "checksum")
+_REHASH = contextvars.ContextVar("bertpipe_rehash_inputs", default=False)
+
+
+@contextlib.contextmanager
+def rehashing() -> Iterator[None]:
+    """Within this block local inputs are hashed again whatever the cache holds (`--verify`)."""
+    token = _REHASH.set(True)
+    try:
+        yield
+    finally:
+        _REHASH.reset(token)
 
 
 def cache_dir() -> Path:
@@ -58,10 +77,12 @@ class HashCache:
 
     def local(self, path: str) -> str:
         real = os.path.realpath(path)
+        if problem := not_regular(real):
+            raise InputDataError(f"{path}: {problem}; only regular files are read")
         st = os.stat(real)
         key = (real, st.st_size, st.st_mtime_ns, st.st_ino)
         db = self._connect()
-        if db is not None:
+        if db is not None and not _REHASH.get():
             row = db.execute("SELECT digest FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?", key).fetchone()
             if row:
                 return row[0]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bertcore.errors import ConfigError, InputDataError
+from bertcore.redact import mask_text
 from bertcore.text.compressed import Bz2Blocks, open_gzip
 from bertcore.text.config import CorpusConfig, InputSpec
 from bertcore.text.encoding import sniff, splittable
@@ -128,20 +129,27 @@ def _folder(storage: Storage, pattern: str) -> tuple[str, bool]:
 
 def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = None) -> Listing:
     """Expand the inputs into files with their content identity. Files a folder input
-    holds under names starting with `.` or `_`, and multistream indexes beside their
-    dumps, are listed under `skipped` with the reason; so are inputs that match nothing
-    when `on_error: skip`."""
+    holds under names starting with `.` or `_`, multistream indexes beside their dumps,
+    and what a local folder walk does not follow or open (a symbolic link out of the
+    folder or to a folder, a broken link, a FIFO, a socket, a device) are listed under
+    `skipped` with the reason; so are inputs that match nothing when `on_error: skip`."""
     listing = Listing(files=[])
     cache = cache or HashCache()  # one connection for every file
     for position, spec in enumerate(cfg.inputs):
         key = f"corpus.inputs[{position}]"
         try:
-            matches = storage.glob(spec.uri, include_hidden=True)
+            found = storage.list_files(spec.uri, include_hidden=True)
+            matches = found.files
             folder, is_folder = _folder(storage, spec.uri)
-        except (FileNotFoundError, PermissionError, OSError) as exc:
-            matches, folder, is_folder, reason = [], "", False, f"cannot list {spec.uri}: {exc}"
+        except Exception as exc:  # OSError, or a remote filesystem's own (an HTTP 401, a botocore error)
+            text = " ".join(str(exc).split())[:300] or type(exc).__name__
+            matches, folder, is_folder, reason = [], "", False, f"cannot list {spec.uri}: {text}"
         else:
             reason = f"no file matches {spec.uri}"
+            # links out of the folder or to folders, FIFOs, sockets, devices: never opened
+            listing.skipped += [{"file": uri, "reason": why} for uri, why in found.skipped]
+            if found.skipped and not matches:
+                reason = f"no regular file matches {spec.uri} ({found.skipped[0][0]}: {found.skipped[0][1]})"
         kept = []
         indexes = {index for other in matches if other.endswith(".bz2") for index in index_name(other)}
         for uri in matches:
@@ -158,7 +166,7 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
             listing.skipped.append({"file": spec.uri, "reason": reason})
             listing.identity[f"inputs[{position}]"] = "missing"
             continue
-        source = spec.name or posixpath.basename(spec.uri.rstrip("/")) or spec.uri
+        source = spec.name or posixpath.basename(mask_text(spec.uri).rstrip("/")) or mask_text(spec.uri)
         entries = {}
         for uri in kept:
             info = storage.info(uri)

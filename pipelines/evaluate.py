@@ -635,7 +635,7 @@ def _unigram(metrics: dict) -> float | None:
 def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validations: list[dict]) -> list[ShardInfo]:
     """metrics.json, plots/*.png and report.md; returns them as the manifest's shards."""
     storage = stage.storage
-    storage.remove(stage.path("plots"), recursive=True)  # a plot an earlier run drew may not apply now
+    stage.remove("plots", recursive=True)  # a plot an earlier run drew may not apply now
     written = []
     plots: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:

@@ -55,11 +55,27 @@ class LeaseRecord:
     expires_at: float
 
     def describe(self) -> str:
+        if not self.token:  # a damaged lease file (`_parse`)
+            return self.holder
         age = time.time() - self.heartbeat_at
         return (
             f"{self.holder} (host {self.host}, pid {self.pid}) since "
             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.acquired_at))}, last heartbeat {age:.0f} s ago"
         )
+
+
+_HELD: set[RootLease] = set()
+"""The leases this process holds (`release_all` gives them back when it is interrupted)."""
+
+
+def release_all() -> None:
+    """Give back every lease this process holds (a run stopped by Ctrl-C or SIGTERM), so the
+    next run on the root does not wait for them to expire."""
+    for lease in list(_HELD):
+        try:
+            lease.release()
+        except Exception as exc:  # the process is ending: say so, go on
+            log.warning("run.root %s: the lease could not be given back (%s)", lease.root, exc)
 
 
 class RootLease:
@@ -165,12 +181,13 @@ class RootLease:
                     f"(its lease expires {max(0, current.expires_at - time.time()):.0f} s after its last heartbeat), or use another run.root"
                 )
             if self._replace(version):
-                log.warning("run.root %s: took over the stale lease of %s", self.root, current.describe())
+                log.warning("run.root %s: took over the stale lease of %s (%s)", self.root, current.describe(), self.uri)
                 break
         else:
             raise LeaseHeld(f"run.root {self.root}: could not take the lease (another writer keeps taking it); try again")
         self._thread = threading.Thread(target=self._heartbeat, name="bertpipe-lease", daemon=True)
         self._thread.start()
+        _HELD.add(self)
         return self
 
     def _heartbeat(self) -> None:
@@ -206,8 +223,9 @@ class RootLease:
             raise LeaseLost(f"run.root {self.root}: another writer took over this run's lease; stopping before writing more")
 
     def release(self) -> None:
+        _HELD.discard(self)
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         current, _ = self._read()
         if current is not None and current.token == self.record.token:
@@ -220,9 +238,22 @@ class RootLease:
         self.release()
 
 
-def _parse(text: str) -> LeaseRecord | None:
-    """A lease record, or None for a file that is not one (an unreadable lease counts as stale)."""
+_FIELD_TYPES = {"holder": str, "host": str, "pid": int, "token": str, "acquired_at": float, "heartbeat_at": float, "expires_at": float}
+
+
+def _parse(text: str) -> LeaseRecord:
+    """The lease record in `text`. A file that is not one (not JSON, a missing key, a value
+    of the wrong type such as `"expires_at": "later"`) is a damaged lease: a record that has
+    already expired, whose holder names the damage, so the next writer takes it over with a
+    warning instead of failing on it or waiting forever."""
     try:
-        return LeaseRecord(**json.loads(text))
-    except (ValueError, TypeError):
-        return LeaseRecord("an unreadable lease file", "?", 0, "", 0.0, 0.0, 0.0)
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        for key, kind in _FIELD_TYPES.items():
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+                raise ValueError(f"{key} is {value!r:.40}, not {'a number' if kind is not str else 'a string'}")
+        return LeaseRecord(**{key: data[key] for key in _FIELD_TYPES})
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        return LeaseRecord(f"a damaged lease file ({' '.join(str(exc).split())[:120]})", "?", 0, "", 0.0, 0.0, 0.0)

@@ -19,6 +19,7 @@ fingerprints that `bertpipe status` follows down the declared inputs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from bertcore.config import resolved_yaml
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.section import safe_name
 from pipelines import stage_log
+from pipelines.content_id import rehashing
 from pipelines.registry import REGISTRY, PipelineConfig, default_reads, reads_in
 from pipelines.stage import (
     MANIFEST,
@@ -205,7 +207,7 @@ def export_target(root: str, out: str | None) -> str | None:
 
 class Pipeline:
     """The stages of one run config, for one invocation (a flow run, a `bertpipe status`).
-    `verify` re-hashes every shard a check looks at (`--verify`)."""
+    `verify` re-hashes every shard a check looks at and every local input (`--verify`)."""
 
     def __init__(self, cfg: PipelineConfig, storage: Storage | None = None, *, verify: bool = False):
         self.cfg = cfg
@@ -223,9 +225,12 @@ class Pipeline:
         return StageDir(self.storage, self.cfg.run.root, REGISTRY[name].directory, verify=self.verify)
 
     def external(self, name: str) -> External | None:
+        """The stage's external files with their content identity (with `verify`, local
+        inputs are hashed again rather than taken from the hash cache)."""
         if name not in self._external:
             stage = REGISTRY[name]
-            self._external[name] = None if stage.identify is None else stage.identify(self.section(name), self.storage)
+            with rehashing() if self.verify else contextlib.nullcontext():
+                self._external[name] = None if stage.identify is None else stage.identify(self.section(name), self.storage)
         return self._external[name]
 
     def expected_fingerprint(self, name: str) -> str:
@@ -266,7 +271,7 @@ class Pipeline:
                 log.warning("%s: %s; recomputing them", name, exc)
                 damaged = self.dir(exc.stage)
                 for path in exc.paths:
-                    self.storage.remove(damaged.path(path))
+                    damaged.remove(path)
                 self.run(exc.stage, parallelism=parallelism)
         raise AssertionError("unreachable")
 

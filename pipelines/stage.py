@@ -28,6 +28,11 @@ fails when loading a recipe imports torch, Ray, matplotlib or another heavy pack
   published. A check re-hashes a shard whose size or stamp changed since (or every shard,
   with `verify`); a shard whose bytes differ is `damaged`, and is removed and recomputed.
   A manifest that cannot be read is damaged too: its stage counts as not done.
+- Containment: every path inside a stage directory is checked by its text and, on local
+  disk, where its symbolic links lead (`StageDir.path`); a shard reached through a link is
+  `damaged` and is never read or hashed; removing one removes the link itself, never what
+  it points to (pipelines/storage.py, bertcore/paths.py).
+- What a stage directory holds is written without passwords inside URIs (bertcore/redact.py).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from bertcore.errors import BertpipeError, InputDataError
+from bertcore.paths import PathEscape
+from bertcore.redact import mask_text, masked
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
@@ -72,10 +79,6 @@ class DamagedShards(InputDataError):
     def __init__(self, message: str, stage: str = "", paths: tuple[str, ...] | list[str] = ()):
         super().__init__(message)
         self.stage, self.paths = stage, list(paths)
-
-
-class PathEscape(BertpipeError):
-    """A path built from configuration would leave its stage directory."""
 
 
 def package_version() -> str:
@@ -199,12 +202,23 @@ class StageDir:
         twin.verify = True
         return twin
 
-    def path(self, relative: str) -> str:
-        """The URI of `relative` inside this directory; a path that would leave it is refused."""
+    def _join(self, relative: str) -> str:
+        """The URI of `relative` inside this directory by its text; PathEscape for one that
+        would leave it ('..', an absolute path)."""
         clean = posixpath.normpath(relative)
         if relative.startswith("/") or clean == ".." or clean.startswith("../"):
             raise PathEscape(f"{relative!r} would leave {self.uri}; names of phases, tasks and files must not contain '/' or '..'")
         return join(self.uri, clean)
+
+    def path(self, relative: str) -> str:
+        """The URI of `relative` inside this directory; a path that would leave it, by its
+        text or through a symbolic link, is refused (PathEscape)."""
+        return self.storage.inside(self._join(relative), self.uri)
+
+    def remove(self, relative: str, recursive: bool = False) -> None:
+        """Delete a file or folder of this directory; a symbolic link on the way is removed
+        itself, never followed."""
+        self.storage.remove(self._join(relative), recursive=recursive, within=self.uri)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> Manifest | None:
@@ -220,8 +234,14 @@ class StageDir:
 
     def check(self, shard: ShardInfo) -> str:
         """ok | missing | damaged: the shard's file against its recorded size and sha256 (the
-        bytes are hashed when the stamp changed, or always with `verify`)."""
-        uri = self.path(shard.path)
+        bytes are hashed when the stamp changed, or always with `verify`). A shard reached
+        through a symbolic link is damaged: it is not read, not hashed."""
+        try:
+            uri = self.path(shard.path)
+        except PathEscape:
+            return "damaged"
+        if self.storage.link_below(uri, self.uri) is not None:
+            return "damaged"
         size = self.storage.size(uri)
         if size is None:
             return "missing"
@@ -266,25 +286,26 @@ class StageDir:
             if not problems:
                 return manifest
             for path, state in sorted(problems.items()):
-                log.warning("%s: %s; it is recomputed", self.path(path), state)
+                log.warning("%s: %s; it is recomputed", self._join(path), state)
                 if state == "damaged":
-                    self.storage.remove(self.path(path))
+                    self.remove(path)
         if force or not keep_progress:
             self.invalidate()
         else:
-            self.storage.remove(self.path(MANIFEST))
+            self.remove(MANIFEST)
         return None
 
     def invalidate(self) -> None:
         """Remove the manifest first (the directory stops being complete), then the unit markers."""
-        self.storage.remove(self.path(MANIFEST))
-        self.storage.remove(self.path(PROGRESS), recursive=True)
+        self.remove(MANIFEST)
+        self.remove(PROGRESS, recursive=True)
 
     def write_manifest(self, manifest: Manifest, resolved_config: str) -> None:
-        """The last write of a stage: the resolved config, then the manifest."""
-        self.storage.write_bytes(self.path(RESOLVED_CONFIG), resolved_config.encode())
+        """The last write of a stage: the resolved config, then the manifest (passwords
+        inside URIs masked in both)."""
+        self.storage.write_bytes(self.path(RESOLVED_CONFIG), mask_text(resolved_config).encode())
         manifest.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.storage.write_json(self.path(MANIFEST), manifest.to_json())
+        self.storage.write_json(self.path(MANIFEST), masked(manifest.to_json()))
 
     # -- units of work --------------------------------------------------------------------
     def _marker(self, unit: str) -> str:
@@ -307,7 +328,7 @@ class StageDir:
 
     def complete(self, unit: str, fp: str, shards: list[ShardInfo], result: Any = None) -> Unit:
         """Record a finished unit (after its shards are published)."""
-        self.storage.write_json(self._marker(unit), {"fingerprint": fp, "shards": [asdict(s) for s in shards], "result": result})
+        self.storage.write_json(self._marker(unit), masked({"fingerprint": fp, "shards": [asdict(s) for s in shards], "result": result}))
         return Unit(shards, result)
 
     def publish(self, relative: str, write: Callable[[str], Any], rows: int, extra: dict | None = None) -> ShardInfo:
@@ -331,7 +352,7 @@ class StageDir:
         for folder in folders:
             for name in self.storage.listdir(self.path(folder)):
                 if f"{folder}/{name}" not in keep:
-                    self.storage.remove(self.path(f"{folder}/{name}"))
+                    self.remove(f"{folder}/{name}")
 
 
 # -- declaring a stage --------------------------------------------------------------------------

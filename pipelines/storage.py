@@ -3,6 +3,13 @@
 Shards are written atomically: to a temporary local file first, then renamed (local) or
 uploaded under the final key in one piece (object stores), so a reader never sees half a
 shard. The sha256 of every file written is returned for the manifest.
+
+Local paths are held to where they belong (bertcore/paths.py): `inside` resolves symbolic
+links and refuses a path that leads out of its folder, `remove(..., within=folder)` never
+follows a link, hashing refuses anything but a regular file, and `list_files` walks an
+input folder without following links out of it or into folders (no loops) and without
+opening FIFOs, sockets or devices, listing each such entry with the reason. Object stores
+have no links.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -22,6 +30,8 @@ import fsspec
 from fsspec.core import split_protocol
 
 from bertcore.config import StorageConfig
+from bertcore.errors import InputDataError
+from bertcore.paths import first_link, inside, not_regular, remove_within, walk, walk_files
 
 
 def join(base: str, *parts: str) -> str:
@@ -49,6 +59,15 @@ def is_hidden(path: str, folder: str) -> bool:
     """Whether a file under `folder` has a name on its way there that starts with . or _."""
     relative = path[len(folder.rstrip("/")) :].strip("/")
     return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
+@dataclass
+class Found:
+    """What a pattern or folder holds: its files (full URIs, sorted) and the entries left
+    out, (URI, reason): links out of the folder or to folders, FIFOs, sockets, devices."""
+
+    files: list[str]
+    skipped: list[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -120,20 +139,35 @@ class Storage:
         return str(tag).strip('"')
 
     def glob(self, pattern: str, include_hidden: bool = False) -> list[str]:
+        """The files of `list_files`, without the entries it left out."""
+        return self.list_files(pattern, include_hidden).files
+
+    def list_files(self, pattern: str, include_hidden: bool = False) -> Found:
         """Matching files, sorted, as full URIs (a plain path matches itself if it is a file;
         a folder matches the files under it, except, unless `include_hidden`, those with a
-        name below it that starts with `.` or `_`: .git/, _SUCCESS, .crc files)."""
+        name below it that starts with `.` or `_`: .git/, _SUCCESS, .crc files). On local
+        disk, what a folder walk meets that is not a regular file inside it is left out with
+        the reason (see the module docstring); a file named explicitly may be a link."""
         fs, path = self.fs(pattern)
         protocol, _ = split_protocol(pattern)
-        if any(ch in path for ch in "*?["):
+        skipped: list[tuple[str, str]] = []
+        if is_local(pattern):
+            found, skipped = _local_matches(path)
+        elif any(ch in path for ch in "*?["):
             found = [p for p in fs.glob(path) if fs.isfile(p)]
         elif fs.isdir(path):
-            found = [p for p in fs.find(path) if include_hidden or not is_hidden(p, path)]
+            found = fs.find(path)
         elif fs.isfile(path):
             found = [path]
         else:
             found = []
-        return sorted(f"{protocol}://{p}" if protocol else p for p in found)
+        if not any(ch in path for ch in "*?[") and not include_hidden:
+            found = [p for p in found if not is_hidden(p, path)]
+
+        def full(p: str) -> str:  # some filesystems (http) keep the protocol in their paths
+            return f"{protocol}://{p}" if protocol and "://" not in p else p
+
+        return Found(sorted(full(p) for p in found), [(full(p), reason) for p, reason in skipped])
 
     def open(self, uri: str, mode: str = "rb", compression: str | None = None) -> IO:
         fs, path = self._fresh(uri)
@@ -188,7 +222,29 @@ class Storage:
     def write_json(self, uri: str, obj: Any) -> WrittenFile:
         return self.write_bytes(uri, (json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n").encode())
 
+    def regular(self, uri: str) -> str:
+        """`uri`, if it is a regular file (always, remote); InputDataError naming what it is
+        otherwise, before anything opens it (opening a FIFO waits for a writer forever)."""
+        local = self.local_path(uri)
+        if local is not None and (problem := not_regular(local)):
+            raise InputDataError(f"{uri}: {problem}; bertpipe reads regular files only")
+        return uri
+
+    def inside(self, uri: str, folder: str) -> str:
+        """`uri`, if it stays inside `folder` once symbolic links are followed (local; remote
+        URIs have no links); PathEscape otherwise."""
+        local, base = self.local_path(uri), self.local_path(folder)
+        if local is not None and base is not None:
+            inside(local, base)
+        return uri
+
+    def link_below(self, uri: str, folder: str) -> str | None:
+        """The first symbolic link on the way from `folder` down to `uri` (local), or None."""
+        local, base = self.local_path(uri), self.local_path(folder)
+        return first_link(local, base) if local is not None and base is not None else None
+
     def sha256(self, uri: str) -> str:
+        self.regular(uri)
         digest = hashlib.sha256()
         with self.open(uri, "rb") as handle:
             while block := handle.read(1 << 20):
@@ -199,12 +255,20 @@ class Storage:
         """What identifies a file's content, for fingerprints: its sha256 when local, the
         object store's ETag (or size and modification time) when remote."""
         if is_local(uri):
-            return self.sha256(uri)[:20]
+            return self.sha256(uri)[:20]  # a regular file only
         info = self.info(uri)
         tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("crc32c")
         return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
 
-    def remove(self, uri: str, recursive: bool = False) -> None:
+    def remove(self, uri: str, recursive: bool = False, within: str | None = None) -> None:
+        """Delete a file (or a folder, `recursive`). Locally a symbolic link is never
+        followed: a link on the way below `within` (or the path itself) is removed, not
+        what it points to."""
+        local = self.local_path(uri)
+        if local is not None:
+            base = self.local_path(within) if within is not None else os.path.dirname(local)
+            remove_within(local, base, recursive=recursive)
+            return
         fs, path = self.fs(uri)
         if fs.exists(path):
             fs.rm(path, recursive=recursive)
@@ -220,3 +284,36 @@ class Storage:
         """Copy a file or folder to a local directory."""
         fs, path = self.fs(uri)
         fs.get(path, local_dir, recursive=True)
+
+
+def _local_matches(path: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(files, skipped) of a local path, folder or glob pattern (`**` crosses folders, `*`
+    does not, as in fsspec), found by walking without following links (bertcore/paths.py)."""
+    from fsspec.utils import glob_translate
+
+    if any(ch in path for ch in "*?["):
+        fixed = path[: min(path.index(ch) for ch in "*?[" if ch in path)]
+        folder = fixed.rsplit("/", 1)[0] or "/"
+        if not os.path.isdir(folder):
+            return [], []
+        pattern = re.compile(glob_translate(path))
+        files, folders, skipped = walk(folder)
+        files = [p for p in files if pattern.match(p)]
+        # a folder the pattern names (`*.jsonl` meeting `x.jsonl/`) and none of whose files it matches
+        holding = {parent for f in files for parent in _parents(f, folder)}
+        skipped += [(p, "a folder (a glob matches files; name the folder itself to read what it holds)") for p in folders if p not in holding]
+        return files, sorted((p, r) for p, r in skipped if pattern.match(p))
+    if os.path.isdir(path):  # a folder named explicitly may be a link to one
+        return walk_files(path)
+    if os.path.lexists(path):  # so may a file
+        problem = not_regular(path)
+        return ([path], []) if problem is None else ([], [(path, problem)])
+    return [], []
+
+
+def _parents(path: str, top: str) -> Iterator[str]:
+    """The folders between `top` (excluded) and `path`."""
+    parent = os.path.dirname(path)
+    while len(parent) > len(top):
+        yield parent
+        parent = os.path.dirname(parent)

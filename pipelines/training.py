@@ -22,12 +22,14 @@ Light at import: torch, Ray and DeepSpeed are imported by the functions that use
 from __future__ import annotations
 
 import contextvars
+import errno
 import hashlib
 import json
 import logging
 import os
 import posixpath
 import shutil
+import signal
 import tempfile
 import threading
 import uuid
@@ -156,14 +158,18 @@ class WorkerJob:
 
 def _quiet_deepspeed_comm() -> None:
     """Set up DeepSpeed's communication backend on the process group Ray Train made, now,
-    without the line each rank prints about the op it builds (on CPU its shared-memory
-    all-reduce); `deepspeed.initialize` then reuses it. Ray Train turns print() in a
-    worker into a log record, so only muting print itself, for this call, reaches it."""
+    without its CPU shared-memory op (bertcore/op_builds.py: built on first use, never
+    used in training) and without the line each rank prints about the ops it loads;
+    `deepspeed.initialize` then reuses it. Ray Train turns print() in a worker into a log
+    record, so only muting print itself, for this call, reaches it."""
     import builtins
 
     import deepspeed
     import torch
 
+    from bertcore.op_builds import skip_shm_op
+
+    skip_shm_op()
     saved = builtins.print
     builtins.print = lambda *args, **kwargs: None
     try:
@@ -212,11 +218,12 @@ def fit(job: WorkerJob) -> None:
     """Run the workers to the end of training (or the time budget); a user error raised in
     a worker surfaces as itself."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
     from ray.util.queue import Queue
 
     from pipelines.pretrain_progress import relay_progress
     from pipelines.ray_runtime import unwrap
+    from pipelines.train_backend import torch_config
 
     cfg = job.cfg
     queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
@@ -224,7 +231,7 @@ def fit(job: WorkerJob) -> None:
         _train_worker,
         train_loop_config={"job": job, "progress": queue},
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        torch_config=torch_config(cfg.use_gpu),  # the store on 127.0.0.1 when Ray runs on this machine only
         run_config=RunConfig(
             name=f"{cfg.SECTION}-{job.resume_key[:8]}-{uuid.uuid4().hex[:6]}",
             storage_path=os.path.join(tempfile.gettempdir(), "bertpipe-ray-train"),
@@ -232,24 +239,61 @@ def fit(job: WorkerJob) -> None:
             worker_runtime_env={"env_vars": job.env} if job.env else None,
         ),
     )
-    # fit() stays on this thread (it handles Ctrl-C there); the progress lines are logged
-    # from another one, in this thread's context (Prefect's flow-run log needs the run's)
+    # fit() stays on this thread, where it handles Ctrl-C, unless `bertpipe run` handles it
+    # (flows/cli.py: fit() would replace that handler with its own); the progress lines are
+    # logged from another thread, in this thread's context (Prefect's flow-run log needs it)
     stop = threading.Event()
     relay = threading.Thread(target=contextvars.copy_context().run, args=(relay_progress, queue, stop), daemon=True)
     relay.start()
     try:
-        trainer.fit()
+        if getattr(signal.getsignal(signal.SIGINT), "bertpipe_stops_the_run", False):
+            _on_another_thread(trainer.fit)
+        else:
+            trainer.fit()
     except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
         failures = getattr(exc, "worker_failures", None) or {}
         for rank in sorted(failures):
             error = unwrap(failures[rank])
             if isinstance(error, BertpipeError):
                 raise error from None
+        if failures and (full := _full_disk(job.stage_uri)):
+            # torch's checkpoint writer reports a full disk as "unexpected pos": say what it is
+            log.warning("%s: the workers failed on a full disk: %s", cfg.SECTION, " ".join(str(exc).split())[:200])
+            raise OSError(errno.ENOSPC, f"No space left on device ({shutil.disk_usage(full).free:,} bytes free)", full) from None
         raise
     finally:
         stop.set()
         relay.join(timeout=30)
         queue.shutdown()
+
+
+def _on_another_thread(call) -> None:
+    """`call()` on a thread of its own, this one waiting (and free to run signal handlers)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed back to the waiting thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), name="bertpipe-fit", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.5)
+    if failure:
+        raise failure[0]
+
+
+def _full_disk(stage_uri: str, margin: int = 16 << 20) -> str | None:
+    """The local stage folder when its file system has less than `margin` bytes free."""
+    if "://" in stage_uri and not stage_uri.startswith("file://"):
+        return None
+    folder = stage_uri.removeprefix("file://")
+    try:
+        return folder if shutil.disk_usage(folder).free < margin else None
+    except OSError:
+        return None
 
 
 def worker_env(cfg: TrainingConfig) -> dict[str, str]:

@@ -162,3 +162,96 @@ def test_every_recipe_gives_deepspeed_a_config_and_optimizer_arguments_it_accept
         assert cfg.use_gpu and cfg.precision == "bf16" and cfg.zero_stage in (1, 2) and not cfg.torch_adam
     if overrides:
         assert ds["optimizer"]["type"] == "Lamb"
+
+
+# -- hostile recipes (issue 18, cases 4 and 6) ----------------------------------------------
+
+
+BOMB = """\
+pretrain:
+  model_overrides:
+    a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+    b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+    c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+    d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+    e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+    f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+    g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+    h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+    i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+corpus:
+  inputs: [a.txt]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_with_one_line_instead_of_hanging(tmp_path):
+    """The probe's 500-byte recipe hung `config show` and `run` while pydantic's error was
+    formatted. Run in a child process, so the old behaviour fails the test (timeout) rather
+    than hanging the suite; the timeout guards against a hang and measures nothing."""
+    import subprocess
+    import sys
+
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text(BOMB)
+    assert len(BOMB) < 600
+    try:
+        out = subprocess.run([sys.executable, "-m", "flows.cli", "config", "show", "-c", str(recipe)],
+                             capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("config show still hangs on an alias bomb")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"bertpipe: error: {recipe}: YAML aliases (*name) of lists or mappings are not allowed in recipes; write the value out, or use `extends`"
+    ]
+    with pytest.raises(ConfigError, match=r"--set pretrain\.model_overrides: YAML aliases"):
+        load_config(None, ["corpus.inputs=[a]", "pretrain.model_overrides={a: &a [1, 2], b: [*a, *a]}"])
+    # an alias of a plain value expands to nothing bigger than itself: allowed
+    assert load_config(None, ["corpus.inputs=[&x a.txt, *x]"]).corpus.inputs[1].uri == "a.txt"
+
+
+def test_a_recipe_over_the_size_limit_is_refused_with_one_line(tmp_path):
+    from bertcore.config import MAX_RECIPE_BYTES
+
+    recipe = tmp_path / "big.yaml"
+    recipe.write_text("corpus:\n  inputs: [a.txt]\n# " + "x" * MAX_RECIPE_BYTES + "\n")
+    with pytest.raises(ConfigError, match=rf"{recipe}: [\d,]+ bytes; a recipe may hold at most {MAX_RECIPE_BYTES:,}"):
+        load_config(recipe)
+
+
+def test_many_validation_errors_make_one_short_line(tmp_path):
+    """Only the first few errors are named, each cut short; pydantic's own text (every input
+    in full) is never formatted."""
+    data = {"corpus": {"inputs": ["a.txt"], **{f"typo{i}": "x" * 10_000 for i in range(2000)}},
+            "pretrain": {"model_overrides": {"hidden_size": "y" * 100_000}}}
+    with pytest.raises(ConfigError) as error:
+        parse_config(data)
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 2000, len(message)
+    assert "corpus.typo0: unknown key" in message and "and 1996 more" in message  # 1995 typos and the model override
+
+
+@pytest.mark.parametrize(
+    "root, message",
+    [
+        ("", r"run\.root: is empty"),
+        (None, r"run\.root: is empty"),  # `--set run.root=`
+        ("/", r"run\.root: '/' is the file system's root"),
+        ("/tmp/..", r"run\.root: '/tmp/\.\.' is the file system's root"),
+        ("$BERTPIPE_TEST_UNSET_VARIABLE/x", r"run\.root: .*the environment variable BERTPIPE_TEST_UNSET_VARIABLE is not set"),
+        ("s3://", r"run\.root: 's3://' is a whole file system"),
+    ],
+)
+def test_run_roots_that_are_empty_whole_disks_or_unset_variables_are_refused(root, message, monkeypatch):
+    """The probe: '' became the current directory, '/' was accepted, '$HOME/x' made a folder
+    literally named `$HOME`."""
+    monkeypatch.delenv("BERTPIPE_TEST_UNSET_VARIABLE", raising=False)
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"corpus": {"inputs": ["a"]}, "run": {"root": root}})
+
+
+def test_run_root_expands_variables_and_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTPIPE_TEST_RUNS", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for root, expected in [("$BERTPIPE_TEST_RUNS/x", tmp_path / "x"), ("${BERTPIPE_TEST_RUNS}/y", tmp_path / "y"),
+                           ("~/runs", tmp_path / "home" / "runs"), ("s3://bucket/$BERTPIPE_TEST_RUNS", f"s3://bucket/{tmp_path}")]:
+        assert parse_config({"corpus": {"inputs": ["a"]}, "run": {"root": root}}).run.root == str(expected)

@@ -79,6 +79,27 @@ def test_an_unreadable_lease_file_does_not_lock_the_root_forever(tmp_path):
         pass
 
 
+@pytest.mark.parametrize(
+    "content, damage",
+    [
+        ('{"holder": "x", "host": "h", "pid": 1, "token": "t", "acquired_at": 0, "heartbeat_at": 0, "expires_at": "later"}', "expires_at is 'later', not a number"),
+        ('{"holder": "x", "host": "h", "pid": "1", "token": "t", "acquired_at": 0, "heartbeat_at": 0, "expires_at": 9e99}', "pid is '1', not a number"),
+        ('[1, 2]', "a JSON list, not an object"),
+        ('{"holder": "x"}', "host is None, not a string"),
+    ],
+)
+def test_a_lease_file_with_wrong_types_is_a_damaged_lease_taken_over_with_one_line(tmp_path, caplog, content, damage):
+    """The probe's `"expires_at": "later"` made every writer fail with a TypeError."""
+    storage, uri = Storage(StorageConfig()), str(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LEASE).write_text(content, encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="pipelines.lease"):
+        with RootLease(storage, uri, "next run") as lease:
+            assert json.loads(storage.read_text(f"{uri}/{LEASE}"))["token"] == lease.record.token
+    warnings = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert len(warnings) == 1 and damage in warnings[0] and f"{uri}/{LEASE}" in warnings[0] and "\n" not in warnings[0], warnings
+
+
 CLI_RUN = [sys.executable, "-m", "flows.cli", "run", "--only", "corpus"]
 
 

@@ -158,6 +158,25 @@ def test_a_planted_pickle_is_refused_by_export_and_resume_without_running(traine
     assert not marker.exists(), "the planted payload ran"
 
 
+def test_a_planted_pickle_in_an_init_from_folder_is_refused_in_one_line_without_running(tmp_path):
+    """pretrain.init_from with a pytorch_model.bin that would run code: torch's weights-only
+    loader stops it; the user gets one line naming the file (it was an UnpicklingError
+    with torch's multi-paragraph advice)."""
+    from bertcore.errors import InputDataError
+    from bertcore.pretrained import read_weights
+
+    marker = tmp_path / "the-payload-ran"
+    (tmp_path / "model").mkdir()
+    torch.save({"bert.embeddings.word_embeddings.weight": _Planted(str(marker))}, tmp_path / "model" / "pytorch_model.bin")
+    with pytest.raises(InputDataError) as refused:
+        read_weights(str(tmp_path / "model"))
+    assert str(refused.value) == (
+        f"{tmp_path / 'model' / 'pytorch_model.bin'}: refusing to load: the pickle would call io.open (torch's weights-only "
+        "loader stopped it); use the model's safetensors file, or one from a source you trust"
+    )
+    assert not marker.exists()
+
+
 def test_trainer_state_is_json_and_safetensors(trained):
     root, *_ = trained
     names = os.listdir(root / "pretrain" / CHECKPOINTS / checkpoint_tag(3))
@@ -200,6 +219,70 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path):
     assert result, out.stderr[-3000:]
     listening = json.loads(result[-1].removeprefix("RESULT "))
     assert {"gcs_server", "raylet"} <= set(listening), listening
+    loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+    exposed = {name: sorted(set(ips) - loopback) for name, ips in listening.items() if set(ips) - loopback}
+    assert exposed == {}, exposed
+
+
+TRAINING_LISTENERS = r"""
+import json, sys, threading, time, psutil
+sys.path.insert(0, sys.argv[2])  # tests/: the helpers that write a tiny run root
+from pathlib import Path
+from test_train import make_run_root, tiny_pretrain
+from bertcore.config import RayConfig, StorageConfig
+from bertcore.sample_data import gensim_data_dir
+from pipelines.ray_runtime import ensure_ray
+from pipelines.runner import run_stage
+from pipelines.storage import Storage
+
+root = Path(sys.argv[1])
+make_run_root(root, gensim_data_dir(), max_documents=60, dupe_factor=1)
+ensure_ray(RayConfig(num_cpus=2))
+seen, training, stop = {}, [], threading.Event()
+
+def poll():
+    while not stop.is_set():
+        for process in psutil.Process().children(recursive=True):
+            try:
+                name = process.name()
+                for conn in process.net_connections(kind="inet"):
+                    if conn.status == psutil.CONN_LISTEN:
+                        seen.setdefault(name, set()).add(conn.laddr.ip)
+                        if "RayTrainWorker" in name:
+                            training.append(conn.laddr.port)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        time.sleep(0.2)
+
+poller = threading.Thread(target=poll, daemon=True)
+poller.start()
+cfg = tiny_pretrain(num_workers=2, zero_stage=2, phases=[{"name": "seq64", "steps": 30, "batch_size": 8, "max_seq_length": 64}],
+                    checkpoint_every=30, validation_batches=0)
+run_stage("pretrain", cfg, root=str(root), storage=Storage(StorageConfig()), seed=1)
+stop.set()
+poller.join()
+print("RESULT " + json.dumps({"listening": {k: sorted(v) for k, v in seen.items()}, "train_worker_sockets": len(training)}))
+"""
+
+
+@pytest.mark.slow
+def test_no_socket_listens_beyond_loopback_while_the_pretrain_stage_trains(tmp_path):
+    """The probe saw `LISTEN *:<port>` owned by a RayTrainWorker: torch.distributed's store,
+    which has no authentication. Every listening socket of the Ray processes, polled while
+    two Ray Train workers train with DeepSpeed, is a loopback one, the store's included."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent)
+    out = subprocess.run([sys.executable, "-c", TRAINING_LISTENERS, str(tmp_path / "run"), tests],
+                         capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    result = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result, out.stderr[-3000:]
+    found = json.loads(result[-1].removeprefix("RESULT "))
+    listening = found["listening"]
+    assert found["train_worker_sockets"] > 0, "no training worker was seen listening: the poll missed the training"
     loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
     exposed = {name: sorted(set(ips) - loopback) for name, ips in listening.items() if set(ips) - loopback}
     assert exposed == {}, exposed
