@@ -112,13 +112,16 @@ def world_of_one():
 def minilm_or_stand_in(tmp_path, monkeypatch):
     """`{minilm}` in a recipe: the all-MiniLM-L6-v2 folder when its optional wheel is
     installed (`make teacher`), else a tiny BERT folder written here, so recipes that name
-    the teacher validate without the wheel."""
+    the teacher validate without the wheel. Returns the stand-in's folder, or None when
+    the wheel is there."""
     import importlib.util
 
     from bertcore import sample_data
 
-    if importlib.util.find_spec(sample_data.MINILM_PACKAGE) is None:
-        from tiny_bert import save_tiny_bert
+    if importlib.util.find_spec(sample_data.MINILM_PACKAGE) is not None:
+        return None
+    from tiny_bert import save_tiny_bert
 
-        folder = save_tiny_bert(tmp_path / "minilm-stand-in", ["a small stand-in for the teacher", "with a few words"], vocab_size=60)
-        monkeypatch.setattr(sample_data, "minilm_dir", lambda check=True: Path(folder))
+    folder = Path(save_tiny_bert(tmp_path / "minilm-stand-in", ["a small stand-in for the teacher", "with a few words"], vocab_size=60))
+    monkeypatch.setattr(sample_data, "minilm_dir", lambda check=True: folder)
+    return folder

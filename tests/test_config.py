@@ -124,11 +124,12 @@ LAMB_ON_GPU = ("pretrain.optimizer=lamb", "pretrain.zero_stage=0")  # the switch
     [(path, ()) for path in CONFIGS] + [(CONFIGS[0].parent / "bert-large.yaml", LAMB_ON_GPU)],
     ids=[p.name for p in CONFIGS] + ["bert-large.yaml+lamb"],
 )
-def test_every_recipe_gives_deepspeed_a_config_and_optimizer_arguments_it_accepts(recipe, overrides, world_of_one):
+def test_every_recipe_gives_deepspeed_a_config_and_optimizer_arguments_it_accepts(recipe, overrides, world_of_one, minilm_or_stand_in):
     """The GPU recipes cannot train here; what DeepSpeed reads from them still can be
     checked: its own config parser takes the JSON of every phase at the recipe's worker
     count, and the optimizer it would build (FusedAdam, FusedLamb, torch's AdamW) accepts
-    the parameters, so a GPU run does not fail on a key."""
+    the parameters, so a GPU run does not fail on a key. A recipe that distils is checked
+    on its distill section, which trains through the same DeepSpeed set-up."""
     import inspect
 
     import deepspeed
@@ -140,7 +141,8 @@ def test_every_recipe_gives_deepspeed_a_config_and_optimizer_arguments_it_accept
     from bertcore.optim import deepspeed_config
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # over world_of_one's process group
-    cfg = load_config(recipe, list(overrides)).pretrain
+    loaded = load_config(recipe, list(overrides))
+    cfg = loaded.distill if loaded.distill.enabled else loaded.pretrain  # the training section that runs
     for phase in cfg.phases:
         ds = deepspeed_config(cfg, cfg.micro_batch_size(phase))
         parsed = DeepSpeedConfig(ds, mpu=_DataParallel(cfg.num_workers))

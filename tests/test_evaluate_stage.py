@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from bertcore import figures
 from bertcore.config import StorageConfig, resolved_yaml
 from bertcore.errors import BertpipeError, ConfigError, InputDataError
 from bertcore.eval.config import EvaluateConfig
@@ -261,7 +262,7 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     assert sentiment["baselines"]["chance"] == {"accuracy": 0.5, "mcc": 0.0}
     assert sentiment["pooler"] == {"pretrained": "pretrained", "random_init": "fresh"}
     for name, task in metrics["tasks"].items():
-        assert task["verdict"]["text"] and f"{name} ({task['primary_metric']}): {task['verdict']['text']}" in metrics["verdicts"]
+        assert task["verdict"]["text"] and f"{name} ({figures.name(task['primary_metric'])}): {task['verdict']['text']}" in metrics["verdicts"]
     simlex = metrics["tasks"]["simlex"]
     assert simlex["word_pairs"]["pairs"] == 999 and simlex["train_examples"] == 0
     assert len(simlex["pretrained"]["runs"]) == 1  # nothing trained: one score whatever the seed, computed once
@@ -332,7 +333,8 @@ def test_every_task_type_with_baseline_intrinsic_and_embeddings(root, storage, t
     assert rerun["tasks"] == metrics["tasks"] and rerun["intrinsic"] == metrics["intrinsic"]
 
     rows = manifest.tables["evaluation-scores"]
-    assert {r["section"] for r in rows} == {"pretraining", "fine-tuning", "embeddings"}
+    assert {r["section"] for r in rows} == {"pretraining", "fine-tuning", "no training", "embeddings"}
+    assert {r["name"] for r in rows if r["section"] == "no training"} == {"simlex"}  # word similarity trains nothing
     assert manifest.report == "report.md"
 
 

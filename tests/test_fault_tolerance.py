@@ -185,13 +185,28 @@ def test_a_killed_driver_resumes_keeping_finished_shards(undisturbed, demo_pipel
 
 
 @pytest.mark.slow
-def test_a_killed_stream_reader_is_retried_and_the_corpus_is_unchanged(demo_pipeline, tmp_path):
-    """The demo's single-stream .bz2 dump is decompressed by one read_stream task feeding
-    cleaning tasks; killing it mid-file makes Ray run it again, and the batches it had
-    already handed out are neither lost nor counted twice."""
-    cfg, manifests = demo_pipeline
-    reference = manifests["corpus"]
-    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"root": str(tmp_path / "run")}), "ray": cfg.ray.model_copy(update={"address": "", "num_cpus": 2})})
+def test_a_killed_stream_reader_is_retried_and_the_corpus_is_unchanged(demo_pipeline, enwiki_dump, tmp_path):
+    """A single-stream .gz (the demo's dump, recompressed here) is decompressed by one
+    read_stream task feeding cleaning tasks (a .bz2 is read in block ranges instead);
+    killing the reader mid-file makes Ray run it again, and the batches it had already
+    handed out are neither lost nor counted twice."""
+    import bz2
+    import gzip
+
+    cfg, _ = demo_pipeline
+    dump = tmp_path / "enwiki-sample.xml.gz"
+    with bz2.open(enwiki_dump) as source, gzip.open(dump, "wb", compresslevel=6) as target:
+        shutil.copyfileobj(source, target)
+    assert dump.stat().st_size > cfg.corpus.split_bytes  # large enough to be streamed, not read whole
+    inputs = [cfg.corpus.inputs[0].model_copy(update={"uri": str(dump)}), *cfg.corpus.inputs[1:]]
+    corpus = cfg.corpus.model_copy(update={"inputs": inputs})
+    reference, computed = Pipeline(cfg.model_copy(update={"corpus": corpus, "run": cfg.run.model_copy(update={"root": str(tmp_path / "reference")})})).run("corpus")
+    assert computed and reference.stats["streamed_units"] == 1
+    cfg = cfg.model_copy(update={
+        "corpus": corpus,
+        "run": cfg.run.model_copy(update={"root": str(tmp_path / "run")}),
+        "ray": cfg.ray.model_copy(update={"address": "", "num_cpus": 2}),
+    })
     driver = _start_driver(cfg, tmp_path, "corpus")
     # once a batch is being cleaned, the reader has handed it out
     killed, out, err = _kill_one_task(driver, "read_stream", when=lambda: bool(_tasks_running(driver, "clean_batch")))
