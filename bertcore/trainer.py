@@ -458,7 +458,7 @@ class Trainer:
     def run(self) -> dict:
         """Train to the end of the last phase (or the time budget); returns the marker of
         the final checkpoint (step, tokens seen, stop reason, validation metrics)."""
-        started = time.perf_counter()
+        started = self._started = time.perf_counter()
         self._engine()
         marker = self._resume()
         if self.rank0:
@@ -502,7 +502,12 @@ class Trainer:
                 if final or self.step % self.cfg.checkpoint_every == 0:
                     marker = self._save(stopped_by, {"validation": validation, "init": self.objective.init_report} if final else None)
                 if stopped_by:
-                    log.warning("%s: time budget of %ss spent at step %d of %d; stopping", self.key, self.cfg.time_budget_s, self.step, total)
+                    if self.rank0:  # once, not once per rank
+                        stop = {"event": "time_budget", "step": self.step, "total_steps": total, "time_budget_s": self.cfg.time_budget_s}
+                        if self.on_log is not None:
+                            self.on_log(stop)
+                        else:
+                            log.info("%s: stopped at step %d of %d: the time budget of %ss is spent", self.key, self.step, total, self.cfg.time_budget_s)
                     break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
@@ -533,6 +538,8 @@ class Trainer:
             summary = self.interval.close()
             self.trackers.log(self.step, {k: summary.get(k) for k in ("loss", *self.objective.metrics, *TRACKED)}, "train")
             if self.on_log is not None:
-                self.on_log(summary)
+                budget = self.cfg.time_budget_s
+                left = None if budget is None else max(0.0, budget - (time.perf_counter() - self._started))
+                self.on_log({**summary, "budget_left_s": left})
         if self.on_step is not None:
             self.on_step(out)

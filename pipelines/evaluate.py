@@ -516,14 +516,15 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         len(todo), ", ".join(f"{n} {kind}" for kind, n in kinds.items()) or "none",
         f", {len(results)} kept from an interrupted attempt" if results else "", cfg.num_threads,
     )
-    for batch, parallelism in (([j for j in todo if j.kind != "speed"], r.parallelism), ([j for j in todo if j.kind == "speed"], 1)):
+    batches = (([j for j in todo if j.kind != "speed"], r.parallelism, "evaluate"), ([j for j in todo if j.kind == "speed"], 1, "evaluate: speed"))
+    for batch, parallelism, desc in batches:
         if not batch:
             continue
 
         def finished(index: int, result: Any, batch=batch) -> None:
             r.dir.complete(batch[index].key, r.fingerprint, _saved_models({batch[index].key: result}), result)
 
-        for job, result in zip(batch, run_tasks(submit, batch, parallelism=parallelism, desc="evaluate", on_result=finished, unit="jobs")):
+        for job, result in zip(batch, run_tasks(submit, batch, parallelism=parallelism, desc=desc, on_result=finished, unit="jobs")):
             results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 

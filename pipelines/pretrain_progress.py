@@ -43,8 +43,16 @@ def step_line(s: dict[str, Any]) -> str:
         parts.append(f"MFU {percent(s['mfu'])}")
     if s["skipped_batches"]:
         parts.append(f"{s['skipped_batches']} micro-batches skipped")
-    parts.append(f"ETA {duration(s['eta_s'])}" if s["step"] < s["total_steps"] else "done")
+    if s["step"] >= s["total_steps"]:
+        parts.append("done")
+    else:
+        parts.append(f"ETA {duration(s['eta_s'])}" + (" (time budget)" if s.get("eta_by") == "time_budget" else ""))
     return " · ".join(parts)
+
+
+def budget_line(s: dict[str, Any]) -> str:
+    """distill: stopped at step 132 of 400: the time budget of 240 s is spent"""
+    return f"{s.get('stage', 'pretrain')}: stopped at step {s['step']} of {s['total_steps']}: the time budget of {duration(s['time_budget_s'])} is spent"
 
 
 def jump_line(jump: dict[str, Any]) -> str:
@@ -73,16 +81,20 @@ class StepReporter:
         self.queue, self.total_steps, self.stage = queue, total_steps, stage
 
     def __call__(self, summary: dict) -> None:
-        if summary.get("event") == "validation":
+        if summary.get("event") in ("validation", "time_budget"):
             self._put({**summary, "stage": self.stage})
             return
         per_step = summary["seconds"] / summary["steps"] if summary["steps"] else 0.0
+        eta, by = (self.total_steps - summary["step"]) * per_step, "steps"
+        if summary.get("budget_left_s") is not None and summary["budget_left_s"] < eta:  # the budget ends training first
+            eta, by = summary["budget_left_s"], "time_budget"
         self._put({
             "event": "train_progress",
             "stage": self.stage,
-            **{k: v for k, v in summary.items() if k != "loss_jumps"},
+            **{k: v for k, v in summary.items() if k not in ("loss_jumps", "budget_left_s")},
             "total_steps": self.total_steps,
-            "eta_s": (self.total_steps - summary["step"]) * per_step,
+            "eta_s": eta,
+            "eta_by": by,
             "loss_jumps": [{**jump, "stage": self.stage} for jump in summary["loss_jumps"]],
         })
 
@@ -102,6 +114,9 @@ def relay_progress(queue: Any, stop: threading.Event) -> None:
     def emit(summary: dict) -> None:
         if summary.get("event") == "validation":
             _log(summary).info(validation_line(summary), extra=summary)
+            return
+        if summary.get("event") == "time_budget":
+            _log(summary).info(budget_line(summary), extra=summary)
             return
         for jump in summary.get("loss_jumps") or []:
             _log(summary).warning(jump_line(jump), extra={"event": "loss_jump", **jump})

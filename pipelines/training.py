@@ -483,5 +483,6 @@ def headline(stats: dict) -> dict[str, Any]:
         out["validation MLM accuracy"] = f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
     if stats["tokens_per_s"]:
         out["tokens/s"] = round(stats["tokens_per_s"])
-    out["steps"] = stats["steps"]
+    stopped = " (time budget)" if stats.get("stopped_by") == "time_budget" else ""
+    out["steps"] = stats["steps"] if not stopped else f"{stats['steps']:,} of {stats['total_steps']:,}{stopped}"
     return out

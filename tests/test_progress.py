@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipelines.pretrain_progress import jump_line, step_line
+from pipelines.pretrain_progress import StepReporter, budget_line, jump_line, step_line
 from pipelines.progress import Progress, count, duration
 
 
@@ -88,6 +88,36 @@ def test_a_progress_line_is_the_interval_summary_the_trackers_get():
     assert last.startswith("pretrain: step 100/100 seq128 · loss 5.000") and last.endswith("MFU 25.0% · done") and len(last) < 100
     jump = {"step": 95, "loss": 13.8, "running_mean": 7.62, "factor": 13.8 / 7.62}
     assert jump_line(jump).startswith("pretrain: the loss jumped to 13.80 at step 95, 1.8x its running mean of 7.62; training goes on")
+
+
+class _ListQueue:
+    """What StepReporter puts on Ray's queue, kept in a list."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def put_nowait(self, item: dict) -> None:
+        self.items.append(item)
+
+
+def test_the_eta_is_the_time_budget_left_when_the_budget_ends_training_first():
+    from bertcore.metrics_log import Interval
+
+    queue = _ListQueue()
+    reporter = StepReporter(queue, total_steps=400, stage="distill")
+    interval = Interval(every=2)
+    for step, loss in ((1, 2.0), (2, 1.5)):
+        interval.add(_step(step, loss))
+    summary = interval.close()  # 0.5 s a step: 398 steps left take 199 s
+    reporter({**summary, "budget_left_s": 60.0})
+    reporter({**summary, "budget_left_s": 500.0})
+    reporter({**summary, "budget_left_s": None})
+    by_budget, by_steps, no_budget = queue.items
+    assert (by_budget["eta_s"], by_budget["eta_by"]) == (60.0, "time_budget") and "budget_left_s" not in by_budget
+    assert step_line(by_budget).endswith("ETA 1m00s (time budget)")
+    assert by_steps["eta_s"] == no_budget["eta_s"] == pytest.approx(199.0) and step_line(by_steps).endswith("ETA 3m19s")
+    reporter({"event": "time_budget", "step": 132, "total_steps": 400, "time_budget_s": 240})
+    assert budget_line(queue.items[-1]) == "distill: stopped at step 132 of 400: the time budget of 4m00s is spent"
 
 
 def test_intervals_final_and_a_resumed_interval_are_one_definition():

@@ -248,7 +248,7 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     if metrics.get("baseline", True):
         out.append(
             "Every score is also computed for the same architecture with random weights (\"random init\"), "
-            "so the difference is what pretraining bought."
+            f"so the difference is what {'distillation' if _subject(metrics) == 'student' else 'pretraining'} bought."
         )
         out.append("")
     return out
@@ -294,7 +294,8 @@ def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -
 
 
 def _verdict_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    return ["## Verdict", "", "Did pretraining pay off? Each line sets a score beside what learning nothing scores.", ""] + [
+    what = "distillation" if _subject(metrics) == "student" else "pretraining"
+    return ["## Verdict", "", f"Did {what} pay off? Each line sets a score beside what learning nothing scores.", ""] + [
         f"- {line}" for line in metrics["verdicts"]
     ] + [""]
 
@@ -330,9 +331,10 @@ def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> 
 
 
 def _fill_mask_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
+    whose = "the student's" if _subject(metrics) == "student" else "the pretrained model's"
     out = _heading(
         "Fill-mask on held-out sentences",
-        "One word of each held-out corpus sentence replaced by [MASK]; the pretrained model's five most likely tokens. "
+        f"One word of each held-out corpus sentence replaced by [MASK]; {whose} five most likely tokens. "
         "A model still at the unigram plateau guesses the same frequent tokens everywhere.",
     )
     rows = []
