@@ -346,8 +346,6 @@ def read_stream(unit: Unit, cfg: CorpusConfig, stage: StageDir, fp: str, batch_b
                     yield Batch(n, fmt, stats.header, records=batch)
                     n += 1
             compressed = opened.compressed_bytes
-            # a .gz of several members is decoded a second time to check its end (compressed.py)
-            stats.decompressed_bytes += getattr(opened.stream, "verified_bytes", 0)
         _count_read(result, piece.file, stats, compressed)
     except _USER_ERRORS as exc:
         result.skipped[piece.file.index] = _user_error(piece.file, exc, cfg)

@@ -351,31 +351,16 @@ class _Counting:
     def seekable(self) -> bool:
         return False
 
+    def tell(self) -> int:
+        """Bytes read so far (where a decompressor that fails has got to)."""
+        return self.bytes
+
     def readable(self) -> bool:
         return True
 
     @property
     def closed(self) -> bool:
         return False
-
-
-class _SeekableCounting(_Counting):
-    """A seekable raw file that counts the bytes read from it (rapidgzip seeks)."""
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.raw.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def write(self, data) -> int:
-        raise OSError("read-only")
-
-    def close(self) -> None:
-        pass  # the handle is closed by whoever opened it
 
 
 def _decompressed(raw: _Counting, compression: str | None):
@@ -443,7 +428,6 @@ def open_piece(storage: Storage, piece: Piece) -> Iterator[Opened]:
             yield Opened(handle, common, lambda o: (o, 0), raw)
         else:
             compression = compression_of(file.uri)
-            raw = _SeekableCounting(handle) if compression == "gzip" and handle.seekable() else raw
             stream = _decompressed(raw, compression)
             try:
                 yield Opened(stream, common, lambda o: (o, 0), raw)

@@ -156,7 +156,6 @@ def test_gzip_chunks_of_whole_records_give_one_readers_documents(tmp_path, fmt):
     assert unit.streamed
     stats, records = ReadStats(), []
     with open_piece(storage, unit.pieces[0]) as opened:
-        assert "rapidgzip" in repr(opened.stream.file)  # not the fallback
         chunks = list(record_chunks(opened.stream, fmt, 50_000, name=path.name, stats=stats))
     assert len(chunks) > 5 and stats.decompressed_bytes == len(data) and b"".join(c.data for c in chunks) == data
     header = None
@@ -206,10 +205,25 @@ def test_gzip_of_several_members_is_read_whole_and_a_cut_member_is_an_error(tmp_
         with open_piece(storage, unit.pieces[0]) as opened:
             if complete:
                 assert b"".join(c.data for c in record_chunks(opened.stream, "jsonl", 10_000, name=name)) == data
-                assert opened.stream.verified_bytes == len(data)  # read again: the trailer covers one member
             else:
                 with pytest.raises(InputError, match="cut.jsonl.gz: .*truncated or corrupt"):
                     list(record_chunks(opened.stream, "jsonl", 10_000, name=name))
+
+
+def test_a_gzip_with_a_damaged_byte_is_one_error(tmp_path):
+    """A flipped byte in the deflate data: either the data cannot be decoded or the
+    member's CRC-32 does not match; both end in one line naming the file."""
+    compressed = bytearray(gzip.compress(jsonl()))
+    compressed[len(compressed) // 2] ^= 0xFF
+    path = tmp_path / "flipped.jsonl.gz"
+    path.write_bytes(bytes(compressed))
+    storage = Storage(StorageConfig())
+    cfg = CorpusConfig(inputs=[str(path)], split_bytes=10_000)
+    (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "c")).files, storage).units
+    with pytest.raises(InputError) as caught, open_piece(storage, unit.pieces[0]) as opened:
+        list(record_chunks(opened.stream, "jsonl", 10_000, name=path.name))
+    message = str(caught.value)
+    assert "flipped.jsonl.gz" in message and "gzip data" in message and "\n" not in message
 
 
 def test_bz2_block_ranges_and_gzip_read_from_s3(tmp_path, s3_bucket, monkeypatch):
@@ -235,6 +249,6 @@ def test_bz2_block_ranges_and_gzip_read_from_s3(tmp_path, s3_bucket, monkeypatch
 
         stream = open_gzip(handle)
         try:
-            assert "rapidgzip" in repr(stream.file) and b"".join(iter(lambda: stream.read(1 << 16), b"")) == data
+            assert b"".join(iter(lambda: stream.read(1 << 16), b"")) == data
         finally:
             stream.close()

@@ -156,7 +156,4 @@ def test_every_compression_is_read_through_a_counted_stream(tmp_path, suffix):
         compressed = opened.compressed_bytes
     assert [d.text for d in docs][-1] == "Record number 499 of a compressed file."
     assert stats.decompressed_bytes == len(body)
-    if suffix == ".gz":  # rapidgzip reads the start of the file twice (its format, then its data) and the trailer
-        assert path.stat().st_size <= compressed <= 2 * path.stat().st_size + 64
-    else:
-        assert compressed == path.stat().st_size
+    assert compressed == path.stat().st_size

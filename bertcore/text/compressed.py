@@ -1,6 +1,6 @@
 """Single-stream compressed inputs, decompressed by maintained libraries: a bzip2 file cut
 into block ranges that many tasks read, each compressed byte decoded once, and gzip
-decompressed by rapidgzip.
+read front to back.
 
 bzip2 (`Bz2Blocks`). A .bz2 file is a run of blocks of up to 900 kB of data each, every one
 decodable on its own and marked by a 48-bit magic number at any bit position (not byte
@@ -20,19 +20,23 @@ is, since a range cannot know whether its first byte starts a line), and its ord
 (the bit offset of that block's magic in the file, its offset inside the block's data).
 
 gzip (`open_gzip`). A deflate stream cannot be decoded from the middle without the 32 KiB
-before it, so a .gz file is still read front to back by one task, which hands whole
-records on to cleaning tasks (pipelines/corpus_inputs.py); rapidgzip decompresses it
-(ISA-L, several times Python's zlib). Python's gzip reads what rapidgzip refuses.
+before it, so a .gz file is read front to back by one task, which hands whole records on
+to cleaning tasks (pipelines/corpus_inputs.py). Python's gzip (zlib) decompresses it, at
+about 200 MB of text per CPU-second on the development machine: some 50 times what a
+cleaning core takes (3-9 MB/s), so one reader feeds many cleaning cores. rapidgzip was
+tried in its place and dropped: with one thread it was 1.6x faster (330 MB per CPU-second),
+but its memory grew with the data read (232 MB of RSS after 256 MB of text, against 25 MB
+for zlib; rapidgzip issue #69), which a multi-GB book or web dump cannot afford, and it
+took a file cut inside its deflate data for a complete one (issue #71).
 
-The libraries are imported where a file is opened (a command that reads manifests imports
-neither).
+indexed_bzip2 is imported where a file is opened (a command that reads manifests does not
+import it).
 """
 
 from __future__ import annotations
 
 import bisect
 import gzip
-import struct
 import zlib
 from typing import Any, BinaryIO
 
@@ -228,68 +232,30 @@ class Bz2Blocks:
         return data
 
 
-class _Guarded:
-    """A rapidgzip file whose decoding errors become OSError naming the compressed offset,
-    and whose end is checked: rapidgzip can take a stream cut inside its deflate data for a
-    complete one (rapidgzip issue #71), so at the end the file's trailer (CRC-32 and length
-    of the data) must match what was read. A file of several gzip members, whose trailer
-    covers only the last, is read again by Python's gzip, which fails on a cut member
-    (`verified_bytes` counts that second decoding)."""
+class _Gzip:
+    """Python's gzip over `raw`, whose errors (a cut or damaged member) become OSError
+    naming the compressed byte reached. It reads every member of the file, checks each
+    member's CRC-32 and length, and holds only zlib's 32 KiB window and its read buffer, so
+    its memory does not grow with the file."""
 
-    def __init__(self, file: Any, raw: BinaryIO):
-        self.file, self.raw = file, raw
-        self.crc, self.size = 0, 0
-        self.verified_bytes = 0
-        self._checked = False
+    def __init__(self, raw: BinaryIO):
+        self.raw = raw
+        self.file = gzip.GzipFile(fileobj=raw)
 
     def read(self, size: int = -1) -> bytes:
         try:
-            data = self.file.read(size)
-        except Exception as exc:
+            return self.file.read(size)
+        except (OSError, EOFError, zlib.error) as exc:
             try:
-                at = f" near compressed byte {self.file.tell_compressed() // 8}"
-            except Exception:
+                at = f" before compressed byte {self.raw.tell()}"
+            except (OSError, AttributeError):
                 at = ""
             raise OSError(f"gzip data{at}: {_short(exc)}") from None
-        if data:
-            self.crc = zlib.crc32(data, self.crc)
-            self.size += len(data)
-        elif not self._checked:
-            self._checked = True
-            self._check_end()
-        return data
-
-    def _check_end(self) -> None:
-        end = self.raw.seek(0, 2)
-        self.raw.seek(max(0, end - 8))
-        trailer = self.raw.read(8)
-        if len(trailer) == 8 and trailer == struct.pack("<II", self.crc, self.size % 2**32):
-            return
-        self.raw.seek(0)
-        try:
-            with gzip.GzipFile(fileobj=self.raw) as again:
-                while block := again.read(_READ * 16):
-                    self.verified_bytes += len(block)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise OSError(f"gzip data before compressed byte {end}: {_short(exc)}") from None
-        if self.verified_bytes != self.size:
-            raise OSError(f"the gzip data is damaged: rapidgzip read {self.size} bytes of it, Python's gzip {self.verified_bytes}")
 
     def close(self) -> None:
         self.file.close()
 
 
-def open_gzip(raw: BinaryIO) -> Any:
-    """A gzip file's decompressed bytes (`read`, `close`): rapidgzip on one thread (`raw`
-    must be seekable), or Python's gzip when rapidgzip refuses the file or is not installed."""
-    try:
-        import rapidgzip
-    except ImportError:
-        return gzip.GzipFile(fileobj=raw)
-    if not raw.seekable():
-        return gzip.GzipFile(fileobj=raw)
-    try:
-        return _Guarded(rapidgzip.RapidgzipFile(raw, parallelization=1), raw)
-    except (ValueError, RuntimeError, OSError):  # refused (an unexpected header, say): the reader of old
-        raw.seek(0)
-        return gzip.GzipFile(fileobj=raw)
+def open_gzip(raw: BinaryIO) -> _Gzip:
+    """A gzip file's decompressed bytes (`read`, `close`), front to back."""
+    return _Gzip(raw)
