@@ -7,13 +7,13 @@ every copy, until the XML reaches --xml-mb. It is written three times: as one bz
 (`single`, level 9: tasks decode the bzip2 blocks of their compressed byte ranges), as
 Wikimedia publishes big dumps, 100 pages per stream with the `-index.txt.bz2` beside it
 (`multi`, level 9), and as one gzip stream (`gzip`, level 6: one task decompresses it
-with rapidgzip and hands chunks of whole pages to the cleaning tasks). The x1 input is the
+with Python's gzip and hands chunks of whole pages to the cleaning tasks). The x1 input is the
 sample itself, written the same three ways.
 
 Runs, each in a fresh process on an embedded local Ray with `ray.num_cpus` = the number of
 workers (benchmarks/vocab.py's run_stage_measured: workers warm, Ray settled, not timed):
 - corpus stage: multi, single and gzip at full size with 1 and 2 workers, each at x1 with
-  2; `corpus.split_bytes` = compressed size / 8 (at least 1 MiB), so each has several
+  2; `corpus.split_bytes` = compressed size / 8, rounded up (at least 1 MiB), so each has several
   units (the multistream and bzip2 block ranges; the gzip file's cleaning batches);
 - vocab stage once on the full multi corpus (not measured), then the examples stage on it
   with 1 and 2 workers (seq128, dupe_factor 1, as benchmarks/examples.py), and at x1;
@@ -123,7 +123,7 @@ def build(folder: Path, xml_mb: float) -> dict[str, Path]:
 
 
 def corpus_overrides(dump: Path, workers: int) -> list[str]:
-    split = max(2**20, dump.stat().st_size // 8)
+    split = max(2**20, -(-dump.stat().st_size // 8))  # rounded up: 8 byte ranges, not 9 (a ninth would run alone at the end)
     return [f"ray.num_cpus={workers}", f"corpus.inputs=[{{uri: '{dump}', name: enwiki}}]", f"corpus.split_bytes={split}", "corpus.validation_fraction=0.01"]
 
 
