@@ -56,7 +56,7 @@ from pipelines.corpus_inputs import (
 from pipelines.corpus_stats import statistics
 from pipelines.progress import Progress
 from pipelines.ray_runtime import run_tasks, unwrap
-from pipelines.shards import read_table, write_table
+from pipelines.shards import read_table, take_rows, write_table
 from pipelines.stage import Output, ShardInfo, StageDir, StageRun
 
 log = logging.getLogger(__name__)
@@ -459,9 +459,7 @@ def write_output_shard(relative: str, pieces: list[tuple[str, np.ndarray]], stag
     done = stage.done(relative, fp)
     if done is not None:
         return done.shards[0]
-    tables = [
-        read_table(stage.storage, stage.path(work), DOCUMENT_SCHEMA.names).take(pa.array(rows)) for work, rows in pieces
-    ]
+    tables = [take_rows(stage.storage, stage.path(work), rows, DOCUMENT_SCHEMA.names) for work, rows in pieces]
     table = pa.concat_tables(tables).combine_chunks()
     chars = int(pc.sum(pc.utf8_length(pc.list_flatten(table.column("sentences")))).as_py() or 0)
     sentences = int(pc.sum(pc.list_value_length(table.column("sentences"))).as_py() or 0)

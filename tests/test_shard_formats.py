@@ -64,3 +64,35 @@ def test_polars_reads_and_scans_them(shards):
     assert frame["doc_id"].to_list() == pa.ipc.open_file(paths["corpus"][0]).read_all().column("doc_id").to_pylist()
     lengths = polars.scan_ipc(paths["examples"]).select(polars.col("length").sum()).collect().item()
     assert lengths == pc.sum(expected["examples"].column("length")).as_py()
+
+
+def test_take_rows_gives_take_s_rows_and_reads_only_their_batches(tmp_path, s3_bucket):
+    """take_rows equals Table.take for rows in any order (locally and on S3), and keeps
+    in memory only the batches that hold them, not the joined columns of the whole file."""
+    import boto3
+    import numpy as np
+
+    from bertcore.config import StorageConfig
+    from pipelines.shards import take_rows, write_table
+
+    n = 20_000
+    text = ["sentence %d " % i * 40 for i in range(n)]  # about 9 MB of text in 20 batches
+    table = pa.table({"id": pa.array(range(n), pa.int64()), "text": pa.array(text)})
+    path = tmp_path / "work.arrow"
+    write_table(str(path), table, max_chunksize=1000)
+    rng = np.random.default_rng(0)
+    cases = [[], [5], list(range(1500, 2600)), rng.choice(n, 300, replace=False).tolist(), [19_999, 0, 7, 7]]
+    local = Storage(StorageConfig())
+    endpoint, bucket = s3_bucket
+    remote = Storage(StorageConfig(endpoint_url=endpoint))
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").upload_file(str(path), bucket, "work.arrow")
+    for storage, uri in ((local, str(path)), (remote, f"s3://{bucket}/work.arrow")):
+        for rows in cases:
+            got = take_rows(storage, uri, rows, ["text", "id"])
+            assert got.column_names == ["text", "id"] and got.equals(table.select(["text", "id"]).take(pa.array(rows, pa.int64())))
+    pool = pa.default_memory_pool()
+    before = pool.max_memory()
+    take_rows(local, str(path), list(range(1500, 1600)), ["text"])
+    assert pool.max_memory() - before < 2_000_000  # one batch's rows, not the file's 9 MB
+    with pytest.raises(IndexError, match="asked of 20000"):
+        take_rows(local, str(path), [n])
