@@ -147,7 +147,10 @@ def run(
         cfg = _load(config, set_)
         from pipelines.registry import select
 
-        select(_split_names(only), from_stage, cfg.off)  # validate names before starting anything
+        stages = select(_split_names(only), from_stage, cfg.off)  # validate names before starting anything
+        from pipelines.runner import Pipeline
+
+        Pipeline(cfg).preflight(stages)  # a held root, a missing upstream: refused before Prefect and Ray start
         from flows.pipeline import bert_pretraining
 
         _stop_when_interrupted()

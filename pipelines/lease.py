@@ -176,10 +176,7 @@ class RootLease:
             if current is None:
                 continue  # released between our two looks
             if current.expires_at > time.time():
-                raise LeaseHeld(
-                    f"run.root {self.root} is in use by {current.describe()}; wait for it to finish "
-                    f"(its lease expires {max(0, current.expires_at - time.time()):.0f} s after its last heartbeat), or use another run.root"
-                )
+                raise self._held(current)
             if self._replace(version):
                 log.warning("run.root %s: took over the stale lease of %s (%s)", self.root, current.describe(), self.uri)
                 break
@@ -189,6 +186,19 @@ class RootLease:
         self._thread.start()
         _HELD.add(self)
         return self
+
+    def _held(self, current: LeaseRecord) -> LeaseHeld:
+        return LeaseHeld(
+            f"run.root {self.root} is in use by {current.describe()}; wait for it to finish "
+            f"(its lease expires {max(0, current.expires_at - time.time()):.0f} s after its last heartbeat), or use another run.root"
+        )
+
+    def refuse_if_held(self) -> None:
+        """Raise `LeaseHeld` now if another writer holds the root, without taking the lease: a
+        look before a run starts Prefect and Ray (the lease itself is taken by `acquire`)."""
+        current, _ = self._read()
+        if current is not None and current.expires_at > time.time():
+            raise self._held(current)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl_s / 4):

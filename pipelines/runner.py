@@ -46,7 +46,7 @@ from pipelines.stage import (
     Upstream,
     UpstreamMissing,
 )
-from pipelines.storage import Storage
+from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +274,22 @@ class Pipeline:
                     damaged.remove(path)
                 self.run(exc.stage, parallelism=parallelism)
         raise AssertionError("unreachable")
+
+    def preflight(self, stages: list[str]) -> None:
+        """Refuse a run of `stages` now, in well under a second, for what would otherwise end it
+        only after Prefect and Ray have started (tens of seconds): another writer holding the
+        root, or a stage reading one that is neither among `stages` nor complete on disk. The
+        flow checks both again when it runs."""
+        from pipelines.lease import RootLease
+
+        RootLease(self.storage, self.cfg.run.root, "preflight").refuse_if_held()
+        for name in stages:
+            for read in self.reads(name):
+                if read not in stages and not self.storage.exists(join(self.dir(read).uri, MANIFEST)):
+                    raise UpstreamMissing(
+                        f"{name}: the {read} stage has no output under {self.dir(read).uri}: "
+                        f"run `bertpipe run --only {read}` (or the whole flow) first"
+                    )
 
     def why_stale(self, name: str, manifest: Manifest) -> list[str]:
         stage = REGISTRY[name]

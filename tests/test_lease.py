@@ -42,6 +42,27 @@ def test_a_second_writer_is_refused_naming_the_holder(root):
         pass
 
 
+def test_a_run_is_refused_before_it_starts_when_the_root_is_held_or_an_upstream_is_missing(root, tmp_path):
+    """`Pipeline.preflight` (what `bertpipe run` calls before Prefect and Ray start) refuses
+    a held root and a stage whose upstream is neither selected nor complete, and passes a
+    selection that builds its own upstream; it takes no lease of its own."""
+    from pipelines.registry import load_config
+    from pipelines.runner import Pipeline
+    from pipelines.stage import UpstreamMissing
+
+    storage, uri = root
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [f"run.root={uri}"])
+    pipeline = Pipeline(cfg, storage)
+    with pytest.raises(UpstreamMissing, match=rf"^vocab: the corpus stage has no output under {uri}/corpus: run `bertpipe run --only corpus`"):
+        pipeline.preflight(["vocab", "examples"])
+    pipeline.preflight(["corpus", "vocab", "examples"])
+    assert not storage.exists(f"{uri}/{LEASE}")
+    with RootLease(storage, uri, "flow run nightly-refresh (1234)"):
+        with pytest.raises(LeaseHeld, match="is in use by flow run nightly-refresh"):
+            pipeline.preflight(["corpus"])
+    pipeline.preflight(["corpus"])
+
+
 def test_a_stale_lease_is_taken_over_and_its_holder_notices(root, caplog):
     storage, uri = root
     first = RootLease(storage, uri, "the first run", ttl_s=0.6).acquire()
@@ -106,8 +127,8 @@ CLI_RUN = [sys.executable, "-m", "flows.cli", "run", "--only", "corpus"]
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_bertpipe_run_on_a_held_root_exits_at_once_with_one_line(where, tmp_path, gensim_data, request):
-    """A real second `bertpipe run` (its own process, its own Prefect) while a writer holds
-    the root: exit 2, one line naming the holder, nothing written."""
+    """A real second `bertpipe run` (its own process) while a writer holds the root: exit 2
+    at once (before Prefect and Ray start), one line naming the holder, nothing written."""
     import os
 
     env = dict(os.environ)
