@@ -225,6 +225,8 @@ def report(args, inputs, results) -> None:
         a, b = results[("corpus", "x1", form, 2)], results[("corpus", "full", form, 2)]
         print(f"corpus {form}: peak RSS x1 -> full ({xml_mb / (inputs['x1']['xml_bytes'] / 2**20):.0f}x the input): "
               f"driver {b['peak_rss_driver_mb'] / a['peak_rss_driver_mb']:.2f}, largest worker {b['peak_rss_worker_mb'] / a['peak_rss_worker_mb']:.2f} (goal <= 1.1)")
+    if args.corpus_only:
+        return
     tok = results[("tokenizer", "full", "multi", os.cpu_count() or 1)]
     for workers in (1, 2):
         ex = results[("examples", "full", "multi", workers)]
@@ -264,6 +266,7 @@ def main() -> None:
     parser.add_argument("--cores-per-node", type=int, default=32)
     parser.add_argument("--node-hour-usd", type=float, default=1.5)
     parser.add_argument("--loader-json", type=Path, help="benchmarks/loader.py --json output: adds the loader cores per GPU row")
+    parser.add_argument("--corpus-only", action="store_true", help="the corpus stage's rows only (no examples stage, no projection)")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -278,6 +281,9 @@ def main() -> None:
         for size, form, workers in [("x1", form, 2) for form in FORMS] + [("full", form, w) for form in FORMS for w in (1, 2)]:
             jobs[("corpus", size, form, workers)] = ["--child", "corpus", str(work / f"run-{size}-{form}"), str(inputs[size][form]), str(workers)]
         results = measure(__file__, jobs, args.trials)
+        if args.corpus_only:
+            report(args, inputs, results)
+            return
         for size in ("x1", "full"):
             prepare_vocab(work / f"run-{size}-multi", inputs[size]["multi"])
         jobs = {("examples", size, "multi", w): ["--child", "examples", str(work / f"run-{size}-multi"), str(inputs[size]["multi"]), str(w)]

@@ -11,6 +11,8 @@
   hang                   no answer within the case's timeout
   crash                  a traceback, or an exit that is none of the above
   handled                (cases with nothing to report) the run completes correctly and nothing escapes
+  not reached            the case's moment never came (an interruption whose trigger line was not printed):
+                         a defect of the probe, not a result
 
     nice python tests/probe_matrix.py [--workdir DIR] [--only SUBSTRING] [--keep]
 
@@ -42,7 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-VERDICTS = ("clear error", "counted skip", "recovered identically", "silent loss", "escape", "hang", "crash", "handled")
+VERDICTS = ("clear error", "counted skip", "recovered identically", "silent loss", "escape", "hang", "crash", "handled",
+            "not reached")
 STAGES = ("corpus", "vocab", "examples", "pretrain", "evaluate")
 CASE_FILTER = ""
 """Run only the interruption cases whose name holds this (`--case "SIGINT during pretrain"`)."""
@@ -398,7 +401,7 @@ def interruptions(p: Probe, reference: Path) -> None:
     """SIGINT (Ctrl-C, to the whole process group) and SIGKILL (the command alone) during
     each stage, then the same command again: the outputs must equal the uninterrupted run's."""
     triggers = {"corpus": ("corpus: start", 0.3), "vocab": ("vocab: start", 0.5), "examples": ("examples: start", 1.0),
-                "pretrain": ("pretrain: step 10", 0.5), "evaluate": ("evaluate: start", 3.0)}
+                "pretrain": ("pretrain: steps 1-10/", 0.5), "evaluate": ("evaluate: start", 3.0)}
     for stage in STAGES:
         for sig in (signal.SIGINT, signal.SIGKILL):
             root = p.workdir / f"killed-{stage}-{sig.name}"
@@ -411,7 +414,7 @@ def interruptions(p: Probe, reference: Path) -> None:
             ran, sent = p.interrupt(["run", "-c", str(recipe)], trigger, sig, delay)
             if not sent:
                 p.record("interrupted", case, *failure_verdict(ran)) if ran.rc != 0 else p.record(
-                    "interrupted", case, "recovered identically", f"(the stage ended before the signal: {ran.seconds:.0f} s)")
+                    "interrupted", case, "not reached", f"the run ended ({ran.seconds:.0f} s) before {trigger!r} appeared: nothing was interrupted")
                 continue
             notes = [f"killed run exit {ran.rc} {ran.after_signal} s after the signal" + (f", {len(ran.leftovers)} of its processes outlived it" if ran.leftovers else "")]
             interrupt_verdict = None
