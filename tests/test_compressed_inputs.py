@@ -74,6 +74,18 @@ class _Bytes:
         return out
 
 
+def gzip_chunks(tmp_path, path, content: bytes, fmt: str = "jsonl", chunk_bytes: int = 10_000, stats: ReadStats | None = None):
+    """Write `content` to `path` and read it as a corpus input, the one streamed unit's
+    record chunks (raises what the reader raises)."""
+    path.write_bytes(content)
+    storage = Storage(StorageConfig())
+    cfg = CorpusConfig(inputs=[{"uri": str(path), "format": fmt}], split_bytes=chunk_bytes)
+    (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "c")).files, storage).units
+    assert unit.streamed
+    with open_piece(storage, unit.pieces[0]) as opened:
+        return list(record_chunks(opened.stream, fmt, chunk_bytes, name=path.name, stats=stats))
+
+
 @pytest.mark.parametrize("fmt", ["wikipedia", "jsonl"])
 def test_single_stream_bz2_in_block_ranges_gives_one_readers_documents(tmp_path, fmt):
     data = wiki_xml() if fmt == "wikipedia" else jsonl()
@@ -149,14 +161,8 @@ def test_block_keys_are_file_bit_offsets_of_block_magic(tmp_path):
 def test_gzip_chunks_of_whole_records_give_one_readers_documents(tmp_path, fmt):
     data = wiki_xml() if fmt == "wikipedia" else jsonl()
     path = tmp_path / f"input.{'xml' if fmt == 'wikipedia' else 'jsonl'}.gz"
-    path.write_bytes(gzip.compress(data))
-    storage = Storage(StorageConfig())
-    cfg = CorpusConfig(inputs=[{"uri": str(path), "format": fmt}], split_bytes=50_000)
-    (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "c")).files, storage).units
-    assert unit.streamed
     stats, records = ReadStats(), []
-    with open_piece(storage, unit.pieces[0]) as opened:
-        chunks = list(record_chunks(opened.stream, fmt, 50_000, name=path.name, stats=stats))
+    chunks = gzip_chunks(tmp_path, path, gzip.compress(data), fmt, 50_000, stats)
     assert len(chunks) > 5 and stats.decompressed_bytes == len(data) and b"".join(c.data for c in chunks) == data
     header = None
     for chunk in chunks:
@@ -180,14 +186,9 @@ def test_truncated_bz2_range_is_one_error_naming_the_offset(tmp_path):
 
 
 def test_truncated_gzip_is_one_error_naming_the_offset(tmp_path):
-    path = tmp_path / "cut.jsonl.gz"
     compressed = gzip.compress(jsonl())
-    path.write_bytes(compressed[: len(compressed) // 2])
-    storage = Storage(StorageConfig())
-    cfg = CorpusConfig(inputs=[str(path)], split_bytes=10_000)
-    (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "c")).files, storage).units
-    with pytest.raises(InputError) as caught, open_piece(storage, unit.pieces[0]) as opened:
-        list(record_chunks(opened.stream, "jsonl", 10_000, name=path.name))
+    with pytest.raises(InputError) as caught:
+        gzip_chunks(tmp_path, tmp_path / "cut.jsonl.gz", compressed[: len(compressed) // 2])
     message = str(caught.value)
     assert "cut.jsonl.gz" in message and "compressed byte" in message and "\n" not in message
 
@@ -196,18 +197,9 @@ def test_gzip_of_several_members_is_read_whole_and_a_cut_member_is_an_error(tmp_
     data = jsonl()
     half = len(data) // 2
     members = gzip.compress(data[:half]) + gzip.compress(data[half:])
-    storage = Storage(StorageConfig())
-    for name, content, complete in (("two.jsonl.gz", members, True), ("cut.jsonl.gz", members[: len(members) - 500], False)):
-        path = tmp_path / name
-        path.write_bytes(content)
-        cfg = CorpusConfig(inputs=[str(path)], split_bytes=10_000)
-        (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "c")).files, storage).units
-        with open_piece(storage, unit.pieces[0]) as opened:
-            if complete:
-                assert b"".join(c.data for c in record_chunks(opened.stream, "jsonl", 10_000, name=name)) == data
-            else:
-                with pytest.raises(InputError, match="cut.jsonl.gz: .*truncated or corrupt"):
-                    list(record_chunks(opened.stream, "jsonl", 10_000, name=name))
+    assert b"".join(c.data for c in gzip_chunks(tmp_path, tmp_path / "two.jsonl.gz", members)) == data
+    with pytest.raises(InputError, match="cut.jsonl.gz: .*truncated or corrupt"):
+        gzip_chunks(tmp_path, tmp_path / "cut.jsonl.gz", members[: len(members) - 500])
 
 
 def test_a_gzip_with_a_damaged_byte_is_one_error(tmp_path):
@@ -215,13 +207,8 @@ def test_a_gzip_with_a_damaged_byte_is_one_error(tmp_path):
     member's CRC-32 does not match; both end in one line naming the file."""
     compressed = bytearray(gzip.compress(jsonl()))
     compressed[len(compressed) // 2] ^= 0xFF
-    path = tmp_path / "flipped.jsonl.gz"
-    path.write_bytes(bytes(compressed))
-    storage = Storage(StorageConfig())
-    cfg = CorpusConfig(inputs=[str(path)], split_bytes=10_000)
-    (unit,) = plan_units(cfg, list_inputs(cfg, storage, HashCache(tmp_path / "c")).files, storage).units
-    with pytest.raises(InputError) as caught, open_piece(storage, unit.pieces[0]) as opened:
-        list(record_chunks(opened.stream, "jsonl", 10_000, name=path.name))
+    with pytest.raises(InputError) as caught:
+        gzip_chunks(tmp_path, tmp_path / "flipped.jsonl.gz", bytes(compressed))
     message = str(caught.value)
     assert "flipped.jsonl.gz" in message and "gzip data" in message and "\n" not in message
 

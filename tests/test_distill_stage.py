@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,7 +20,7 @@ import pytest  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from test_pretrain_stage import KILLED_RUN, _wait_for_idle_workers  # noqa: E402
+from test_pretrain_stage import KILLED_RUN, _wait_for_idle_workers, sigkill_when  # noqa: E402
 from test_train import SEED, make_run_root  # noqa: E402
 
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
@@ -197,16 +195,7 @@ def test_a_sigkilled_distillation_resumes_to_the_student_of_an_uninterrupted_run
     )
     first_marker = killed_root / "distill" / CHECKPOINTS / checkpoint_tag(10) / COMPLETE
     log = killed_root / "distill" / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    try:
-        while not (first_marker.exists() and len(MetricsLog(str(log)).records()) >= 14):
-            assert process.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.kill()
-        process.wait()
+    sigkill_when(process, lambda: first_marker.exists() and len(MetricsLog(str(log)).records()) >= 14)
     _wait_for_idle_workers(ray_cluster, cpus=2)
     assert 14 <= len(MetricsLog(str(log)).records()) < 40, "the kill did not land in the middle of the run"
     assert not (killed_root / "distill" / "model").exists()

@@ -215,6 +215,22 @@ def _wait_for_idle_workers(ray_module, cpus: float, timeout: float = 60.0) -> No
         time.sleep(0.5)
 
 
+def sigkill_when(process: subprocess.Popen, ready, timeout: float = 240.0) -> None:
+    """SIGKILL `process` as soon as `ready()` holds (a checkpoint is complete and a few
+    steps past it are logged), failing if it ends first or nothing is ready in time; the
+    process is gone when this returns."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready():
+            assert process.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+
+
 @pytest.mark.slow
 def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, news_root, tmp_path):
     news_root, _ = news_root
@@ -237,16 +253,7 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
         stderr=subprocess.DEVNULL,
     )
     first_marker = killed_root / "pretrain" / CHECKPOINTS / checkpoint_tag(10) / COMPLETE
-    deadline = time.monotonic() + 240
-    try:
-        while not (first_marker.exists() and len(metrics(killed_root)) >= 14):
-            assert process.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
-        process.send_signal(signal.SIGKILL)
-    finally:
-        process.kill()
-        process.wait()
+    sigkill_when(process, lambda: first_marker.exists() and len(metrics(killed_root)) >= 14)
     _wait_for_idle_workers(ray_cluster, cpus=2)
     before = metrics(killed_root)
     assert 14 <= len(before) < 60, "the kill did not land in the middle of the run"
