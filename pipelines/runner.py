@@ -285,10 +285,10 @@ class Pipeline:
         RootLease(self.storage, self.cfg.run.root, "preflight").refuse_if_held()
         for name in stages:
             for read in self.reads(name):
-                if read not in stages and not self.storage.exists(join(self.dir(read).uri, MANIFEST)):
+                directory = self.dir(read).uri
+                if read not in stages and not self.storage.exists(join(directory, MANIFEST)):
                     raise UpstreamMissing(
-                        f"{name}: the {read} stage has no output under {self.dir(read).uri}: "
-                        f"run `bertpipe run --only {read}` (or the whole flow) first"
+                        f"{name}: the {read} stage has no output under {directory}: run `bertpipe run --only {read}` (or the whole flow) first"
                     )
 
     def why_stale(self, name: str, manifest: Manifest) -> list[str]:

@@ -53,32 +53,37 @@ def read_batches(storage: Storage, uri: str) -> Iterator[pa.RecordBatch]:
 
 
 def take_rows(storage: Storage, uri: str, rows: Sequence[int], columns: list[str] | None = None) -> pa.Table:
-    """Rows `rows` (in that order) of one Arrow shard, reading only the record batches that
-    hold them: `pa.Table.take` over a whole file would first join the chunks of every
-    column, holding all of the file's text in memory to keep a few rows of it."""
+    """Rows `rows` (in that order) of one Arrow shard, a record batch at a time, stopping
+    after the batch that holds the last row asked for: `pa.Table.take` over a whole file
+    would first join the chunks of every column, holding all of the file's text in memory
+    to keep a few rows of it."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
     wanted = np.asarray(rows, dtype=np.int64)
+    order = np.argsort(wanted, kind="stable")
+    ascending = wanted[order]
     local = storage.local_path(uri)
     with (pa.memory_map(local) if local is not None else storage.open(uri, "rb")) as source:
         reader = ipc.open_file(source)
         schema = reader.schema if columns is None else pa.schema([reader.schema.field(c) for c in columns])
-        if len(wanted) == 0:
-            return schema.empty_table()
-        sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]  # metadata only
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        if wanted.min() < 0 or wanted.max() >= starts[-1]:
-            raise IndexError(f"{uri}: rows {int(wanted.min())}..{int(wanted.max())} asked of {int(starts[-1])}")
-        order = np.argsort(wanted, kind="stable")
-        ascending = wanted[order]
-        batch_of = np.searchsorted(starts, ascending, side="right") - 1
-        parts = []
-        for b in np.unique(batch_of):
-            batch = reader.get_batch(int(b))
-            batch = batch.select(columns) if columns is not None else batch
-            parts.append(batch.take(pa.array(ascending[batch_of == b] - starts[b])))
+        if len(ascending) and ascending[0] < 0:
+            raise IndexError(f"{uri}: row {int(ascending[0])} asked for")
+        parts, start, found = [], 0, 0
+        for i in range(reader.num_record_batches):
+            if found == len(ascending):
+                break
+            batch = reader.get_batch(i)
+            end = start + batch.num_rows
+            upto = int(np.searchsorted(ascending, end))
+            if upto > found:
+                batch = batch.select(columns) if columns is not None else batch
+                parts.append(batch.take(pa.array(ascending[found:upto] - start)))
+                found = upto
+            start = end
+        if found < len(ascending):  # every batch was read: `start` is the file's row count
+            raise IndexError(f"{uri}: rows {int(ascending[0])}..{int(ascending[-1])} asked of {start}")
         table = pa.Table.from_batches(parts, schema=schema)
     if np.any(order != np.arange(len(order))):  # back to the order asked for
         table = table.take(pa.array(np.argsort(order, kind="stable")))

@@ -125,3 +125,29 @@ def minilm_or_stand_in(tmp_path, monkeypatch):
     folder = Path(save_tiny_bert(tmp_path / "minilm-stand-in", ["a small stand-in for the teacher", "with a few words"], vocab_size=60))
     monkeypatch.setattr(sample_data, "minilm_dir", lambda check=True: folder)
     return folder
+
+
+# -- GPU tests ----------------------------------------------------------------------------------
+
+
+def _gpu_session(config) -> bool:
+    """Whether this session asked for the GPU tests (`pytest -m gpu`). They need a process of
+    their own: DeepSpeed's accelerator is chosen once per process, and a process that opened
+    the CPU tests' gloo group cannot open NCCL."""
+    expression = config.getoption("markexpr") or ""
+    return "gpu" in expression and "not gpu" not in expression
+
+
+def pytest_configure(config):
+    if _gpu_session(config):  # before any test module sets DS_ACCELERATOR=cpu
+        os.environ.setdefault("DS_ACCELERATOR", "cuda")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every other session leaves the GPU tests out (deselected, not skipped)."""
+    if _gpu_session(config):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]

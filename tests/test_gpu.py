@@ -1,10 +1,11 @@
-"""GPU checks (`pytest -m gpu`; skipped without CUDA): the training loop in bf16 on NCCL
-with DeepSpeed's fused optimizers (FusedAdam under ZeRO-2, FusedLamb at stage 0), resumed
-after a crash, and the export of a bf16 ZeRO checkpoint to what transformers loads.
+"""GPU checks (`pytest -m gpu`): the training loop in bf16 on NCCL with DeepSpeed's fused
+optimizers (FusedAdam under ZeRO-2, FusedLamb at stage 0), resumed after a crash, and the
+export of a bf16 ZeRO checkpoint to what transformers loads.
 
-One process, one GPU, an NCCL process group of one: run these alone (`pytest -m gpu`),
-since a session that already opened a gloo group for the CPU tests cannot open NCCL.
-benchmarks/gpu_check.sh runs them on a lent GPU machine."""
+One process, one GPU, an NCCL process group of one. Only a session that asks for them runs
+them (`pytest -m gpu`; tests/conftest.py deselects them everywhere else, and sets DeepSpeed's
+accelerator to CUDA before any test module is imported); there they fail, not skip, without a
+CUDA device. benchmarks/gpu_check.sh runs them on a lent GPU machine."""
 
 from __future__ import annotations
 
@@ -15,10 +16,6 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-if not torch.cuda.is_available():  # before test_train sets DS_ACCELERATOR=cpu for the process
-    pytest.skip("needs a CUDA device", allow_module_level=True)
-os.environ.setdefault("DS_ACCELERATOR", "cuda")
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))  # JIT-build the fused ops for this GPU only
 
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
@@ -34,11 +31,11 @@ from bertcore.trainer import Trainer, WorkerContext  # noqa: E402
 def nccl_world():
     from processes import free_port
 
-    if os.environ["DS_ACCELERATOR"] != "cuda":
-        pytest.skip("DeepSpeed was set to the CPU accelerator by the CPU tests of this session: run `pytest -m gpu` on its own")
+    assert torch.cuda.is_available(), "the GPU tests need a CUDA device: run `pytest -m gpu` on a GPU machine"
+    assert os.environ.get("DS_ACCELERATOR") == "cuda", f"DeepSpeed's accelerator is {os.environ.get('DS_ACCELERATOR')!r}: run `pytest -m gpu` on its own"
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))  # JIT-build the fused ops for this GPU only
     if torch.distributed.is_initialized():
-        if torch.distributed.get_backend() != "nccl":
-            pytest.skip("a gloo process group is already open in this session: run `pytest -m gpu` on its own")
+        assert torch.distributed.get_backend() == "nccl", "a gloo process group is already open: run `pytest -m gpu` on its own"
         return
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))

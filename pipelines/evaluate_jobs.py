@@ -1,0 +1,223 @@
+"""The evaluate stage's Ray jobs (pipelines/evaluate.py plans them, runs them and folds
+their results into metrics): held-out MLM/NSP scores with the unigram and label-balance
+floors, fill-mask examples, one fine-tuning seed of a task (keeping the model fine-tuned on
+the whole training file when asked), sentence embeddings and STS, and the inference speed of
+the models together. Each reads the models and task files through local copies, since
+transformers and the task readers read local folders; messages name the original URIs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import ray
+
+from bertcore.errors import BertpipeError
+from bertcore.eval import finetune
+from bertcore.eval.config import TASK_FILES, EmbeddingsConfig, IntrinsicConfig, SpeedConfig, TaskConfig
+from bertcore.examples_config import ExamplesConfig, PhaseConfig
+from bertcore.rng import keyed_seed
+from pipelines.shards import local_copy, local_folder, read_batches
+from pipelines.stage import ShardInfo, StageDir
+from pipelines.storage import Storage, is_local
+
+# -- local copies -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model under evaluation: its name in metrics.json (pretrained; or teacher, student
+    after distillation; random_init), the folder its encoder is read from (for random_init:
+    the architecture's), the files read there, and whether its weights are fresh."""
+
+    name: str
+    uri: str
+    files: tuple[str, ...]
+    cache_key: str
+    random_init: bool = False
+
+    def local(self, storage: Storage) -> str:
+        """A local folder with its files (the folder itself when it is local)."""
+        return local_folder(storage, self.uri, list(self.files), self.cache_key)
+
+
+def _local_file(storage: Storage, uri: str, file_keys: dict[str, str]) -> str:
+    """A local path for a task or STS file. A local one is read where it is, under the
+    name the recipe gave (local_copy would turn a file:// URI into a bare path); a remote
+    one is cached per content, so an edited file is fetched again."""
+    return uri if is_local(uri) else local_copy(storage, uri, f"eval-{file_keys[uri]}")
+
+
+def _local_task(task: TaskConfig, storage: Storage, file_keys: dict[str, str]) -> tuple[TaskConfig, dict[str, str]]:
+    """The task with its files as local paths, and {local path: original URI} for messages."""
+    uris = {split: getattr(task, split) for split in TASK_FILES if getattr(task, split) is not None}
+    update = {split: _local_file(storage, uri, file_keys) for split, uri in uris.items()}
+    return task.model_copy(update=update), {update[split]: uri for split, uri in uris.items()}
+
+
+def _original_paths(text: str, back: dict[str, str]) -> str:
+    for local, uri in back.items():
+        text = text.replace(local, uri)
+    return text
+
+
+def _threads(num_threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(num_threads)
+
+
+# -- Ray jobs -----------------------------------------------------------------------------------
+
+
+UNIGRAM_ROWS = 200_000
+"""Training sequences read to count token frequencies for the unigram MLM baseline."""
+
+
+def _unigram_counts(storage: Storage, shard_uris: list[str], vocab: list[str]):
+    """Token counts of the MLM targets of a phase's training shards (at most UNIGRAM_ROWS sequences)."""
+    from bertcore.eval.baselines import target_counts
+
+    specials = [i for i, token in enumerate(vocab) if token.startswith("[") and token.endswith("]")]
+    batches = (batch for uri in shard_uris for batch in read_batches(storage, uri))
+    return target_counts(batches, len(vocab), specials, max_rows=UNIGRAM_ROWS)
+
+
+@ray.remote(max_retries=1)
+def intrinsic_job(
+    model: Model,
+    shard_uris: list[str],
+    train_uris: list[str],
+    phase: PhaseConfig,
+    examples_cfg: ExamplesConfig,
+    cfg: IntrinsicConfig,
+    seed: int,
+    storage: Storage,
+    cache_key: str,
+    num_threads: int,
+) -> dict:
+    """MLM/NSP scores of one phase's validation shards, with the unigram and label-balance baselines."""
+    from bertcore.data import ExamplesLoader
+    from bertcore.eval.finetune import device
+    from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
+    from bertcore.masking import VocabTables
+    from bertcore.tokenizer import VOCAB_FILE, read_vocab
+
+    _threads(num_threads)
+    model_dir = model.local(storage)
+    tokens = read_vocab(os.path.join(model_dir, VOCAB_FILE))
+    model = load_pretraining_model(model_dir, random_init=model.random_init, seed=seed).to(device())
+    mask_config = None
+    if examples_cfg.masking == "dynamic":
+        mask_config = examples_cfg.mask_config(phase, VocabTables.from_tokens(tokens))
+    paths = [local_copy(storage, uri, cache_key) for uri in shard_uris]
+    loader = ExamplesLoader(
+        paths,
+        cfg.batch_size,
+        seed=keyed_seed(seed, "evaluate", "intrinsic", phase.name) >> 1,  # the dynamic masks: fixed, the same for both models
+        masking=examples_cfg.masking,
+        mask_config=mask_config,
+        pad_id=model.cfg.pad_token_id,
+        shuffle=False,
+        even_batches=False,
+    )
+    counts = _unigram_counts(storage, train_uris, tokens) if train_uris else None
+    scores = held_out_scores(model, loader, max_batches=cfg.max_batches, unigram_counts=counts)
+    if not _has_nsp_head(model_dir):  # e.g. a distilled student: its NSP head would be random, its scores noise
+        scores = {k: v for k, v in scores.items() if not k.startswith("nsp_")}
+        scores["baselines"] = {**scores["baselines"], "nsp_balance": None}
+    unigram = scores["baselines"]["unigram"]
+    if unigram:
+        unigram["token"] = tokens[unigram["token_id"]]
+    return scores
+
+
+def _has_nsp_head(model_dir: str) -> bool:
+    """Whether the folder's model was exported with its next-sentence head (BertForPreTraining)."""
+    import json
+
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
+        return "BertForPreTraining" in (json.load(handle).get("architectures") or ["BertForPreTraining"])
+
+
+@ray.remote(max_retries=1)
+def fill_mask_job(model: Model, sentences: list[str], count: int, seed: int, storage: Storage, num_threads: int) -> list[dict]:
+    """The pretrained model's top guesses for one masked word in each of a few held-out sentences."""
+    from bertcore.eval.encoder import load_tokenizer
+    from bertcore.eval.intrinsic import fill_mask, load_pretraining_model
+
+    _threads(num_threads)
+    model_dir = model.local(storage)
+    return fill_mask(load_pretraining_model(model_dir), load_tokenizer(model_dir), sentences, seed=seed, count=count)
+
+
+@ray.remote(max_retries=1)
+def finetune_job(
+    task: TaskConfig, model: Model, tokenizer: Model, task_seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int,
+    keep_in: StageDir | None = None,
+) -> dict:
+    """One fine-tuning run (all folds of one seed); file names in messages are the task's URIs.
+    `tokenizer`: the model whose folder holds the tokenizer files (every model shares the
+    vocabulary). With `keep_in` (the stage directory), the model fine-tuned on the whole
+    training file is saved there for `bertpipe export --task`; the result's "saved" is its
+    shard record."""
+    model_dir = model.local(storage)
+    local, back = _local_task(task, storage, file_keys)
+    kept: list | None = [] if keep_in is not None else None
+    try:
+        result = finetune.run_task(local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept)
+    except BertpipeError as exc:
+        raise type(exc)(_original_paths(str(exc), back)) from None
+    result["skipped_problems"] = [_original_paths(p, back) for p in result["skipped_problems"]]
+    if kept:
+        result["saved"] = asdict(_save_task_model(keep_in, task, model.name, kept[0], model_dir, task_seed, result))
+    return result
+
+
+def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_dir: str, seed: int, result: dict) -> ShardInfo:
+    """heads/<name>/<task>.safetensors (name: pretrained, or student): the fine-tuned model
+    and what export needs to know of it."""
+    from bertcore.eval.heads import TaskHead, head_path, save_task_model
+    from bertcore.export import WEIGHTS_FILE
+    from pipelines.storage import sha256_file
+
+    head = TaskHead(
+        task=task.name, type=task.type, labels=list(result["labels"]), num_outputs=model.head.out_features,
+        layers=task.layers if isinstance(task.layers, str) else list(task.layers), combine=task.combine, pooling=task.pooling,
+        seed=seed, trained_on=f"the whole training file ({result['train_examples']} examples)",
+        encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)), max_seq_length=task.max_seq_length,
+    )
+    return stage.publish(head_path(name, task.name), lambda path: save_task_model(path, model, head), rows=0)
+
+
+@ray.remote(max_retries=1)
+def embeddings_job(
+    model: Model, tokenizer: Model, sentences: list[str], cfg: EmbeddingsConfig, seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int
+) -> dict:
+    """Anisotropy (and STS Spearman) for [CLS] and mean pooling."""
+    from bertcore.eval.embeddings import embedding_report, read_sts
+
+    pairs, skipped, problems = None, 0, []
+    if cfg.sts is not None:
+        path = _local_file(storage, cfg.sts.file, file_keys)
+        try:
+            read = read_sts(cfg.sts, path)
+        except BertpipeError as exc:
+            raise type(exc)(_original_paths(str(exc), {path: cfg.sts.file})) from None
+        pairs, skipped = read.examples, read.skipped
+        problems = [_original_paths(p, {path: cfg.sts.file}) for p in read.problems]
+    scores = embedding_report(
+        model.local(storage), tokenizer.local(storage), sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
+        max_seq_length=cfg.max_seq_length, random_init=model.random_init, num_threads=num_threads,
+    )
+    return {"scores": scores, "sts_pairs": len(pairs or []), "skipped": skipped, "skipped_problems": problems}
+
+
+@ray.remote(max_retries=1)
+def speed_job(models: list[Model], cfg: SpeedConfig, seed: int, storage: Storage, num_threads: int) -> dict:
+    """Sequences/s of each model's encoder forward, measured together (bertcore/eval/speed.py)."""
+    from bertcore.eval.speed import measure
+
+    folders = {m.name: (m.local(storage), m.random_init) for m in models}
+    return measure(folders, batch_size=cfg.batch_size, seq_length=cfg.max_seq_length, passes=cfg.passes, seed=seed, threads=num_threads)
