@@ -13,6 +13,16 @@ object store by a write conditional on the stale version's ETag, on local disk b
 the stale file aside under a unique name and checking that it was the one read. Renewals
 are conditional the same way, so a holder that was taken over notices (`lost`) instead of
 overwriting the new holder's lease.
+
+A lease on this host whose holder process is gone (no such pid, or the pid now belongs to a
+process started after the lease was taken) is stale at once: the rerun after a killed run
+does not wait for the ttl. A lease on another host cannot be checked that way and waits.
+
+An object store that is unreachable for a while (an outage shorter than the ttl) costs
+nothing: the heartbeat warns and keeps trying. When the lease file is found gone and no one
+else holds the root, this writer takes it again and goes on. Only when another writer holds
+it is the lease lost: from then on every write under the root through this process's
+`Storage` is refused (`LeaseLost`), and the run stops before its next write.
 """
 
 from __future__ import annotations
@@ -26,7 +36,10 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+import psutil
+
 from bertcore.errors import BertpipeError
+from pipelines import storage as storage_module
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
@@ -53,6 +66,19 @@ class LeaseRecord:
     acquired_at: float
     heartbeat_at: float
     expires_at: float
+
+    def holder_gone(self) -> bool:
+        """Whether the holder is known to be dead: it ran on this host and its pid is free,
+        or taken by a process that started after the lease was (pid reuse)."""
+        if not self.token or self.host != socket.gethostname() or self.pid <= 0:
+            return False
+        try:
+            started = psutil.Process(self.pid).create_time()
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:  # not ours to inspect: alive
+            return False
+        return started > self.acquired_at + 1.0
 
     def describe(self) -> str:
         if not self.token:  # a damaged lease file (`_parse`)
@@ -90,6 +116,7 @@ class RootLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = False
+        self.taken_by = ""
 
     # -- the file, on local disk or an object store ---------------------------------------
     def _payload(self) -> bytes:
@@ -175,29 +202,37 @@ class RootLease:
             current, version = self._read()
             if current is None:
                 continue  # released between our two looks
-            if current.expires_at > time.time():
+            gone = current.holder_gone()
+            if current.expires_at > time.time() and not gone:
                 raise self._held(current)
             if self._replace(version):
-                log.warning("run.root %s: took over the stale lease of %s (%s)", self.root, current.describe(), self.uri)
+                why = "its process is gone" if gone else "its heartbeat stopped"
+                log.warning("run.root %s: took over the stale lease of %s: %s (%s)", self.root, current.describe(), why, self.uri)
                 break
         else:
             raise LeaseHeld(f"run.root {self.root}: could not take the lease (another writer keeps taking it); try again")
         self._thread = threading.Thread(target=self._heartbeat, name="bertpipe-lease", daemon=True)
         self._thread.start()
         _HELD.add(self)
+        storage_module.add_write_check(self.root, self._check_write)
         return self
 
     def _held(self, current: LeaseRecord) -> LeaseHeld:
+        left = max(0, current.expires_at - time.time())
         return LeaseHeld(
             f"run.root {self.root} is in use by {current.describe()}; wait for it to finish "
-            f"(its lease expires {max(0, current.expires_at - time.time()):.0f} s after its last heartbeat), or use another run.root"
+            f"(if it died, its lease expires in {left:.0f} s and the next run takes the root over), or use another run.root"
         )
+
+    def _check_write(self, uri: str) -> None:
+        if uri != self.uri:
+            self.check()
 
     def refuse_if_held(self) -> None:
         """Raise `LeaseHeld` now if another writer holds the root, without taking the lease: a
         look before a run starts Prefect and Ray (the lease itself is taken by `acquire`)."""
         current, _ = self._read()
-        if current is not None and current.expires_at > time.time():
+        if current is not None and current.expires_at > time.time() and not current.holder_gone():
             raise self._held(current)
 
     def _heartbeat(self) -> None:
@@ -208,8 +243,17 @@ class RootLease:
                 log.warning("run.root %s: lease heartbeat failed (%s)", self.root, exc)
 
     def renew(self) -> None:
-        """Push the expiry forward, if this writer still holds the lease."""
+        """Push the expiry forward, if this writer still holds the lease; take it again when
+        its file is gone and no one else took the root (a store that lost it, a person who
+        deleted it)."""
+        if self.lost:
+            return
         current, version = self._read()
+        if current is None:
+            if self._create():
+                log.warning("run.root %s: the lease file %s was gone and no one else held the root; took it again", self.root, self.uri)
+                return
+            current, version = self._read()  # another writer created it in between
         if current is None or current.token != self.record.token:
             self._mark_lost(current)
             return
@@ -219,20 +263,27 @@ class RootLease:
                 handle.write(self._payload())
             os.replace(tmp, self.local)
         elif not self._put(self._payload(), IfMatch=version):
-            self._mark_lost(None)
+            current, _ = self._read()  # the version moved: by our own write whose answer was lost, or by another writer
+            if current is None or current.token != self.record.token:
+                self._mark_lost(current)
 
     def _mark_lost(self, current: LeaseRecord | None) -> None:
         if not self.lost:
             self.lost = True
-            who = current.describe() if current else "no one"
-            log.error("run.root %s: this run's lease was lost (now held by %s); its outputs may be overwritten", self.root, who)
+            self.taken_by = current.describe() if current else "another writer"
+            log.error("run.root %s: another writer took over this run's lease (%s); this run writes nothing more", self.root, self.taken_by)
 
     def check(self) -> None:
         """Raise LeaseLost when another writer took the root over."""
         if self.lost:
-            raise LeaseLost(f"run.root {self.root}: another writer took over this run's lease; stopping before writing more")
+            raise LeaseLost(
+                f"run.root {self.root}: {self.taken_by} took over this run's lease (its heartbeat could not reach "
+                f"{self.uri} for over {self.ttl_s:.0f} s); this run stopped before writing more. Check what that writer is doing "
+                "before you run again: two writers on one root would overwrite each other"
+            )
 
     def release(self) -> None:
+        storage_module.remove_write_check(self.root, self._check_write)
         _HELD.discard(self)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():

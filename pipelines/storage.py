@@ -22,7 +22,7 @@ import posixpath
 import re
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -77,6 +77,26 @@ class WrittenFile:
     sha256: str
     stamp: str = ""
     """What changes whenever the file is written again: its mtime (local) or ETag (object store)."""
+
+
+_WRITE_CHECKS: list[tuple[str, Callable[[str], None]]] = []
+"""(root, check) pairs this process holds: each write or delete under `root` calls `check(uri)`
+first (pipelines/lease.py: a run whose lease was taken over writes nothing more)."""
+
+
+def add_write_check(root: str, check: Callable[[str], None]) -> None:
+    _WRITE_CHECKS.append((root.rstrip("/"), check))
+
+
+def remove_write_check(root: str, check: Callable[[str], None]) -> None:
+    with contextlib.suppress(ValueError):
+        _WRITE_CHECKS.remove((root.rstrip("/"), check))
+
+
+def _before_write(uri: str) -> None:
+    for root, check in list(_WRITE_CHECKS):
+        if uri == root or uri.startswith(root + "/"):
+            check(uri)
 
 
 class Storage:
@@ -196,6 +216,7 @@ class Storage:
             os.close(handle)
         try:
             yield tmp
+            _before_write(uri)
             if local is not None:
                 os.replace(tmp, local)
             else:
@@ -264,6 +285,7 @@ class Storage:
         """Delete a file (or a folder, `recursive`). Locally a symbolic link is never
         followed: a link on the way below `within` (or the path itself) is removed, not
         what it points to."""
+        _before_write(uri)
         local = self.local_path(uri)
         if local is not None:
             base = self.local_path(within) if within is not None else os.path.dirname(local)

@@ -76,8 +76,11 @@ def test_a_stale_lease_is_taken_over_and_its_holder_notices(root, caplog):
     assert any("took over the stale lease of the first run" in r.getMessage() for r in caplog.records)
     first.renew()
     assert first.lost
-    with pytest.raises(LeaseLost, match="another writer took over"):
+    with pytest.raises(LeaseLost, match="the second run .* took over this run's lease"):
         first.check()
+    with pytest.raises(LeaseLost):  # and this process writes nothing more under the root
+        storage.write_bytes(f"{uri}/corpus/part-00000.arrow", b"late")
+    assert not storage.exists(f"{uri}/corpus/part-00000.arrow")
     first.release()  # must not remove the new holder's lease
     assert json.loads(storage.read_text(f"{uri}/{LEASE}"))["holder"] == "the second run"
     second.release()
@@ -153,3 +156,41 @@ def test_bertpipe_run_on_a_held_root_exits_at_once_with_one_line(where, tmp_path
     done = subprocess.run([*CLI_RUN, "-c", str(recipe)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert storage.exists(f"{uri}/corpus/_manifest.json") and not storage.exists(f"{uri}/{LEASE}")
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once(root, caplog):
+    """A SIGKILLed run leaves a lease that has not expired; its pid is gone, so the rerun
+    takes the root at once instead of waiting for the ttl."""
+    storage, uri = root
+    holder = subprocess.Popen([sys.executable, "-c", "pass"])
+    holder.wait()
+    now = time.time()
+    record = {"holder": "flow run killed-run (1)", "host": __import__("socket").gethostname(), "pid": holder.pid,
+              "token": "dead", "acquired_at": now - 5, "heartbeat_at": now - 1, "expires_at": now + 119}
+    storage.write_bytes(f"{uri}/{LEASE}", json.dumps(record).encode())
+    with caplog.at_level(logging.WARNING, logger="pipelines.lease"):
+        with RootLease(storage, uri, "the rerun") as lease:
+            assert json.loads(storage.read_text(f"{uri}/{LEASE}"))["token"] == lease.record.token
+    assert any("killed-run" in r.getMessage() and "its process is gone" in r.getMessage() for r in caplog.records)
+
+
+def test_a_live_holder_is_refused_with_the_time_left(root):
+    storage, uri = root
+    with RootLease(storage, uri, "flow run busy (2)"):
+        with pytest.raises(LeaseHeld, match=r"its lease expires in \d+ s"):
+            RootLease(storage, uri, "a second run").acquire()
+
+
+def test_a_lease_file_gone_with_no_other_writer_is_taken_again(root, caplog):
+    """A store that lost the lease file (an outage, a restore) while no one else took the
+    root: the holder takes it again and goes on, instead of calling itself taken over."""
+    storage, uri = root
+    with RootLease(storage, uri, "a long run", ttl_s=60) as lease:
+        storage.remove(f"{uri}/{LEASE}")
+        with caplog.at_level(logging.WARNING, logger="pipelines.lease"):
+            lease.renew()
+        assert not lease.lost
+        lease.check()
+        assert json.loads(storage.read_text(f"{uri}/{LEASE}"))["token"] == lease.record.token
+        storage.write_bytes(f"{uri}/corpus/part-00000.arrow", b"goes on")
+    assert any("took it again" in r.getMessage() for r in caplog.records)
