@@ -69,6 +69,39 @@ def check_pickles(folder: str) -> None:
             )
 
 
+def load_on_another_world_size(engine, load_dir: str, tag: str) -> str | None:
+    """Load a ZeRO-1/2 checkpoint written by another number of workers (a run that lost a
+    node). DeepSpeed's engine refuses optimizer states of another data-parallel size
+    outright, while its ZeRO-1/2 optimizer can merge the partitions of any size and cut out
+    this rank's when they were saved in its elastic layout (bertcore/optim.py asks for it):
+    so the engine loads the module, fp32 master weights (merged), schedule and counters
+    without the optimizer states, then the optimizer merges those. Returns the load path
+    (None when DeepSpeed found nothing)."""
+    load_path, _ = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=False)
+    if load_path is None:
+        return None
+    states = engine._get_all_zero_checkpoints(load_dir, tag)  # every writer's partition (elastic layout)
+    if not states or not all(states):
+        raise InputDataError(f"{load_dir}/{tag}: its optimizer partitions are not all there; the checkpoint cannot resume on another world size")
+    from deepspeed.checkpoint.constants import BASE_OPTIMIZER_STATE_STEP
+
+    groups = engine.optimizer.optimizer.param_groups
+    had_step = "step" in groups[0]
+    for state in states:  # torch's AdamW counts steps per parameter (restored with the moments), not per group
+        state.setdefault(BASE_OPTIMIZER_STATE_STEP, None)
+    engine.optimizer._restore_elastic_base_optimizer_state(states)
+    if not had_step:
+        for group in groups:
+            group.pop("step", None)
+    # the groups' learning rates come with the optimizer states DeepSpeed skipped: the
+    # restored schedule knows the last one
+    if engine.lr_scheduler is not None:
+        for group, lr in zip(groups, engine.lr_scheduler.get_last_lr()):
+            group["lr"] = lr
+    engine.optimizer._link_all_hp_params()
+    return load_path
+
+
 def rank_state_files(folder: str, rank: int) -> tuple[str, str]:
     """The JSON and safetensors files of one rank's trainer state in a checkpoint folder."""
     stem = os.path.join(folder, f"trainer-rank-{rank:05d}")

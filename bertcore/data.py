@@ -352,9 +352,12 @@ class ExamplesLoader:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume where `state` stopped; a state of another world size resumes too when the
+        batches the ranks consumed together split evenly over this one's ranks (global
+        batches go round-robin, so W ranks after k batches each have consumed the first
+        W x k batches of the epoch)."""
         mine = {
             "seed": self.seed,
-            "world_size": self.world_size,
             "batch_size": self.batch_size,
             "num_records": len(self.dataset),
         }
@@ -362,6 +365,14 @@ class ExamplesLoader:
             if state[key] != value:
                 raise ValueError(
                     f"loader state has {key}={state[key]} but this loader has {value}; "
-                    "resume with the same shards, seed, batch size and world size"
+                    "resume with the same shards, seed and batch size"
                 )
-        self.epoch, self._consumed = state["epoch"], state["batches_consumed"]
+        consumed = state["batches_consumed"]
+        if state["world_size"] != self.world_size:
+            together = consumed * state["world_size"]
+            if together % self.world_size:
+                raise ValueError(
+                    f"loader state of {state['world_size']} ranks at {consumed} batches each does not split over {self.world_size} ranks"
+                )
+            consumed = together // self.world_size
+        self.epoch, self._consumed = state["epoch"], consumed

@@ -119,7 +119,9 @@ def deepspeed_config(cfg: TrainingConfig, micro_batch_size: int) -> dict:
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "train_batch_size": micro_batch_size * cfg.gradient_accumulation_steps * cfg.num_workers,
         "gradient_clipping": cfg.max_grad_norm,
-        "zero_optimization": {"stage": cfg.zero_stage},
+        # ZeRO-1/2 optimizer partitions in DeepSpeed's elastic layout: a checkpoint resumes
+        # on another number of workers (a run that lost a node goes on with fewer)
+        "zero_optimization": {"stage": cfg.zero_stage, **({"elastic_checkpoint": True} if cfg.zero_stage in (1, 2) else {})},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }

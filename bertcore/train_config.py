@@ -57,6 +57,8 @@ RESUME_NEUTRAL = {
     "peak_flops_per_device",
     "loader_processes",
     "max_failures",
+    "min_workers",
+    "rejoin_timeout_s",
     "validation_batches",
     "eval_every",
     "tracking",
@@ -125,8 +127,12 @@ class TrainingConfig(Section):
     """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     """Experiment tracking: TensorBoard always, MLflow and W&B when enabled."""
-    max_failures: int = Field(0, ge=0)
-    """Times Ray Train restarts the workers after a failure; each restart resumes from the latest checkpoint."""
+    max_failures: int = Field(3, ge=0)
+    """Times the stage restarts its workers after a lost worker or node, in the same run, from the latest checkpoint; 0 fails at once."""
+    min_workers: int | None = Field(None, ge=1)
+    """Fewest workers to go on with after a lost node, keeping the global batch by gradient accumulation (default 1); the same as num_workers: never fewer."""
+    rejoin_timeout_s: float = Field(120.0, ge=0.0)
+    """After a lost node, seconds to wait for the cluster to hold num_workers workers again before going on with fewer."""
 
     @field_validator("betas")
     @classmethod
@@ -161,6 +167,8 @@ class TrainingConfig(Section):
             raise ValueError(
                 f"{key}.warmup_steps ({self.warmup_steps}) must be below the total steps of {key}.phases ({self.total_steps})"
             )
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(f"{key}.min_workers ({self.min_workers}) must not exceed {key}.num_workers ({self.num_workers})")
         per_step = self.num_workers * self.gradient_accumulation_steps
         for i, phase in enumerate(self.phases):
             if phase.batch_size % per_step:

@@ -39,6 +39,7 @@ from bertcore.checkpoint import (
     COMPLETE,
     StageFiles,
     check_pickles,
+    load_on_another_world_size,
     checkpoint_tag,
     latest_checkpoint,
     load_rank_state,
@@ -202,6 +203,7 @@ class Trainer:
         self.step = 0  # optimizer steps completed
         self.tokens_seen = 0
         self.train_time_s = 0.0  # summed over invocations
+        self.resizes: list[dict] = []  # world-size changes on resume (a lost node), oldest first
         self.phase_index: int | None = None
         self.loader: ExamplesLoader | None = None
         self.stream: Iterator[dict[str, torch.Tensor]] | None = None
@@ -275,10 +277,23 @@ class Trainer:
         self.files.download(f"{CHECKPOINTS}/{tag}")
         folder = self.files.local_path(f"{CHECKPOINTS}/{tag}")
         check_pickles(folder)  # DeepSpeed unpickles its files: nothing but its own classes may be in them
-        load_dir, _ = self.engine.load_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag)
+        written_by = int(marker.get("world_size") or self.ctx.world_size)
+        if written_by != self.ctx.world_size and self.cfg.zero_stage in (1, 2):
+            load_dir = load_on_another_world_size(self.engine, self.files.local_path(CHECKPOINTS), tag)
+        else:  # the same world size, or ZeRO-0, whose optimizer state is whole in every checkpoint
+            load_dir, _ = self.engine.load_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag)
         if load_dir is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag}")
-        state, rng = load_rank_state(folder, self.ctx.rank)
+        # on another world size (a lost node) rank r takes the counters, loss watch and RNG
+        # of the writer's rank r mod W; the loader state converts (bertcore/data.py)
+        state, rng = load_rank_state(folder, self.ctx.rank % written_by)
+        self.resizes = list(marker.get("resizes") or [])
+        if written_by != self.ctx.world_size:
+            self.resizes.append({"step": state["step"], "from_workers": written_by, "to_workers": self.ctx.world_size,
+                                 "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps})
+            if self.rank0:
+                log.warning("%s: resuming %s, written by %d workers, on %d (gradient accumulation %d: the same global batch)",
+                            self.key, tag, written_by, self.ctx.world_size, self.cfg.gradient_accumulation_steps)
         self.step, self.tokens_seen, self.train_time_s = state["step"], state["tokens_seen"], state["train_time_s"]
         self.watch.load_state_dict(state["watch"])
         torch.set_rng_state(rng["torch_rng"])
@@ -325,6 +340,7 @@ class Trainer:
             "stopped_by": stopped_by,
             "resume_key": self.resume_key,
             "world_size": self.ctx.world_size,
+            "resizes": self.resizes,
             "zero_stage": self.cfg.zero_stage,
             "precision": self.cfg.precision,
             **self.objective.describe(),

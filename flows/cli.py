@@ -138,7 +138,7 @@ def run(
     config: ConfigOpt = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="STAGE[,STAGE]", help="Run only these stages (repeatable or comma-separated).")] = None,
     from_stage: Annotated[Optional[str], typer.Option("--from", metavar="STAGE", help="Run this stage and every stage after it.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages even if their output is complete.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Recompute the selected stages from nothing, even if complete: pretrain and distill delete their checkpoints and train from step 0 (a plain rerun resumes).")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard before trusting it, and every local input file (default: only what changed size or mtime/ETag).")] = False,
     set_: SetOpt = None,
 ) -> None:

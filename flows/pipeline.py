@@ -61,8 +61,13 @@ def _retry_transient_only(task, task_run, state) -> bool:
     retry_condition_fn=_retry_transient_only,
 )
 def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
+    from prefect.runtime import task_run
+
     logger = get_run_logger()
     started = time.perf_counter()
+    # --force recomputes on the first attempt only: a retry (a lost node) resumes what the
+    # forced attempt already did instead of starting over again
+    force = force and (task_run.run_count or 1) <= 1
     try:
         manifest, computed = pipeline.run(name, force=force)
     except BertpipeError as exc:

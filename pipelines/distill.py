@@ -174,7 +174,7 @@ def run(r: StageRun) -> Output:
     files = stage_files(r.storage, r.dir.uri, "driver")
     resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed,
                                  "teacher": teacher.folder.identity})
-    prepare_checkpoints(cfg, files, resume_key, r.dir)
+    prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
     spec = DistillSpec(student.model_dump(mode="json"), teacher.config.model_dump(mode="json"), teacher.folder, pairs, cfg.loss,
                        cfg.student.init, teacher.has_mlm_head)
     job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,

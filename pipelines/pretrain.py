@@ -114,7 +114,7 @@ def run(r: StageRun) -> Output:
         model_cfg = _init_model_config(cfg, init, inputs, r.storage)
     else:
         model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
-    prepare_checkpoints(cfg, files, resume_key, r.dir)
+    prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
     spec = PretrainSpec(model_cfg.model_dump(mode="json"), inputs.examples.has_nsp, init)
     job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,
                     inputs=inputs, env=worker_env(cfg))

@@ -114,7 +114,7 @@ def run_stage(
     stage_log.started(name, fp, inputs, external, parallelism)
     started = time.perf_counter()
     value = None if external is None else external.value
-    run = StageRun(section, seed, storage, directory, fp, inputs, external=value, parallelism=parallelism)
+    run = StageRun(section, seed, storage, directory, fp, inputs, external=value, parallelism=parallelism, force=force)
     output: Output = stage.work()(run)
     manifest = Manifest(
         stage=stage.name,

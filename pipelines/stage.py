@@ -400,6 +400,8 @@ class StageRun:
     """The `value` of the stage's External, when it declares `identify`."""
     parallelism: int | None = None
     """Most Ray tasks in flight (None: as many as the cluster runs)."""
+    force: bool = False
+    """`--force`: recompute from nothing (a training stage deletes its checkpoints)."""
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,46 @@ def _train_worker(config: dict) -> None:
 
 def fit(job: WorkerJob) -> None:
     """Run the workers to the end of training (or the time budget); a user error raised in
-    a worker surfaces as itself."""
+    a worker surfaces as itself. A worker or node lost on the way restarts the workers from
+    the latest checkpoint, up to `max_failures` times, with fewer of them when the cluster
+    has fewer after `rejoin_timeout_s` (pipelines/elastic.py)."""
+    import dataclasses
+
+    from bertcore.checkpoint import checkpoint_tag, latest_checkpoint
+    from pipelines.elastic import WorkersLost, choose_world_size, lost_workers, node_ids, resized, wait_for_dead
+    from pipelines.stage_files import stage_files
+
+    cfg, world, restarts = job.cfg, job.cfg.num_workers, 0
+    while True:
+        try:
+            _fit_once(dataclasses.replace(job, cfg=resized(cfg, world)))
+            return
+        except Exception as exc:
+            what = lost_workers(exc)
+            if what is None:
+                raise
+            log.debug("%s: the workers failed", cfg.SECTION, exc_info=exc)  # the stage's log file has Ray's account
+            marker = latest_checkpoint(stage_files(job.storage, job.stage_uri, "driver"))
+            start = f"checkpoint {checkpoint_tag(marker['step'])}" if marker else "step 0 (no checkpoint yet)"
+            restarts += 1
+            if restarts > cfg.max_failures:
+                raise WorkersLost(
+                    f"{cfg.SECTION}: lost {what}; gave up after {cfg.max_failures} restart(s) ({cfg.SECTION}.max_failures); "
+                    f"{'the latest ' + start + ' is kept' if marker else 'no checkpoint was written yet'}: "
+                    f"when the cluster is whole again, `bertpipe run --only {cfg.SECTION}` resumes from it"
+                ) from None
+            log.warning("%s: lost %s; restarting the workers from %s (restart %d of %d)", cfg.SECTION, what, start, restarts, cfg.max_failures)
+            wait_for_dead(node_ids(exc))
+            world = choose_world_size(cfg, what)
+            if world != cfg.num_workers:
+                log.warning(
+                    "%s: the cluster holds %d of %d workers after %.0f s; going on with %d, gradient accumulation %d (the same global batch)",
+                    cfg.SECTION, world, cfg.num_workers, cfg.rejoin_timeout_s, world, resized(cfg, world).gradient_accumulation_steps,
+                )
+
+
+def _fit_once(job: WorkerJob) -> None:
+    """One Ray Train run of the workers at the section's world size."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from ray.util.queue import Queue
@@ -227,6 +266,7 @@ def fit(job: WorkerJob) -> None:
 
     cfg = job.cfg
     queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+    storage_path = tempfile.mkdtemp(prefix="bertpipe-ray-train-")  # Ray Train's run records: nothing of ours; removed after
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": job, "progress": queue},
@@ -234,8 +274,8 @@ def fit(job: WorkerJob) -> None:
         torch_config=torch_config(cfg.use_gpu),  # the store on 127.0.0.1 when Ray runs on this machine only
         run_config=RunConfig(
             name=f"{cfg.SECTION}-{job.resume_key[:8]}-{uuid.uuid4().hex[:6]}",
-            storage_path=os.path.join(tempfile.gettempdir(), "bertpipe-ray-train"),
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            storage_path=storage_path,
+            failure_config=FailureConfig(max_failures=0),  # restarts are fit()'s: another world size needs a new trainer
             worker_runtime_env={"env_vars": job.env} if job.env else None,
         ),
     )
@@ -265,6 +305,7 @@ def fit(job: WorkerJob) -> None:
         stop.set()
         relay.join(timeout=30)
         queue.shutdown()
+        shutil.rmtree(storage_path, ignore_errors=True)
 
 
 def _on_another_thread(call) -> None:
@@ -305,13 +346,16 @@ def worker_env(cfg: TrainingConfig) -> dict[str, str]:
     return {**env, **{name: os.environ[name] for name in TRACKING_ENV if name in os.environ}}
 
 
-def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: StageDir) -> None:
-    """Delete checkpoints that must not be resumed: all of them with resume=never, or those
-    of another trajectory (other trajectory-shaping settings, inputs or seed): like any
-    stage whose fingerprint changed, this one is then recomputed from the start."""
+def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: StageDir, *, force: bool = False) -> None:
+    """Delete checkpoints that must not be resumed: all of them with resume=never or
+    `--force` (which trains from step 0), or those of another trajectory (other
+    trajectory-shaping settings, inputs or seed): like any stage whose fingerprint changed,
+    this one is then recomputed from the start."""
     from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag, clear_checkpoints, latest_checkpoint
 
-    if cfg.resume == "never":
+    if cfg.resume == "never" or force:
+        if force and latest_checkpoint(files) is not None:
+            log.info("%s: --force: deleting the checkpoints under %s; training starts at step 0", cfg.SECTION, stage.path(CHECKPOINTS))
         clear_checkpoints(files)
         return
     marker = latest_checkpoint(files)
@@ -466,6 +510,7 @@ def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], valid
         "validation_curve": _thin(validations, CURVE_POINTS),
         "checkpoint": checkpoint_tag(marker["step"]),
         "world_size": marker["world_size"],
+        "resizes": marker.get("resizes") or [],
         "zero_stage": marker["zero_stage"],
         "precision": marker["precision"],
         "model_config": marker["model_config"],

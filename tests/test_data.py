@@ -161,8 +161,34 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(news, dynamic_sha
     done = make()
     list(done)
     assert done.state_dict()["epoch"] == 1 and done.state_dict()["batches_consumed"] == 0
-    with pytest.raises(ValueError, match="world_size"):
-        ExamplesLoader(paths, 8, seed=11, world_size=1, length_bins=BINS, pad_id=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="batch_size"):
+        ExamplesLoader(paths, 4, seed=11, world_size=1, length_bins=BINS, pad_id=0).load_state_dict(state)
+
+
+def test_a_state_of_two_ranks_resumes_on_one_rank_at_the_same_global_batch(news, dynamic_shards):
+    """A run that lost a node goes on with fewer workers: two ranks that took 5 batches each
+    consumed the epoch's first 10 global batches (round-robin), so one rank resumes at the
+    11th, and the batches it yields are the ones a one-rank run yields from there on."""
+    _, vocab = news
+    cfg, _, paths = dynamic_shards
+    mask = cfg.mask_config(cfg.phases[0], vocab)
+
+    def make(rank: int, world: int):
+        return ExamplesLoader(paths, 8, seed=11, rank=rank, world_size=world, length_bins=BINS, masking="dynamic", mask_config=mask)
+
+    one_rank = list(make(0, 1))
+    two = [make(0, 2), make(1, 2)]
+    taken = [[b for _, b in zip(range(5), loader)] for loader in two]
+    interleaved = [batch for pair in zip(*taken) for batch in pair]
+    assert all(all(torch.equal(g[k], w[k]) for k in w) for g, w in zip(interleaved, one_rank[:10]))
+    resumed = make(0, 1)
+    resumed.load_state_dict(two[0].state_dict())
+    rest = list(resumed)
+    assert len(rest) == len(one_rank) - 10
+    assert all(all(torch.equal(g[k], w[k]) for k in w) for g, w in zip(rest, one_rank[10:]))
+    odd = {**two[0].state_dict(), "batches_consumed": 5}
+    with pytest.raises(ValueError, match="does not split over 3 ranks"):
+        make(0, 3).load_state_dict(odd)
 
 
 def test_dynamic_masking_is_new_each_epoch_and_reproducible(news, dynamic_shards):
