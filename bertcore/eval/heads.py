@@ -55,6 +55,21 @@ def save_task_model(path: str, model, head: TaskHead) -> None:
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     metadata = {"format": FORMAT, "head": json.dumps(asdict(head))}
     safetensors.torch.save_file(tensors, path, metadata=metadata)
+    sort_header(path)
+
+
+def sort_header(path: str) -> None:
+    """Rewrite a safetensors file's JSON header with its keys sorted: safetensors writes the
+    metadata from a hash map, so two identical runs gave files (and manifest sha256s) that
+    differed in the order of two keys. The data and its offsets stay as they are."""
+    with open(path, "r+b") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+        text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        if len(text) > size:  # never: the same keys, no spaces; kept from growing for safety
+            return
+        handle.seek(8)
+        handle.write(text + b" " * (size - len(text)))  # the same length: the data does not move
 
 
 def read_head(path: str) -> TaskHead:
