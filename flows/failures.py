@@ -51,12 +51,13 @@ NETWORK_ERROR_NAMES = {
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """The error inside Ray's and Python's wrappers (RayTaskError.cause, __cause__)."""
+    """The error inside Ray's and Python's wrappers (RayTaskError.cause, Ray Train's wrapper
+    of a worker's exception, __cause__)."""
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
         inner = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
-        inner = inner or exc.__cause__
+        inner = inner or getattr(exc, "_base_exc", None) or exc.__cause__
         if not isinstance(inner, BaseException):
             break
         exc = inner
@@ -98,14 +99,53 @@ def _describe(stage: str, exc: BaseException, root: str) -> str:
         return f"{stage}: {what}{target} ({text}); {hint}"
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
         return f"{stage}: the bucket does not exist ({text}); create it, or fix run.root ({root}) or corpus.inputs"
-    return f"{stage}: {type(cause).__name__}: {text[:300]}"
+    failures = getattr(cause, "worker_failures", None)
+    if failures:  # Ray Train: one clause per failed rank, each its own error's first line
+        parts = []
+        for rank in sorted(failures):
+            error = root_cause(failures[rank])
+            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            parts.append(f"rank {rank}: {type(error).__name__}: {clip(first, 160)}")
+        return f"{stage}: the training workers failed ({'; '.join(parts)})"
+    return f"{stage}: {type(cause).__name__}: {clip(text, 300)}"
 
 
-def write_traceback(stage: str, exc: BaseException) -> str:
-    """Save the full traceback (passwords inside URIs masked) to a local log file and return its path."""
-    folder = os.path.join(tempfile.gettempdir(), "bertpipe-logs")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{stage}.log")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(mask_text("".join(traceback.format_exception(exc))))
+def clip(text: str, width: int) -> str:
+    """`text` cut at a word boundary to at most `width` characters, with '…' when cut."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1].rsplit(" ", 1)[0]
+    return (cut or text[: width - 1]) + "…"
+
+
+LOGS = "_logs"
+"""Folder of a stage directory (or of run.root, for a failure outside any stage) that holds
+the full tracebacks of its failures."""
+
+
+def write_traceback(stage: str, exc: BaseException, root: str | None = None, storage=None) -> str:
+    """Save the full traceback (passwords inside URIs masked) under run.root, in
+    `<root>/<stage>/_logs/` (`<root>/_logs/` for the run itself), and return where; when the
+    root cannot take it (a full disk, a read-only root, an unreachable store), in this
+    machine's temporary folder."""
+    text = mask_text("".join(traceback.format_exception(exc)))
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{stage}-traceback.log"
+    if root is not None and storage is not None:
+        from pipelines.storage import join
+
+        uri = join(root, *([] if stage == "run" else [_directory(stage)]), LOGS, name)
+        try:
+            storage.write_bytes(uri, text.encode("utf-8"))
+            return mask_text(uri)
+        except Exception:  # the root is what failed: keep the traceback on this machine
+            pass
+    handle, path = tempfile.mkstemp(prefix=f"bertpipe-{stage}-", suffix="-traceback.log")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
     return path
+
+
+def _directory(stage: str) -> str:
+    from pipelines.registry import REGISTRY
+
+    return REGISTRY[stage].directory if stage in REGISTRY else stage

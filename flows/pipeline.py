@@ -74,7 +74,8 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
         # A user's mistake: fail with one clear line instead of a traceback.
         return Failed(name=USER_ERROR, message=mask_text(f"{name}: {exc}"))
     except Exception as exc:
-        logger.error("%s failed; full traceback in %s", name, write_traceback(name, exc), exc_info=exc)
+        # the traceback goes to a file under run.root, not to the console: its last line is the error
+        logger.error("%s failed; full traceback in %s", name, write_traceback(name, exc, pipeline.cfg.run.root, pipeline.storage))
         if is_transient(exc):  # Prefect tries the stage again; finished units are kept
             raise TransientStageError(describe(name, exc, pipeline.cfg.run.root)) from None
         return Failed(name=PERMANENT_ERROR, message=describe(name, exc, pipeline.cfg.run.root))
@@ -141,7 +142,7 @@ def bert_pretraining(
     except BertpipeError as exc:  # the root is held by another writer, or was taken over
         return Failed(message=mask_text(str(exc)))
     except Exception as exc:  # e.g. the lease cannot be written: a read-only root, a missing bucket
-        get_run_logger().error("the run failed; full traceback in %s", write_traceback("run", exc), exc_info=exc)
+        get_run_logger().error("the run failed; full traceback in %s", write_traceback("run", exc, config.run.root, pipeline.storage))
         return Failed(message=describe("run", exc, config.run.root))
     return summaries
 

@@ -102,3 +102,41 @@ def test_what_is_worth_retrying():
         "corpus: disk full at /data/run/corpus/x ([Errno 28] No space left on device: '/data/run/corpus/x'); "
         "free space for run.root /data/run (or point run.root elsewhere) and run again"
     )
+
+
+def test_a_training_failure_is_one_line_per_rank_and_a_long_message_is_cut_at_a_word():
+    """Ray Train's WorkerGroupError text is a page of tracebacks; the last line was cut off
+    mid-word at 300 characters (`node_ip='127.0.0.`)."""
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    inner = RuntimeError("Read error [127.0.0.1]:28586: Connection reset by peer.\nmore lines\n" + "x " * 400)
+    failed = WorkerGroupError("A page of text\n" * 50, {0: UserExceptionWithTraceback(inner, "Traceback ...\n" * 40), 1: ValueError("bad shape")})
+    line = describe("pretrain", failed, "/data/run")
+    assert "\n" not in line and len(line) < 500
+    assert line == ("pretrain: the training workers failed (rank 0: RuntimeError: Read error [127.0.0.1]:28586: Connection reset by peer.; "
+                    "rank 1: ValueError: bad shape)")
+    long = describe("corpus", RuntimeError("word " * 100 + "node_ip='127.0.0.1'"), "/data/run")
+    assert long.endswith("…") and len(long) <= 330 and "node_ip='127.0.0." not in long
+
+
+def test_the_traceback_goes_under_the_run_root_and_elsewhere_when_the_root_cannot_take_it(tmp_path):
+    from bertcore.config import StorageConfig
+    from flows.failures import write_traceback
+    from pipelines.storage import Storage
+
+    try:
+        raise ValueError("the cause")
+    except ValueError as exc:
+        error = exc
+    where = write_traceback("pretrain", error, str(tmp_path / "run"), Storage(StorageConfig()))
+    assert where.startswith(str(tmp_path / "run" / "pretrain" / "_logs") + "/") and "ValueError: the cause" in open(where).read()
+    where = write_traceback("run", error, str(tmp_path / "run"), Storage(StorageConfig()))
+    assert os.path.dirname(where) == str(tmp_path / "run" / "_logs")
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("x")
+    fallback = write_traceback("corpus", error, str(blocked), Storage(StorageConfig()))
+    try:
+        assert not fallback.startswith(str(blocked)) and "ValueError: the cause" in open(fallback).read()
+    finally:
+        os.unlink(fallback)
