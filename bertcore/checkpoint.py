@@ -69,14 +69,15 @@ def check_pickles(folder: str) -> None:
             )
 
 
-def load_on_another_world_size(engine, load_dir: str, tag: str) -> str | None:
-    """Load a ZeRO-1/2 checkpoint written by another number of workers (a run that lost a
-    node). DeepSpeed's engine refuses optimizer states of another data-parallel size
-    outright, while its ZeRO-1/2 optimizer can merge the partitions of any size and cut out
-    this rank's when they were saved in its elastic layout (bertcore/optim.py asks for it):
-    so the engine loads the module, fp32 master weights (merged), schedule and counters
-    without the optimizer states, then the optimizer merges those. Returns the load path
-    (None when DeepSpeed found nothing)."""
+def load_elastic_checkpoint(engine, load_dir: str, tag: str) -> str | None:
+    """Load a ZeRO-1/2 checkpoint written in DeepSpeed's elastic layout (bertcore/optim.py
+    asks for it) by any number of workers: this one's, or another (a run that lost a node).
+    DeepSpeed's engine refuses optimizer states of another data-parallel size outright, and
+    its own elastic load needs a per-group step that torch's AdamW does not keep, while its
+    ZeRO-1/2 optimizer can merge the partitions of any size and cut out this rank's: so the
+    engine loads the module, fp32 master weights (merged), schedule and counters without
+    the optimizer states, then the optimizer merges those. Returns the load path (None when
+    DeepSpeed found nothing)."""
     load_path, _ = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=False)
     if load_path is None:
         return None

@@ -39,7 +39,7 @@ from bertcore.checkpoint import (
     COMPLETE,
     StageFiles,
     check_pickles,
-    load_on_another_world_size,
+    load_elastic_checkpoint,
     checkpoint_tag,
     latest_checkpoint,
     load_rank_state,
@@ -278,9 +278,9 @@ class Trainer:
         folder = self.files.local_path(f"{CHECKPOINTS}/{tag}")
         check_pickles(folder)  # DeepSpeed unpickles its files: nothing but its own classes may be in them
         written_by = int(marker.get("world_size") or self.ctx.world_size)
-        if written_by != self.ctx.world_size and self.cfg.zero_stage in (1, 2):
-            load_dir = load_on_another_world_size(self.engine, self.files.local_path(CHECKPOINTS), tag)
-        else:  # the same world size, or ZeRO-0, whose optimizer state is whole in every checkpoint
+        if self.cfg.zero_stage in (1, 2):  # elastic layout: any world size, its own included
+            load_dir = load_elastic_checkpoint(self.engine, self.files.local_path(CHECKPOINTS), tag)
+        else:  # ZeRO-0, whose optimizer state is whole in every checkpoint; ZeRO-3 on its own world size
             load_dir, _ = self.engine.load_checkpoint(self.files.local_path(CHECKPOINTS), tag=tag)
         if load_dir is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag}")

@@ -15,7 +15,7 @@ the same global batch, made of the same micro-batches (bertcore/data.py hands gl
 batches out round-robin, so W' ranks with G' micro-batches each consume exactly what W
 ranks with G did). The checkpoint is resumed on W' ranks: ZeRO-1/2 checkpoints are written
 in DeepSpeed's elastic layout, whose partitions merge for any data-parallel degree
-(bertcore/checkpoint.py `load_on_another_world_size`), fp32 ZeRO-0 ones hold the whole
+(bertcore/checkpoint.py `load_elastic_checkpoint`), fp32 ZeRO-0 ones hold the whole
 optimizer state; ZeRO-3 and bf16 without ZeRO resume only on their own world size.
 
 Light at import: Ray is imported by the functions that use it.

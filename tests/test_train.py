@@ -292,7 +292,7 @@ def test_deepspeed_config_follows_the_section():
     ds = deepspeed_config(tiny_pretrain(zero_stage=2, precision="bf16", gradient_accumulation_steps=2, num_workers=2, phases=[
         {"name": "seq64", "steps": 10, "batch_size": 16, "max_seq_length": 64}]), micro_batch_size=4)
     assert ds["train_batch_size"] == 16 and ds["gradient_accumulation_steps"] == 2
-    assert ds["zero_optimization"] == {"stage": 2} and ds["bf16"] == {"enabled": True} and ds["gradient_clipping"] == 1.0
+    assert ds["zero_optimization"] == {"stage": 2, "elastic_checkpoint": True} and ds["bf16"] == {"enabled": True} and ds["gradient_clipping"] == 1.0
     assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["torch_adam"] is True
     assert "optimizer" not in deepspeed_config(tiny_pretrain(optimizer="lamb"), 4)  # a client optimizer
 
