@@ -206,10 +206,10 @@ def export(
         _export_options(format_, step, quantize, stage, task)
         cfg = _load(config, set_)
         from pipelines.lease import RootLease
-        from pipelines.runner import Pipeline, export_target
+        from pipelines.runner import Pipeline
 
         pipeline = Pipeline(cfg)
-        out = export_target(cfg.run.root, out)
+        out = _export_out(cfg, pipeline.storage, format_, stage, task, out)
         with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
             if format_ is ExportFormat.onnx:
                 lines = _export_onnx(cfg, pipeline, stage, task, quantize, out, check_sentences, tolerance)
@@ -232,6 +232,22 @@ def _export_options(format_: ExportFormat, step: int | None, quantize: str | Non
             raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --format onnx (the hf export writes a pretraining checkpoint as it is)")
     elif step is not None:
         raise ConfigError("--step is for --format hf: the ONNX export reads the stage's exported model/ folder")
+
+
+def _export_out(cfg, storage, format_: ExportFormat, stage: str | None, task: str | None, out: str | None) -> str | None:
+    """Where the export will write, refused now (before the lease, torch or Ray) unless it is
+    a new folder or an earlier export's (pipelines/export_target.py); None: the hf export's
+    default, the pretrain stage's own model/."""
+    from bertcore.hf_files import MLM_SUFFIX
+    from pipelines import onnx_export
+    from pipelines.export_target import check_target
+
+    if format_ is ExportFormat.onnx:
+        default = onnx_export.default_out(cfg.run.root, onnx_export.check_stage(stage or onnx_export.default_stage(cfg)), task)
+        return check_target(storage, cfg.run.root, out or default, default=default)
+    if out is None:
+        return None
+    return check_target(storage, cfg.run.root, out, twins=(MLM_SUFFIX,), default=f"{cfg.run.root.rstrip('/')}/exports/model")
 
 
 def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:

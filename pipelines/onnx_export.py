@@ -170,9 +170,10 @@ def export_onnx(
     resolved_config: str = "",
 ) -> tuple[str, Manifest]:
     """Export, check and publish (see the module docstring); returns (out URI, manifest).
-    `out` must already have passed runner.export_target."""
+    `out` must already have passed pipelines/export_target.check_target: a new folder, or an
+    earlier export's, of which only the files its manifest lists are replaced or removed."""
     from bertcore.inference import onnx
-    from bertcore.inference.export import ONNX_FILES, export_folder
+    from bertcore.inference.export import export_folder
     from bertcore.rng import keyed_seed
 
     onnx.require()  # before anything is read
@@ -191,13 +192,15 @@ def export_onnx(
     started = time.perf_counter()
     log.info("export: %s model %s to ONNX (fp32%s)%s, checked on %d held-out sentences", stage, source["model"], " and int8" if int8 else "", f" with the {task} head" if task else "", len(texts))
     target = StageDir(storage, posixpath.dirname(out.rstrip("/")), posixpath.basename(out.rstrip("/")))
+    earlier = target.manifest()  # an earlier export's (check_target let nothing else through)
     with tempfile.TemporaryDirectory(prefix="bertpipe-onnx-") as tmp:
         report = export_folder(model_dir, tmp, texts, head_file=head_path, int8=int8, tolerance=tolerance, seed=keyed_seed(seed, "export", "mlm-positions"))
-        storage.remove(target.path(MANIFEST))  # the folder is incomplete from here until the manifest is back
+        if earlier is not None:
+            storage.remove(target.path(MANIFEST))  # the folder is incomplete from here until the manifest is back
         shards = [target.publish_copy(name, os.path.join(tmp, name), rows=0) for name in sorted(os.listdir(tmp))]
-    for name in ONNX_FILES:
-        if name not in {s.path for s in shards}:
-            storage.remove(target.path(name))  # e.g. an int8 file of an earlier export
+    for old in (earlier.shards if earlier is not None else []):
+        if old.path not in {s.path for s in shards}:
+            target.remove(old.path)  # e.g. the int8 file of an earlier export; files it did not list stay
     inputs = {"source": source, "head": head}
     manifest = Manifest(
         stage="export-onnx", code_version=CODE_VERSION, fingerprint=fingerprint("export-onnx", CODE_VERSION, settings, inputs),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import Any
 
@@ -29,7 +28,6 @@ import yaml
 
 from bertcore.config import resolved_yaml
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.section import safe_name
 from pipelines import stage_log
 from pipelines.content_id import rehashing
 from pipelines.registry import REGISTRY, PipelineConfig, default_reads, reads_in
@@ -179,30 +177,6 @@ def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [d for i, (a, b) in enumerate(zip(old, new)) for d in _differences(a, b, f"{key}[{i}]")]
     return [] if old == new else [(key, old, new)]
-
-
-
-
-def export_target(root: str, out: str | None) -> str | None:
-    """Where `bertpipe export --out` may write: anywhere outside the run root, or inside it
-    a new folder whose path parts are plain names (`NAME_PATTERN`) and that is not another
-    stage's directory, a checkpoint folder or a bookkeeping file (`_...`)."""
-    if out is None:
-        return None
-    target = out.rstrip("/") if "://" in out else os.path.abspath(os.path.expanduser(out))
-    base = root.rstrip("/")
-    if target != base and not target.startswith(base + "/"):
-        return target
-    parts = target[len(base) + 1 :].split("/") if target != base else []
-    try:
-        for part in parts:
-            safe_name(part)
-    except ValueError as exc:
-        raise ConfigError(f"--out {out}: {exc}") from None
-    others = {stage.directory for stage in REGISTRY.values()} - {REGISTRY["pretrain"].directory}
-    if not parts or parts[0] in others or parts[:2] == [REGISTRY["pretrain"].directory, "checkpoints"]:
-        raise ConfigError(f"--out {out}: inside run.root it must be a new folder, not {'/'.join(parts) or 'run.root itself'}; pick another path")
-    return target
 
 
 class Pipeline:

@@ -267,6 +267,24 @@ def test_cli_export_fails_in_one_line_when_fp32_differs_beyond_the_tolerance(run
     assert not (out / "_manifest.json").exists()  # nothing published as complete
 
 
+def test_a_re_export_replaces_only_the_files_its_own_manifest_lists(run_root, tmp_path):
+    """The CLI writes again into a folder an earlier export made; a file the user put there
+    stays, a file the earlier manifest listed and this export does not write goes."""
+    out = tmp_path / "exported"
+    args = ["export", "-c", _recipe(tmp_path, run_root), "--format", "onnx", "--out", str(out), "--check-sentences", "8"]
+    first = _cli(*args)
+    assert first.exit_code == 0, first.output
+    (out / "NOTES.txt").write_text("mine")
+    (out / "model.int8.onnx").write_text("an earlier int8 file")
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest["shards"].append({**manifest["shards"][0], "path": "model.int8.onnx"})
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    again = _cli(*args)
+    assert again.exit_code == 0, again.output
+    assert (out / "NOTES.txt").read_text() == "mine" and not (out / "model.int8.onnx").exists()
+    assert "model.int8.onnx" not in {s["path"] for s in json.loads((out / "_manifest.json").read_text())["shards"]}
+
+
 def test_the_default_stage_is_the_last_model_stage_the_recipe_runs():
     from types import SimpleNamespace
 

@@ -26,7 +26,6 @@ from bertcore.export import consolidate_checkpoint  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 from pipelines.registry import parse_config  # noqa: E402
-from pipelines.runner import export_target  # noqa: E402
 from pipelines.stage import PathEscape, StageDir  # noqa: E402
 from pipelines.storage import Storage  # noqa: E402
 
@@ -61,17 +60,6 @@ def test_paths_inside_a_stage_directory_cannot_escape_it(tmp_path):
     for bad in ("../corpus/_manifest.json", "plots/../../x", "/etc/passwd", ".."):
         with pytest.raises(PathEscape, match="would leave"):
             stage.path(bad)
-
-
-def test_export_targets_inside_the_run_root_must_be_new_plain_folders(tmp_path):
-    root = str(tmp_path / "run")
-    assert export_target(root, None) is None
-    assert export_target(root, str(tmp_path / "elsewhere")) == str(tmp_path / "elsewhere")
-    assert export_target(root, f"{root}/exports/step-100") == f"{root}/exports/step-100"
-    assert export_target(root, f"{root}/pretrain/model-step-100") == f"{root}/pretrain/model-step-100"
-    for bad in (f"{root}/corpus/train", f"{root}/pretrain/checkpoints/x", root, f"{root}/.hidden", f"{root}/exports/../corpus"):
-        with pytest.raises(ConfigError, match="--out"):
-            export_target(root, bad)
 
 
 # -- config values are not coerced ---------------------------------------------------------------
