@@ -1,7 +1,7 @@
 """Faults a training stage survives by itself, on a real local Ray (2 CPUs) with Ray Train
 workers running DeepSpeed ZeRO-2 on CPU: a training worker killed mid-run is restarted from
-the latest checkpoint in the same run, with fewer workers when the cluster holds fewer after
-the rejoin wait (the same global batch by gradient accumulation: the same tokens, the same
+the latest checkpoint in the same run (bit for bit the uninterrupted run when the cluster is
+whole again), with fewer workers when the cluster holds fewer after the rejoin wait (the same global batch by gradient accumulation: the same tokens, the same
 losses as an uninterrupted run); `--force` trains from step 0 instead of resuming."""
 
 from __future__ import annotations
@@ -46,27 +46,28 @@ def _training_worker_pids(ray) -> list[int]:
     return sorted(a.pid for a in actors if "RayTrainWorker" in (a.class_name or ""))
 
 
-def _kill_a_worker_when(ray, ready, blocker_cpus: int = 0) -> dict:
-    """In the background: once `ready()`, SIGKILL one training worker (as a lost node does
-    to its workers) and, with `blocker_cpus`, take that many CPUs so the cluster holds fewer
-    workers for the restart."""
-    out: dict = {}
+def _kill_workers_when(ray, faults: list[tuple]) -> dict:
+    """In the background, for each (ready, blocker_cpus) in turn: once `ready()`, SIGKILL
+    one training worker (as a lost node does to its workers) and, with blocker_cpus, take
+    that many CPUs so the cluster holds fewer workers for the restart."""
+    out: dict = {"blockers": [], "killed": []}
 
     def run() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not ready():
-            time.sleep(0.05)
-        pids = _training_worker_pids(ray)
-        out["pids"] = pids
-        if blocker_cpus:
+        for ready, blocker_cpus in faults:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not (ready() and len(_training_worker_pids(ray)) >= 2):
+                time.sleep(0.1)
+            pids = _training_worker_pids(ray)
+            if blocker_cpus:
 
-            @ray.remote(num_cpus=blocker_cpus)
-            class Blocker:
-                def ready(self) -> bool:
-                    return True
+                @ray.remote(num_cpus=blocker_cpus)
+                class Blocker:
+                    def ready(self) -> bool:
+                        return True
 
-            out["blocker"] = Blocker.remote()  # pending until the killed worker's CPU is free
-        os.kill(pids[-1], signal.SIGKILL)
+                out["blockers"].append(Blocker.remote())  # pending until the killed worker's CPU is free
+            os.kill(pids[-1], signal.SIGKILL)
+            out["killed"].append(pids[-1])
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -84,16 +85,18 @@ def test_world_sizes_keep_the_global_batch():
 
 
 @pytest.mark.slow
-def test_a_lost_worker_restarts_on_fewer_workers_with_the_same_tokens_and_losses(ray_cluster, news_root, tmp_path, caplog):
-    """Two ZeRO-2 workers; at step ~14 one is SIGKILLed and a CPU is taken away, so after a
-    3 s rejoin wait the stage goes on with one worker and gradient accumulation 2, from the
-    step-10 checkpoint, in the same call. It ends at the same step with the same tokens, and
-    every step's loss equals the uninterrupted two-worker run's (no dropout: the same
-    micro-batches give the same mean gradient, up to summation order)."""
+def test_lost_workers_restart_in_the_same_run_on_as_many_or_fewer_workers(ray_cluster, news_root, tmp_path, caplog):
+    """Two ZeRO-2 workers, 40 steps, a checkpoint every 10. At step ~14 one worker is
+    SIGKILLed: the stage restarts both from step 10 and the run stays bit for bit the
+    uninterrupted one. At step ~24 another is killed and a CPU taken away: after a 3 s rejoin
+    wait the stage goes on from step 20 with one worker and gradient accumulation 2. It ends
+    at the same step with the same tokens, every step's loss equal to the uninterrupted
+    run's up to summation order (no dropout: the same micro-batches give the same mean
+    gradient), and the same model."""
     cfg = tiny_pretrain(
         num_workers=2,
         zero_stage=2,
-        phases=[{"name": "seq64", "steps": 30, "batch_size": 16, "max_seq_length": 64}],
+        phases=[{"name": "seq64", "steps": 40, "batch_size": 16, "max_seq_length": 64}],
         checkpoint_every=10,
         validation_batches=2,
         eval_every=None,
@@ -103,26 +106,34 @@ def test_a_lost_worker_restarts_on_fewer_workers_with_the_same_tokens_and_losses
     _copy_inputs(news_root, reference_root)
     _copy_inputs(news_root, faulty_root)
     reference = train(cfg, str(reference_root))
-    first_marker = faulty_root / "pretrain" / CHECKPOINTS / checkpoint_tag(10) / COMPLETE
-    fault = _kill_a_worker_when(ray_cluster, lambda: first_marker.exists() and len(metrics(faulty_root)) >= 14, blocker_cpus=1)
+    checkpoints = faulty_root / "pretrain" / CHECKPOINTS
+
+    def at(step: int, after: int):
+        return lambda: (checkpoints / checkpoint_tag(step) / COMPLETE).exists() and len(metrics(faulty_root)) >= after
+
+    fault = _kill_workers_when(ray_cluster, [(at(10, 14), 0), (at(20, 24), 1)])
     with caplog.at_level(logging.WARNING):
         try:
             result = train(cfg, str(faulty_root))
         finally:
             fault["thread"].join(timeout=30)
-            if "blocker" in fault:
-                ray_cluster.kill(fault["blocker"])
+            for blocker in fault["blockers"]:
+                ray_cluster.kill(blocker)
+    assert len(fault["killed"]) == 2
     lines = [r.getMessage() for r in caplog.records]
-    assert any("lost worker rank" in line and "restarting the workers from checkpoint step-0000010 (restart 1 of 3)" in line
-               for line in lines), lines
+    for restart, step in ((1, 10), (2, 20)):
+        assert any("lost worker rank" in line and f"restarting the workers from checkpoint {checkpoint_tag(step)} (restart {restart} of 3)" in line
+                   for line in lines), lines
     assert any("going on with 1, gradient accumulation 2" in line for line in lines), lines
-    assert result.stats["steps"] == 30 and result.stats["world_size"] == 1
-    assert result.stats["resizes"] == [{"step": 10, "from_workers": 2, "to_workers": 1, "gradient_accumulation_steps": 2}]
+    assert result.stats["steps"] == 40 and result.stats["world_size"] == 1
+    assert result.stats["resizes"] == [{"step": 20, "from_workers": 2, "to_workers": 1, "gradient_accumulation_steps": 2}]
     assert result.stats["tokens_seen"] == reference.stats["tokens_seen"]
     after, before = metrics(faulty_root), metrics(reference_root)
-    assert [r["step"] for r in after] == list(range(1, 31))
+    assert [r["step"] for r in after] == list(range(1, 41))
     assert [r["tokens"] for r in after] == [r["tokens"] for r in before]
-    assert [r["loss"] for r in after] == pytest.approx([r["loss"] for r in before], abs=2e-4)
+    # restarted on its own world size: the same run exactly
+    assert [(r["data_hash"], r["loss"]) for r in after[:20]] == [(r["data_hash"], r["loss"]) for r in before[:20]]
+    assert [r["loss"] for r in after[20:]] == pytest.approx([r["loss"] for r in before[20:]], abs=2e-4)
     # the exported models are the same model, up to the order floats were summed in
     from safetensors.torch import load_file
 
