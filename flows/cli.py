@@ -151,9 +151,11 @@ def run(
         from pipelines.runner import Pipeline
 
         Pipeline(cfg).preflight(stages)  # a held root, a missing upstream: refused before Prefect and Ray start
+        from flows import reaper
         from flows.pipeline import bert_pretraining
 
         _stop_when_interrupted()
+        reaper.start()  # if this process is killed outright, Prefect's server and Ray go with it
 
         state = bert_pretraining(cfg, only=_split_names(only), from_stage=from_stage, force=force, verify=verify, return_state=True)
     except BertpipeError as exc:
