@@ -43,6 +43,34 @@ NAMED_SIZES: dict[str, tuple[int, int, int]] = {
 }
 
 
+MAX_SIZES: dict[str, int] = {
+    "num_hidden_layers": 256,
+    "hidden_size": 16_384,
+    "num_attention_heads": 256,
+    "intermediate_size": 65_536,
+    "vocab_size": 1 << 20,
+    "max_position_embeddings": 65_536,
+    "type_vocab_size": 1_024,
+}
+"""The largest value of each size a config may give (BERT-large: 24 layers, 1,024 wide, 16
+heads, 4,096 intermediate, 30,522 entries, 512 positions; the largest published
+vocabularies are about 250,000). Above them a config.json is damaged or hostile, and
+building its model would exhaust memory before anything said so."""
+MAX_PARAMETERS = 20_000_000_000
+"""The most parameters a config may describe (80 GB of fp32 weights)."""
+
+
+def parameter_count(vocab: int, hidden: int, layers: int, intermediate: int, positions: int, types: int = 2) -> int:
+    """Parameters of a BertForPreTraining of this shape, from the sizes alone (no torch):
+    embeddings (V + P + T) x H and their LayerNorm; per layer the four attention matrices,
+    the two feed-forward matrices, biases and two LayerNorms; pooler, MLM transform and
+    bias (the decoder is tied to the word embeddings), NSP head."""
+    embeddings = (vocab + positions + types) * hidden + 2 * hidden
+    layer = 4 * (hidden * hidden + hidden) + 2 * hidden * intermediate + intermediate + hidden + 4 * hidden
+    heads = (hidden * hidden + hidden) + (hidden * hidden + 3 * hidden) + vocab + (2 * hidden + 2)
+    return embeddings + layers * layer + heads
+
+
 class ModelConfig(Section):
     """Shape and regularisation of a BERT encoder with pretraining heads."""
 
@@ -85,6 +113,14 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
+        parameters = parameter_count(self.vocab_size, self.hidden_size, self.num_hidden_layers, self.intermediate_size,
+                                     self.max_position_embeddings, self.type_vocab_size)
+        need = f"such a model holds {parameters:.3g} parameters, {parameters * 4 / 1e9:,.1f} GB of fp32 weights before gradients and optimizer states"
+        for key, limit in MAX_SIZES.items():
+            if getattr(self, key) > limit:
+                raise ValueError(f"{key} {getattr(self, key):,} is above the {limit:,} bertcore builds ({need})")
+        if parameters > MAX_PARAMETERS:
+            raise ValueError(f"the shape ({self.num_hidden_layers} layers x {self.hidden_size}) is above the {MAX_PARAMETERS:.3g} parameters bertcore builds ({need})")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "

@@ -2,9 +2,9 @@
 (`pretrain.init_from`): its config.json as a ModelConfig, its weights as a state dict with
 bertcore.model's names, and loading them into a freshly initialised BertForPreTraining.
 
-Accepted weights: `model.safetensors`, a sharded `model.safetensors.index.json`, or
-`pytorch_model.bin` (read with torch.load(weights_only=True), no pickle code runs), saved
-from BertForPreTraining, BertForMaskedLM or BertModel. Names are transformers' (so are
+Accepted weights: `model.safetensors` or a sharded `model.safetensors.index.json`, saved
+from BertForPreTraining, BertForMaskedLM or BertModel; a `pytorch_model.bin` is refused with
+the command that converts it (bertcore/model_folder.py: safetensors only). Names are transformers' (so are
 bertcore.model's); two older spellings are mapped: `LayerNorm.gamma/beta` of
 TensorFlow-converted checkpoints, and BertModel's unprefixed names (`embeddings.*`).
 What the checkpoint lacks starts from the seeded initialisation: the NSP head and the
@@ -14,9 +14,7 @@ encoder or embedding weight is an error, never silently fresh.
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -36,80 +34,45 @@ from bertcore.hf_files import (  # noqa: F401 - the file names live without torc
     weight_files,
 )
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
+from bertcore.model_folder import bin_refusal, canonical_key, is_prefixed, read_config, read_header
 
 SAFETENSORS = WEIGHTS_FILE
 
 MAY_START_FRESH = re.compile(r"bert\.pooler\..*|cls\..*")
 """Model entries a checkpoint may lack (heads and pooler); the rest must be there."""
-_SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size")
 
 
 def model_config(folder: str) -> ModelConfig:
-    """The ModelConfig of `folder`/config.json (a BERT encoder; keys bertcore does not use
-    are ignored). Models bertcore.model cannot reproduce are refused, naming the key."""
-    path = os.path.join(folder, CONFIG_FILE)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputDataError(f"{path}: cannot read the model config ({exc})") from None
-    refusals = {
-        "model_type": (data.get("model_type", "bert") == "bert", "is not a BERT model (bertcore reads model_type bert)"),
-        "position_embedding_type": (data.get("position_embedding_type", "absolute") == "absolute", "is not absolute"),
-        "is_decoder": (not data.get("is_decoder", False), "makes a decoder"),
-        "hidden_act": (data.get("hidden_act", "gelu") in ("gelu", "gelu_new", "relu"), "is not gelu, gelu_new or relu"),
-    }
-    for key, (ok, why) in refusals.items():
-        if not ok:
-            raise InputDataError(f"{path}: {key} {data.get(key)!r} {why}; pretrain.init_from needs a BERT encoder")
-    missing = [k for k in _SHAPE_FIELDS if k not in data]
-    if missing:
-        raise InputDataError(f"{path}: {', '.join(missing)} missing; not a BERT config.json")
-    try:
-        return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"})
-    except ValueError as exc:
-        raise InputDataError(f"{path}: {' '.join(str(exc).split())}") from None
+    """The ModelConfig of `folder`/config.json (bertcore/model_folder.py `read_config`)."""
+    return read_config(folder, "pretrain.init_from")
 
 
-def read_weights(folder: str) -> dict[str, torch.Tensor]:
-    """The folder's weights with bertcore.model's names (see the module docstring)."""
+def read_weights(folder: str, key: str = "pretrain.init_from") -> dict[str, torch.Tensor]:
+    """The folder's weights with bertcore.model's names (see the module docstring). The
+    driver has checked the folder (`check_model_folder`); a pytorch_model.bin is refused
+    here too, before anything unpickles it."""
     found = weight_files(os.listdir(folder))
     if not found:
-        raise InputDataError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)}); pretrain.init_from needs a saved model folder")
+        raise InputDataError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)}); {key} needs a saved model folder")
+    if found[0] == PYTORCH_BIN:
+        raise InputDataError(bin_refusal(folder, key))
     path = os.path.join(folder, found[0])
-    try:
-        if found[0] == SAFETENSORS:
-            raw = safetensors.torch.load_file(path)
-        elif found[0] == SAFETENSORS_INDEX:
-            raw = {}
-            for shard in shard_names(path):
-                raw.update(safetensors.torch.load_file(os.path.join(folder, shard)))
-        else:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # torch's weights-only loader met a pickle that names code to run
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        raise InputDataError(
-            f"{path}: refusing to load: the pickle would call {found.group(1) if found else 'code'} (torch's weights-only "
-            "loader stopped it); use the model's safetensors file, or one from a source you trust"
-        ) from None
-    except (OSError, RuntimeError, KeyError, safetensors.SafetensorError) as exc:
-        raise InputDataError(f"{path}: cannot read the weights ({' '.join(str(exc).split())[:200]})") from None
+    paths = [path] if found[0] == SAFETENSORS else [os.path.join(folder, shard) for shard in shard_names(path)]
+    raw = {}
+    for one in paths:
+        read_header(one)  # a truncated or header-bombed file is one line naming it
+        try:
+            raw.update(safetensors.torch.load_file(one))
+        except (OSError, RuntimeError, safetensors.SafetensorError) as exc:
+            raise InputDataError(f"{one}: cannot read the weights ({' '.join(str(exc).split())[:200]})") from None
     return canonical_names(raw)
 
 
 def canonical_names(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' names from older spellings: LayerNorm gamma/beta -> weight/bias, a
     BertModel's `embeddings.*`/`encoder.*`/`pooler.*` -> `bert.*`; buffers dropped."""
-    prefixed = not any(k.startswith(("bert.", "cls.")) for k in state)
-    out = {}
-    for key, tensor in state.items():
-        key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
-        if prefixed and key.startswith(("embeddings.", "encoder.", "pooler.")):
-            key = f"bert.{key}"
-        if not key.endswith("position_ids"):
-            out[key] = tensor
-    return out
+    prefixed = is_prefixed(state)
+    return {canonical_key(key, prefixed): tensor for key, tensor in state.items() if not key.endswith("position_ids")}
 
 
 @dataclass

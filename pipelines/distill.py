@@ -20,7 +20,6 @@ Light at import: torch, Ray and the model code are imported by the functions tha
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,37 +56,22 @@ class Teacher:
 
 
 def _teacher(r: StageRun, vocab_size: int) -> Teacher:
-    """The teacher's folder (external, or pretrain/model/), its config and whether its
-    weights hold an MLM head; its vocabulary must be the examples'."""
-    from bertcore.pretrained import model_config
+    """The teacher's folder (external, or pretrain/model/), its config checked against its
+    weights' header (bertcore/model_folder.py, before any worker builds it) and whether
+    those weights hold an MLM head; its vocabulary must be the examples'."""
+    from bertcore.model_folder import check_model_folder
     from pipelines.external import model_folder
 
     folder = r.external if r.external is not None else model_folder(r.storage, r.inputs["pretrain"].path(MODEL_DIR), "pretrain/model")
     local = folder.local(r.storage)
-    config = model_config(local)
+    checked = check_model_folder(local, "distill.teacher")
+    config = checked.config
     if config.vocab_size != vocab_size:
         raise ConfigError(
             f"distill.teacher: the model at {folder.uri} has {config.vocab_size} word embeddings but the examples were built with "
             f"a vocabulary of {vocab_size} entries; build them with the teacher's (vocab.source: pretrained, vocab.pretrained unset)"
         )
-    return Teacher(folder, config, _has_mlm_head(os.path.join(local, folder.files[1]) if len(folder.files) > 1 else ""), local)
-
-
-def _has_mlm_head(weights: str) -> bool:
-    """Whether a safetensors file (or a sharded index) holds BertForMaskedLM's prediction head."""
-    import json
-
-    if weights.endswith(".index.json"):
-        with open(weights, encoding="utf-8") as handle:
-            names = set(json.load(handle)["weight_map"])
-    elif weights.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(weights, framework="pt") as handle:
-            names = set(handle.keys())
-    else:  # a pytorch_model.bin: read by the workers; assume the head when its architecture has one
-        return True
-    return "cls.predictions.transform.dense.weight" in names
+    return Teacher(folder, config, checked.has_mlm_head, local)
 
 
 def _check_vocabulary(r: StageRun, teacher: Teacher) -> None:
@@ -133,7 +117,7 @@ class DistillSpec:
 
         return Distillation(
             ModelConfig.model_validate(self.student_config), ModelConfig.model_validate(self.teacher_config),
-            read_weights(self.teacher.local(storage)), self.pairs, self.loss, self.init, self.soft_targets,
+            read_weights(self.teacher.local(storage), "distill.teacher"), self.pairs, self.loss, self.init, self.soft_targets,
         )
 
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:

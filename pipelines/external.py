@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from bertcore.errors import ConfigError
 from bertcore.hf_files import (
     CONFIG_FILE,
+    PYTORCH_BIN,
     SAFETENSORS_INDEX,
     WEIGHT_FILES,
     shard_names,
     weight_files,
 )
+from bertcore.model_folder import bin_refusal
 from bertcore.vocab_config import CONFIG_FILE as TOKENIZER_CONFIG
 from bertcore.vocab_config import TOKENIZER_FILE, VOCAB_FILE
 from pipelines.shards import local_copy, local_folder
@@ -51,8 +53,9 @@ def external_folder(storage: Storage, uri: str, files: list[str]) -> ExternalFol
 
 
 def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
-    """A Hugging Face model folder: config.json and its weights (safetensors shards
-    included). A folder without them is a ConfigError naming `key`."""
+    """A Hugging Face model folder: config.json and its safetensors weights (shards
+    included). A folder without them, or with only a pytorch_model.bin, is a ConfigError
+    naming `key`."""
     uri = uri.rstrip("/")
     names = storage.listdir(uri)
     weights = weight_files(names)
@@ -61,6 +64,8 @@ def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
             f"{key}: {uri} holds no Hugging Face model (it needs {CONFIG_FILE} and one of {', '.join(WEIGHT_FILES)}); "
             "point it at a folder written by save_pretrained"
         )
+    if weights[0] == PYTORCH_BIN:
+        raise ConfigError(bin_refusal(uri, key))
     files = [CONFIG_FILE, *weights]
     if weights[0] == SAFETENSORS_INDEX:
         index = join(uri, SAFETENSORS_INDEX)

@@ -13,7 +13,6 @@ about resuming, and writes the manifest.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from bertcore.errors import ConfigError
@@ -23,7 +22,7 @@ from bertcore.pretrain_config import PretrainConfig
 from pipelines.external import ExternalFolder
 from pipelines.stage import Output, StageDir, StageRun, Upstream
 from pipelines.stage_files import stage_files
-from pipelines.storage import Storage, join
+from pipelines.storage import Storage
 from pipelines.training import (
     Inputs,
     WorkerJob,
@@ -44,10 +43,9 @@ log = logging.getLogger(__name__)
 def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage) -> ModelConfig:
     """The model of a continued run: init_from's shape, checked against the vocabulary and
     the phases' sequence lengths."""
-    from bertcore.pretrained import CONFIG_FILE, model_config
-    from pipelines.shards import local_copy
+    from bertcore.model_folder import check_model_folder
 
-    base = model_config(os.path.dirname(local_copy(storage, join(init.uri, CONFIG_FILE), init.cache_key)))
+    base = check_model_folder(init.local(storage), "pretrain.init_from").config  # config against the weights' header, before any worker
     if base.vocab_size != inputs.vocab.vocab_size:
         raise ConfigError(
             f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the vocab stage's vocabulary "

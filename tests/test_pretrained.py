@@ -69,15 +69,12 @@ def test_masked_lm_weights_land_in_our_model_and_only_the_nsp_head_and_pooler_st
     assert torch.equal(again.cls.seq_relationship.weight, ours.cls.seq_relationship.weight)
 
 
-@pytest.mark.parametrize("serialization", ["safetensors", "sharded", "pytorch_model.bin"])
+@pytest.mark.parametrize("serialization", ["safetensors", "sharded"])
 def test_pretraining_weights_load_whole_from_every_file_format(tmp_path, serialization):
     model = transformers.BertForPreTraining(hf_config(300))
     folder = save(model, tmp_path / "pt", **({"max_shard_size": "300KB"} if serialization == "sharded" else {}))
-    if serialization == "pytorch_model.bin":  # what transformers 4 wrote (tied entries included); 5 writes safetensors only
-        os.remove(os.path.join(folder, "model.safetensors"))
-        torch.save(model.state_dict(), os.path.join(folder, "pytorch_model.bin"))
     files = os.listdir(folder)
-    assert {"safetensors": "model.safetensors", "sharded": "model.safetensors.index.json", "pytorch_model.bin": "pytorch_model.bin"}[serialization] in files
+    assert {"safetensors": "model.safetensors", "sharded": "model.safetensors.index.json"}[serialization] in files
     assert serialization != "sharded" or len([n for n in files if n.startswith("model-")]) > 1
     ours, fresh = ours_from(folder)
     assert fresh == []
@@ -95,8 +92,7 @@ def test_tensorflow_names_and_a_bare_encoder_are_read_too(tmp_path):
     assert not any(k.startswith("bert.") for k in state)  # BertModel's own names
     # the spelling of checkpoints converted from Google's TensorFlow files
     renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in state.items()}
-    os.remove(os.path.join(folder, "model.safetensors"))
-    torch.save(renamed, os.path.join(folder, "pytorch_model.bin"))
+    safetensors.torch.save_file(renamed, os.path.join(folder, "model.safetensors"))
     ours, fresh = ours_from(folder)
     assert sorted(fresh) == sorted(["cls.predictions.bias", "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
                                     "cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.bias",
