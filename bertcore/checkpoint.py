@@ -65,7 +65,7 @@ def check_pickles(folder: str) -> None:
         if unknown:
             raise UnsafeCheckpoint(
                 f"{path}: refusing to load: it would call {', '.join(unknown[:3])} (not part of a DeepSpeed checkpoint); "
-                "the run root may have been tampered with, see the README's security section"
+                "the run root may have been tampered with, see docs/security.md"
             )
 
 

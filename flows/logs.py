@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any, Literal
@@ -29,6 +30,12 @@ from bertcore.redact import mask_log_records
 PROJECT_LOGGERS = ("pipelines", "bertcore", "flows")
 WORKERS = logging.getLogger("bertpipe.workers")
 """Output Ray relays from its workers (print and logging there), one record per line."""
+RAY_OUTPUT = logging.getLogger("bertpipe.ray")
+"""What Ray itself relays (its controllers' and raylets' accounts, worker tracebacks, library
+warnings): DEBUG records that the console shows only with -v; log files keep them."""
+_OURS = re.compile(r"^(?:\([^)]*\) )?(?:corpus|vocab|examples|pretrain|distill|evaluate|export|bertpipe)\b[\w.\[\] -]*: ")
+"""A relayed line that is one of bertpipe's own messages from a worker (`pretrain: resumed
+from step-0000010`), after Ray's `(RayTrainWorker pid=...)` prefix."""
 
 Format = Literal["text", "json"]
 
@@ -113,6 +120,8 @@ def setup(verbosity: int = 0, fmt: Format = "text") -> None:
     mask_log_records()
     handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if verbosity <= 0:  # Ray's relayed output reaches the console with -v only
+        handler.addFilter(lambda record: not record.name.startswith(RAY_OUTPUT.name))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -121,6 +130,7 @@ def setup(verbosity: int = 0, fmt: Format = "text") -> None:
     level = level_for(verbosity)
     for name in (*PROJECT_LOGGERS, WORKERS.name):
         logging.getLogger(name).setLevel(level)
+    RAY_OUTPUT.setLevel(logging.DEBUG)
     logging.captureWarnings(True)  # warnings.warn(...) become records in the same format
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(PROJECT_LOGGERS))
     # Prefect's loggers (its run loggers say when a task ends) at INFO; -q: WARNING; -vv: DEBUG
@@ -188,8 +198,12 @@ class _LogSink:
         self.buffer += text
         *lines, self.buffer = self.buffer.split("\n")
         for line in lines:
-            if line.strip():
+            if not line.strip():
+                continue
+            if _OURS.match(line):
                 WORKERS.info("%s", line.rstrip(), extra=self.fields)
+            else:  # Ray's own account of a failure is pages long: the error line is the driver's
+                RAY_OUTPUT.debug("%s", line.rstrip(), extra=self.fields)
         return len(text)
 
     def flush(self) -> None:

@@ -1,7 +1,7 @@
 """A training stage's workers after one of them, or its node, was lost: what was lost, how
 many workers to go on with, and the section that keeps the same global batch with them.
 
-The choice (documented in README "Faults a run survives"): the stage restarts the worker
+The choice (documented in docs/operations.md#faults): the stage restarts the worker
 group itself, in the same run, rather than through Ray Train's `FailureConfig`, because a
 restart may need another world size, and the DeepSpeed config, the loader's sharding and
 the gradient accumulation all follow from it. Ray Train restarts with the world size it was
