@@ -185,13 +185,22 @@ def _models(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream]:
 
 
 def _teacher(r: StageRun, distill: Upstream) -> Model:
-    """The distill stage's teacher: its config.json and weights (the tokenizer is the student's)."""
+    """The distill stage's teacher: its config.json and weights (the tokenizer is the student's),
+    as the distill stage read them: evaluate's fingerprint covers the teacher's content
+    through the distill stage's, so a teacher changed since is refused, not scored."""
     from pipelines.external import model_folder
 
     uri = distill.manifest.inputs.get("teacher")
     if uri is None:
         raise ConfigError(f"{distill.dir.uri}: the distill manifest names no teacher; re-run the distill stage (`bertpipe run --only distill --force`)")
     folder = model_folder(r.storage, uri, "distill.teacher")
+    learned = (distill.manifest.inputs.get("external") or {}).get("teacher")  # what the distill fingerprint covers
+    if learned is not None and learned != folder.identity:
+        changed = sorted(k for k in {*learned, *folder.identity} if learned.get(k) != folder.identity.get(k))
+        raise ConfigError(
+            f"distill.teacher: {', '.join(changed)} changed since the distill stage ran, so its student learned from other weights; "
+            "run `bertpipe run --only distill,evaluate` (evaluate compares a student with the teacher it learned from)"
+        )
     return Model("teacher", folder.uri, tuple(folder.files), folder.cache_key)
 
 

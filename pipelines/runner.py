@@ -48,6 +48,9 @@ from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)
 
+MODEL_FOLDER_STAGES = {"pretrain": "pretrain.init_from", "distill": "distill.teacher"}
+"""Stages that may read a model folder from outside the run root, with the key naming it."""
+
 
 def upstream(stage: Stage, root: str, storage: Storage, reads: tuple[str, ...] | None = None) -> dict[str, Upstream]:
     """The complete outputs `stage` reads (`reads`, default: what it reads in a default
@@ -251,19 +254,35 @@ class Pipeline:
 
     def preflight(self, stages: list[str]) -> None:
         """Refuse a run of `stages` now, in well under a second, for what would otherwise end it
-        only after Prefect and Ray have started (tens of seconds): another writer holding the
-        root, or a stage reading one that is neither among `stages` nor complete on disk. The
-        flow checks both again when it runs."""
+        only after Prefect and Ray have started (tens of seconds) or after the stages before
+        it ran: another writer holding the root, an external model folder that is missing,
+        incomplete or inconsistent (`_check_model_folder`), or a stage reading one that is
+        neither among `stages` nor complete on disk. The flow checks them again when it runs."""
         from pipelines.lease import RootLease
 
         RootLease(self.storage, self.cfg.run.root, "preflight").refuse_if_held()
         for name in stages:
+            if name in MODEL_FOLDER_STAGES:
+                self._check_model_folder(name)
             for read in self.reads(name):
                 directory = self.dir(read).uri
                 if read not in stages and not self.storage.exists(join(directory, MANIFEST)):
                     raise UpstreamMissing(
                         f"{name}: the {read} stage has no output under {directory}: run `bertpipe run --only {read}` (or the whole flow) first"
                     )
+
+    def _check_model_folder(self, name: str) -> None:
+        """The stage's external model folder (pretrain.init_from, distill.teacher): present
+        with config.json and safetensors weights (`identify`), and when local its config
+        checked against the weights' header (bertcore/model_folder.py), so a bad folder is
+        refused before the stages before it are recomputed."""
+        external = self.external(name)
+        folder = getattr(external, "value", None)
+        local = self.storage.local_path(folder.uri) if folder is not None else None
+        if local is not None:
+            from bertcore.model_folder import check_model_folder
+
+            check_model_folder(local, MODEL_FOLDER_STAGES[name])
 
     def why_stale(self, name: str, manifest: Manifest) -> list[str]:
         stage = REGISTRY[name]
