@@ -52,6 +52,7 @@ from bertcore.errors import ConfigError
 from bertcore.eval import distillation, report, summary
 from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
+from bertcore.eval.tasks import check_task_files
 from bertcore.examples_config import ExamplesConfig
 from bertcore.export import HF_FILES, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
@@ -261,6 +262,7 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
                 if model.name != "teacher":  # the masked-LM skill of the subject against random init
                     plan.jobs.append(_Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
     for task in cfg.tasks:
+        check_task_files(task)  # an empty or unusable file is one line naming it, before any job starts
         for model in plan.models:
             for task_seed in summary.seeds_of(task, model.random_init):
                 keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0]

@@ -296,3 +296,39 @@ def test_fold_splits_are_disjoint_stratified_and_fixed_per_task():
     assert other != folds
     with pytest.raises(ValueError, match="cannot make 5 folds"):
         tasks.fold_splits(task, examples[:3])
+
+
+# -- files that hold nothing usable, caught when the task is planned ----------------------------
+
+
+@pytest.mark.parametrize(
+    "task, files, bad, expected",
+    [
+        (dict(type="classification", format="tsv"), {"train": "sentence\tlabel\na b\t1\nc d\t0\n", "validation": "sentence\tlabel\n"}, "validation",
+         "expected a header line, then tab-separated rows with columns 'sentence' and 'label'"),
+        (dict(type="token_classification", format="conll"), {"train": "EU B-ORG\nrejects O\n\n", "validation": ""}, "validation",
+         "expected sentences of one `token ... tag` line per word"),
+        (dict(type="qa", format="squad"), {"train": '{"data": []}'}, "train", 'expected SQuAD JSON: {"data": [{"paragraphs"'),
+    ],
+    ids=["empty-validation-tsv", "empty-conll", "squad-without-data"],
+)
+def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming_it(tmp_path, task, files, bad, expected):
+    """The probe's empty validation TSV (IndexError), empty CoNLL file (a TypeError from
+    seqeval) and SQuAD `{"data": []}` (no file named) failed inside a fine-tuning job; the
+    evaluate stage's planning now reads each task's files first."""
+    from types import SimpleNamespace
+
+    from bertcore.eval.config import EvaluateConfig
+    from pipelines.evaluate import _Plan, _plan_jobs
+
+    paths = {split: write(tmp_path / f"{split}.{task['format']}", text) for split, text in files.items()}
+    folds = {} if "validation" in paths else {"cross_validation_folds": 2}
+    cfg = EvaluateConfig.model_validate({"tasks": [{"name": "t", **task, **paths, **folds}], "intrinsic": {"enabled": False},
+                                         "embeddings": {"enabled": False}, "speed": {"enabled": False}, "baseline": False})
+    subject = SimpleNamespace(name="pretrained", random_init=False)
+    plan = _Plan(cfg, {}, [subject], subject, None)
+    with pytest.raises(tasks.TaskDataError) as refused:
+        _plan_jobs(plan, SimpleNamespace(), 512)
+    message = str(refused.value)
+    assert message.startswith(f"{paths[bad]}: no examples for task 't' ({bad} file)") and expected in message and "\n" not in message
+    assert plan.jobs == []

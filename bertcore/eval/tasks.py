@@ -469,6 +469,38 @@ def read_split(task: TaskConfig, split: Split, labels: list[str] | None = None) 
     )
 
 
+def _expected(task: TaskConfig) -> str:
+    """What a file of `task` should hold, in a few words, for the message about one that holds nothing usable."""
+    columns = " and ".join(repr(c) for c in (task.text_a, task.text_b, task.label_column) if c is not None)
+    header = "a header line, then " if task.header else ""
+    return {
+        "tsv": f"{header}tab-separated rows with columns {columns}",
+        "csv": f"{header}comma-separated rows with columns {columns}",
+        "jsonl": f"one JSON object per line with keys {columns}",
+        "fasttext": "lines of `__label__<label> <text>`",
+        "conll": "sentences of one `token ... tag` line per word, separated by blank lines",
+        "squad": 'SQuAD JSON: {"data": [{"paragraphs": [{"context": ..., "qas": [{"id": ..., "question": ..., "answers": [...]}]}]}]} with at least one question',
+        "word_pairs": "lines of `word1 word2 score` (tab or space separated)",
+    }[task.format]
+
+
+def check_task_files(task: TaskConfig) -> dict[str, int]:
+    """Read every file `task` names (when the task is planned, before any job starts): the
+    number of examples per split, or a TaskDataError naming a file that holds none (an
+    empty validation TSV, an empty CoNLL file, SQuAD's `{"data": []}`) and what it should hold."""
+    counts = {}
+    for split in ("train", "validation", "test"):
+        path = getattr(task, split)
+        if path is None:
+            continue
+        result = read_split(task, split)
+        if not result.examples:
+            skipped = f"; its {result.skipped} malformed rows were skipped, the first: {result.problems[0]}" if result.problems else ""
+            raise TaskDataError(f"{path}: no examples for task {task.name!r} ({split} file){skipped}; expected {_expected(task)}")
+        counts[split] = len(result.examples)
+    return counts
+
+
 def infer_labels(task: TaskConfig, train_examples: list) -> list[str]:
     """The task's label list: `task.labels` if set, else the sorted labels seen in train."""
     if task.labels is not None:
