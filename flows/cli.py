@@ -285,7 +285,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Re-hash every shard and every local input file (default: only what changed size or mtime/ETag).")] = False,
 ) -> None:
-    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing, with fingerprint, rows, size, the time its last run took (as the run summary shows it) and location."""
+    """Per stage: complete / stale (inputs or config changed) / incomplete (shards gone) / damaged (bytes changed) / missing / running (pid, host, since: from the root's lease), with fingerprint, rows, size, the time its last run took (as the run summary shows it) and location."""
     try:
         cfg = _load(config, set_)
         from pipelines.runner import Pipeline
@@ -303,7 +303,8 @@ def status(
     for r in rows:
         size_text = size(r["bytes"]) if r["bytes"] is not None else "-"
         rows_text = f"{r['rows']:,}" if r["rows"] else "-"  # a stage without records (evaluate's reports) shows none
-        line = f"{r['stage']:<10} {r['state']:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size_text:>9} {duration(r['seconds']):>7}  {r['uri']}"
+        state = f"running (pid {r['running']['pid']}, host {r['running']['host']}, since {r['running']['since']})" if r.get("running") else r["state"]
+        line = f"{r['stage']:<10} {state:<11} {r['fingerprint'] or '-':<21} {rows_text:>9} {size_text:>9} {duration(r['seconds']):>7}  {r['uri']}"
         typer.echo(line)
         for reason in r.get("changed") or []:
             typer.echo(f"{'':<10} changed: {reason}")

@@ -290,10 +290,34 @@ class Pipeline:
         inputs = stage.fingerprint_inputs(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
         return explain_stale(stage, self.section(name), manifest, inputs)
 
+    def running(self) -> dict[str, Any] | None:
+        """Who is writing the root now, from its lease (`_lease.json`): {holder, host, pid,
+        since (UTC)} while a live holder has it (not expired, its process not known dead),
+        else None."""
+        from pipelines.lease import RootLease
+
+        record, _ = RootLease(self.storage, self.cfg.run.root, "bertpipe status")._read()
+        if record is None or not record.token or record.expires_at < time.time() or record.holder_gone():
+            return None
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.acquired_at))
+        return {"holder": record.holder, "host": record.host, "pid": record.pid, "since": since}
+
     def status(self) -> list[dict[str, Any]]:
         """Per stage: complete / stale / incomplete / damaged / missing (or unknown when the
         expected fingerprint cannot be computed, e.g. inputs that no longer exist), or off
-        when the recipe leaves it out (the note says why)."""
+        when the recipe leaves it out (the note says why). While a live writer holds the
+        root's lease, the first stage without a complete output whose directory has work in
+        it is `running`, its row's `running` saying who ({holder, host, pid, since})."""
+        rows = self._states()
+        writer = self.running()
+        if writer is not None:
+            for row in rows:  # a stage that starts removes its manifest first, then writes its work
+                if row["state"] != "off" and not self.storage.exists(join(row["uri"], MANIFEST)) and self.storage.listdir(row["uri"]):
+                    row.update(state="running", running=writer)
+                    break
+        return rows
+
+    def _states(self) -> list[dict[str, Any]]:
         rows = []
         for name in REGISTRY:
             directory = self.dir(name)
