@@ -48,7 +48,7 @@ from typing import Any
 import ray
 
 from bertcore import metrics_log
-from bertcore.errors import ConfigError
+from bertcore.errors import ConfigError, InputDataError
 from bertcore.eval import distillation, report, summary
 from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
@@ -57,7 +57,7 @@ from bertcore.examples_config import ExamplesConfig
 from bertcore.export import HF_FILES, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy
-from pipelines.evaluate_jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, speed_job
+from pipelines.evaluate_jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, read_batches
 from pipelines.stage import (
@@ -241,6 +241,15 @@ def run(r: StageRun) -> Output:
     )
 
 
+def _check_files(task: TaskConfig, storage, signatures: dict[str, str]) -> None:
+    """`check_task_files` on local copies of the task's files; messages name the recipe's URIs."""
+    local, back = local_task(task, storage, signatures)
+    try:
+        check_task_files(local)
+    except InputDataError as exc:
+        raise type(exc)(original_paths(str(exc), back)) from None
+
+
 def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
     """One job per (intrinsic phase | task and seed | embeddings) and model; one speed job
     for the three models of a distillation."""
@@ -262,7 +271,7 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
                 if model.name != "teacher":  # the masked-LM skill of the subject against random init
                     plan.jobs.append(_Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
     for task in cfg.tasks:
-        check_task_files(task)  # an empty or unusable file is one line naming it, before any job starts
+        _check_files(task, r.storage, plan.signatures)  # an empty or unusable file is one line naming it, before any job starts
         for model in plan.models:
             for task_seed in summary.seeds_of(task, model.random_init):
                 keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0]

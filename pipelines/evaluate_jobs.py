@@ -49,14 +49,14 @@ def _local_file(storage: Storage, uri: str, file_keys: dict[str, str]) -> str:
     return uri if is_local(uri) else local_copy(storage, uri, f"eval-{file_keys[uri]}")
 
 
-def _local_task(task: TaskConfig, storage: Storage, file_keys: dict[str, str]) -> tuple[TaskConfig, dict[str, str]]:
+def local_task(task: TaskConfig, storage: Storage, file_keys: dict[str, str]) -> tuple[TaskConfig, dict[str, str]]:
     """The task with its files as local paths, and {local path: original URI} for messages."""
     uris = {split: getattr(task, split) for split in TASK_FILES if getattr(task, split) is not None}
     update = {split: _local_file(storage, uri, file_keys) for split, uri in uris.items()}
     return task.model_copy(update=update), {update[split]: uri for split, uri in uris.items()}
 
 
-def _original_paths(text: str, back: dict[str, str]) -> str:
+def original_paths(text: str, back: dict[str, str]) -> str:
     for local, uri in back.items():
         text = text.replace(local, uri)
     return text
@@ -163,13 +163,13 @@ def finetune_job(
     training file is saved there for `bertpipe export --task`; the result's "saved" is its
     shard record."""
     model_dir = model.local(storage)
-    local, back = _local_task(task, storage, file_keys)
+    local, back = local_task(task, storage, file_keys)
     kept: list | None = [] if keep_in is not None else None
     try:
         result = finetune.run_task(local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept)
     except BertpipeError as exc:
-        raise type(exc)(_original_paths(str(exc), back)) from None
-    result["skipped_problems"] = [_original_paths(p, back) for p in result["skipped_problems"]]
+        raise type(exc)(original_paths(str(exc), back)) from None
+    result["skipped_problems"] = [original_paths(p, back) for p in result["skipped_problems"]]
     if kept:
         result["saved"] = asdict(_save_task_model(keep_in, task, model.name, kept[0], model_dir, task_seed, result))
     return result
@@ -204,9 +204,9 @@ def embeddings_job(
         try:
             read = read_sts(cfg.sts, path)
         except BertpipeError as exc:
-            raise type(exc)(_original_paths(str(exc), {path: cfg.sts.file})) from None
+            raise type(exc)(original_paths(str(exc), {path: cfg.sts.file})) from None
         pairs, skipped = read.examples, read.skipped
-        problems = [_original_paths(p, {path: cfg.sts.file}) for p in read.problems]
+        problems = [original_paths(p, {path: cfg.sts.file}) for p in read.problems]
     scores = embedding_report(
         model.local(storage), tokenizer.local(storage), sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
         max_seq_length=cfg.max_seq_length, random_init=model.random_init, num_threads=num_threads,

@@ -318,8 +318,10 @@ def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming
     evaluate stage's planning now reads each task's files first."""
     from types import SimpleNamespace
 
+    from bertcore.config import StorageConfig
     from bertcore.eval.config import EvaluateConfig
     from pipelines.evaluate import _Plan, _plan_jobs
+    from pipelines.storage import Storage
 
     paths = {split: write(tmp_path / f"{split}.{task['format']}", text) for split, text in files.items()}
     folds = {} if "validation" in paths else {"cross_validation_folds": 2}
@@ -328,7 +330,7 @@ def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming
     subject = SimpleNamespace(name="pretrained", random_init=False)
     plan = _Plan(cfg, {}, [subject], subject, None)
     with pytest.raises(tasks.TaskDataError) as refused:
-        _plan_jobs(plan, SimpleNamespace(), 512)
+        _plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
     message = str(refused.value)
     assert message.startswith(f"{paths[bad]}: no examples for task 't' ({bad} file)") and expected in message and "\n" not in message
     assert plan.jobs == []
