@@ -17,6 +17,7 @@ Python does by default.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -143,12 +144,68 @@ def default_levels() -> None:
     """The project's loggers at INFO where nothing chose their level: a flow run that a
     Prefect worker started (a deployment) has not been through `setup`, and its stage lines
     would otherwise stop at the root logger's WARNING. Passwords inside URIs are masked in
-    every record there too."""
+    every record there too. In a worker's flow-run process the console survives the worker
+    (`worker_console`)."""
     mask_log_records()
     for name in PROJECT_LOGGERS:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)
+    if os.environ.get("PREFECT__FLOW_RUN_ID") and _configured is None:
+        worker_console()
+
+
+class ConsoleHandler(StderrHandler):
+    """The console of a worker's flow-run process: stderr is a pipe the worker reads. When
+    the worker is gone the pipe is broken; the first failed write points stdout and stderr at
+    /dev/null (`detach_console`) and the run goes on, its records still reaching Prefect's API
+    and the run log. (Prefect's own console handler ends the process on a broken pipe:
+    rich raises SystemExit in whichever thread logged.)"""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(self.format(record) + self.terminator)
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: a closed stream
+            detach_console()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                self.handleError(record)
+            detach_console()
+
+
+_worker_run = False
+
+
+def worker_console() -> None:
+    """In a flow-run process a Prefect worker started: the root logger's console handler (Prefect's)
+    becomes a `ConsoleHandler` with the same format, level and filters, and the output Ray relays
+    from its workers goes through logging (`route_ray_output`) instead of straight to stdout,
+    so it reaches the run log too and never meets a broken pipe."""
+    global _worker_run
+    _worker_run = True
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if isinstance(old, logging.StreamHandler) and not isinstance(old, (ConsoleHandler, logging.FileHandler)):
+            handler = ConsoleHandler()
+            handler.setLevel(old.level)
+            handler.setFormatter(old.formatter)
+            for item in old.filters:
+                handler.addFilter(item)
+            root.removeHandler(old)
+            root.addHandler(handler)
+
+
+def detach_console() -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2) at /dev/null: the
+    process that read them is gone, and a write to a broken pipe would fail wherever it
+    happens. Safe to call more than once."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def configured() -> Format | None:
@@ -162,8 +219,9 @@ def route_ray_output() -> bool:
     Ray still composes each line (its `(TrainController pid=...)` prefix, the deduplication
     of lines repeated across workers, the filtering of autoscaler output); only where it
     prints changes. Ray's printer stays in place where this Ray lacks those hooks, or where
-    the command did not set up logging. Call after ray.init; returns whether lines are routed."""
-    if _configured is None:
+    neither the command nor a worker's flow run set up logging. Call after ray.init; returns
+    whether lines are routed."""
+    if _configured is None and not _worker_run:
         return False
     try:
         from ray._private import worker

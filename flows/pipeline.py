@@ -24,7 +24,7 @@ from prefect.states import Completed, Failed
 from bertcore.errors import BertpipeError
 from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.redact import mask_text, masked
-from flows import logs
+from flows import logs, run_log, supervise
 from flows.artifacts import publish_stage
 from flows.failures import describe, is_transient, write_traceback
 from pipelines.lease import RootLease
@@ -127,7 +127,13 @@ def bert_pretraining(
     `verify` re-hashes every shard before trusting it."""
     logs.default_levels()
     pipeline = Pipeline(config, verify=verify)
-    stages = select(only, from_stage, pipeline.off)
+    with run_log.recorded(config.run.root, pipeline.storage) as record, supervise.Watch() as watch:
+        return record.ended(watch.refusal() or _run(pipeline, select(only, from_stage, pipeline.off), force, watch))
+
+
+def _run(pipeline: Pipeline, stages: list[str], force: bool, watch: supervise.Watch) -> list[dict[str, Any]] | Any:
+    """The stages in order under the root's writer lease; a failed stage ends the run with its line."""
+    config = pipeline.cfg
     summaries = []
     try:
         with one_writer(pipeline) as lease:
@@ -135,6 +141,8 @@ def bert_pretraining(
             logs.route_ray_output()
             for name in stages:
                 lease.check()
+                if watch.worker_lost:  # its worker died: hand over to a live one before the next stage
+                    return watch.handover(name)
                 state = run_stage(name, pipeline, force, return_state=True)
                 if state.is_failed():
                     return Failed(message=_one_line(name, state, pipeline))
@@ -177,5 +185,6 @@ def one_writer(pipeline: Pipeline) -> Iterator[RootLease]:
         if deployment.id:
             from prefect.concurrency.sync import concurrency
 
-            stack.enter_context(concurrency(root_limit(pipeline.cfg.run.root), occupy=1, strict=False))
+            # a dead holder's slot frees within the crash window, when its run is rescheduled
+            stack.enter_context(concurrency(root_limit(pipeline.cfg.run.root), occupy=1, strict=False, lease_duration=supervise.slot_lease_s()))
         yield stack.enter_context(RootLease(pipeline.storage, pipeline.cfg.run.root, holder))
