@@ -417,6 +417,7 @@ def deploy(
     timezone: Annotated[str, typer.Option("--timezone", metavar="TZ", help="IANA time zone of the schedules.")] = "UTC",
     name: Annotated[Optional[str], typer.Option("--name", metavar="PREFIX", help="Deployment name prefix (default: the recipe's file name), giving NAME-full, NAME-corpus-refresh, NAME-evaluate.")] = None,
     paused: Annotated[bool, typer.Option("--paused", help="Create the deployments with their schedules paused.")] = False,
+    crash_after: Annotated[Optional[float], typer.Option("--crash-after", metavar="SECONDS", help="A run without heartbeats (every 30 s) for this long is marked crashed and rescheduled (default: infra/prefect/automations.yaml, 90).")] = None,
 ) -> None:
     """Create or update scheduled Prefect deployments of the flow for one recipe (full pipeline, corpus refresh, evaluation); a `prefect worker start --pool POOL` on a machine with this checkout runs them."""
     try:
@@ -428,7 +429,7 @@ def deploy(
             if not sep:
                 raise ConfigError(f"--cron {item!r}: expected KIND=CRON, e.g. --cron 'full=0 3 * * 0'")
             schedules[which.strip()] = None if expression.strip().lower() == "none" else expression.strip()
-        ids = deploy_recipe(config, set_ or [], pool=pool, kinds=_split_names(kind), schedules=schedules, timezone=timezone, name_prefix=name, paused=paused)
+        ids = deploy_recipe(config, set_ or [], pool=pool, kinds=_split_names(kind), schedules=schedules, timezone=timezone, name_prefix=name, paused=paused, crash_after_s=crash_after)
     except BertpipeError as exc:
         _fail(str(exc))
         return

@@ -22,6 +22,7 @@ them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zoneinfo
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,10 @@ from typing import Any
 from uuid import UUID
 
 from bertcore.errors import ConfigError
+from flows.supervise import CRASH_AFTER_ENV, DEFAULT_CRASH_AFTER_S
 from pipelines.registry import PipelineConfig, load_config
+
+log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ENTRYPOINT = "flows/pipeline.py:bert_pretraining"
@@ -40,8 +44,20 @@ DEFAULT_RECIPE_VARIABLE = "bertpipe_recipe"
 VARIABLE_LIMIT = 5000
 """Prefect refuses a Variable whose value is this many characters or more."""
 
-# Prefect shows only its own loggers unless told; the stage modules log through `logging`.
-FLOW_RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "pipelines,bertcore,flows"}
+AUTOMATIONS = PROJECT_ROOT / "infra" / "prefect" / "automations.yaml"
+"""The automations that mark a run whose heartbeats stopped Crashed and reschedule crashed runs."""
+HEARTBEAT_AUTOMATION = "bertpipe-crash-on-missing-heartbeats"
+HEARTBEAT_S = 30
+"""Seconds between a flow run's heartbeat events (Prefect's minimum; its default is 180)."""
+
+FLOW_RUN_ENV = {
+    # Prefect shows only its own loggers unless told; the stage modules log through `logging`.
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "pipelines,bertcore,flows",
+    # heartbeats that tell the server the flow-run process is alive (infra/prefect/automations.yaml)
+    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+    # the automation's window, for the flow run's own watch (flows/supervise.py); deploy sets the one it applied
+    CRASH_AFTER_ENV: f"{DEFAULT_CRASH_AFTER_S:g}",
+}
 
 
 @dataclass(frozen=True)
@@ -204,6 +220,52 @@ def _share_root_limit(root: str) -> None:
         client.upsert_global_concurrency_limit_by_name(root_limit(root), 1)
 
 
+def load_automations(path: str | os.PathLike = AUTOMATIONS, crash_after_s: float | None = None) -> list[Any]:
+    """The automations of `path` (YAML, the `prefect automation create --from-file` layout),
+    validated; `crash_after_s` replaces the heartbeat automation's window."""
+    from datetime import timedelta
+
+    import yaml
+    from prefect.events.schemas.automations import AutomationCore
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    items = data["automations"] if isinstance(data, dict) and "automations" in data else data if isinstance(data, list) else [data]
+    automations = [AutomationCore.model_validate(item) for item in items]
+    if crash_after_s is not None:
+        if crash_after_s < HEARTBEAT_S + 15:
+            raise ConfigError(
+                f"deploy crash_after_s: {crash_after_s:g} s leaves less than 15 s beyond one heartbeat interval ({HEARTBEAT_S} s); "
+                "a busy run would be taken for a dead one"
+            )
+        for automation in automations:
+            if automation.name == HEARTBEAT_AUTOMATION:
+                automation.trigger.within = timedelta(seconds=crash_after_s)
+    return automations
+
+
+def crash_window_s(automations: Sequence[Any]) -> float:
+    """Seconds without heartbeats after which the heartbeat automation marks a run crashed."""
+    for automation in automations:
+        if automation.name == HEARTBEAT_AUTOMATION:
+            return automation.trigger.within.total_seconds()
+    raise ConfigError(f"{AUTOMATIONS}: no automation named {HEARTBEAT_AUTOMATION!r}")
+
+
+def apply_automations(automations: Sequence[Any]) -> list[UUID]:
+    """Create each automation, or update the one of the same name (every one of that name),
+    so applying the file again changes nothing; returns their ids in order."""
+    from prefect.client.orchestration import get_client
+
+    ids = []
+    with get_client(sync_client=True) as client:
+        for automation in automations:
+            existing = client.read_automations_by_name(automation.name)
+            for found in existing:
+                client.update_automation(found.id, automation)
+            ids.append(existing[0].id if existing else client.create_automation(automation))
+    return ids
+
+
 def _require_api() -> None:
     from prefect.settings import get_current_settings
 
@@ -226,6 +288,7 @@ def deploy(
     env: Mapping[str, str] | None = None,
     paused: bool = False,
     source: str | os.PathLike = PROJECT_ROOT,
+    crash_after_s: float | None = None,
 ) -> list[UUID]:
     """Create or update the deployments of `bert_pretraining` for one recipe in the process
     work pool `pool` (created if missing) and return their ids, in KINDS order.
@@ -235,6 +298,10 @@ def deploy(
     environment variables to the flow-run processes (stored in the Prefect database: no
     credentials; workers take those from their own environment). Deploying sets each deployment's paused
     state to `paused`, so re-deploying resumes a deployment paused in the UI unless it says so.
+
+    The automations of infra/prefect/automations.yaml are created or updated too: a run
+    without heartbeats for `crash_after_s` (default: the file's 90 s) is marked crashed, and
+    a crashed run is rescheduled (flows/supervise.py has the flow-run side).
     """
     from prefect import deploy as prefect_deploy
     from prefect.flows import Flow
@@ -245,12 +312,14 @@ def deploy(
     plans = plan_deployments(cfg, name_prefix=prefix, kinds=kinds, schedules=schedules, timezone=timezone)
     if not plans:
         return []
+    automations = load_automations(crash_after_s=crash_after_s)
+    window = crash_window_s(automations)
     _require_api()
     ensure_work_pool(pool)
     _share_root_limit(cfg.run.root)
 
     flow = Flow.from_source(source=str(source), entrypoint=ENTRYPOINT)
-    job_variables = {"env": {**FLOW_RUN_ENV, **dict(env or {})}}
+    job_variables = {"env": {**FLOW_RUN_ENV, CRASH_AFTER_ENV: f"{window:g}", **dict(env or {})}}
     deployments = [
         flow.to_deployment(
             name=plan.name,
@@ -264,7 +333,16 @@ def deploy(
         )
         for plan in plans
     ]
-    return prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False, ignore_warnings=True)
+    ids = prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False, ignore_warnings=True)
+    apply_automations(automations)
+    log.info(
+        "automations %s: a run without heartbeats for %g s is marked crashed, a crashed run is rescheduled; "
+        "a worker stops at one SIGTERM within about a second, and its running flow runs are rescheduled within %g s",
+        ", ".join(a.name for a in automations),
+        window,
+        window + 5,  # the server looks at the window every 5 s (PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY)
+    )
+    return ids
 
 
 def save_recipe(

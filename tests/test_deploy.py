@@ -97,6 +97,33 @@ def test_deploy_without_a_server_says_how_to_get_one():
             deploy(DEMO, pool="nowhere")
 
 
+def test_the_automations_file_is_valid_and_agrees_with_the_flow_runs_settings():
+    """infra/prefect/automations.yaml, as Prefect validates it: the heartbeat automation's
+    window is the one the flow runs' own watch reads, the rescheduled state has the name the
+    flow counts, and both act on bertpipe's runs only."""
+    from flows.deploy import FLOW_RUN_ENV, HEARTBEAT_S, crash_window_s, load_automations
+    from flows.supervise import CRASH_AFTER_ENV, RESCHEDULED
+
+    automations = {a.name: a for a in load_automations()}
+    heartbeat, reschedule = automations["bertpipe-crash-on-missing-heartbeats"], automations["bertpipe-reschedule-crashed"]
+    assert heartbeat.trigger.posture == "Proactive" and "prefect.flow-run.heartbeat" in heartbeat.trigger.after
+    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed", "prefect.flow-run.Cancelling"} <= heartbeat.trigger.expect
+    assert heartbeat.actions[0].state == "CRASHED" and reschedule.trigger.expect == {"prefect.flow-run.Crashed"}
+    assert (reschedule.actions[0].state, reschedule.actions[0].name) == ("SCHEDULED", RESCHEDULED)
+    for automation in automations.values():
+        assert automation.trigger.for_each == {"prefect.resource.id"}
+        assert automation.trigger.match_related.root == {"prefect.resource.id": "prefect.tag.bertpipe"}
+    assert float(FLOW_RUN_ENV[CRASH_AFTER_ENV]) == crash_window_s(list(automations.values())) > HEARTBEAT_S
+    assert FLOW_RUN_ENV["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == str(HEARTBEAT_S)
+    assert crash_window_s(load_automations(crash_after_s=120)) == 120
+    with pytest.raises(ConfigError, match="beyond one heartbeat interval"):
+        load_automations(crash_after_s=40)
+
+
+def test_every_deployment_carries_the_tag_the_automations_match(demo_cfg):
+    assert all("bertpipe" in plan.tags for plan in plan_deployments(demo_cfg, name_prefix="demo"))
+
+
 # -- a real server, worker and run ------------------------------------------------------------
 
 
