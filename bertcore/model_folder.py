@@ -156,17 +156,23 @@ def is_prefixed(names) -> bool:
     return any(k.startswith(("bert.", "cls.")) for k in names)
 
 
-def weight_shapes(folder: str, key: str = "pretrain.init_from") -> tuple[str, dict[str, tuple[int, ...]]]:
-    """(the weights file, {canonical tensor name: shape}) of a model folder, from the
-    safetensors headers alone; a folder with only a pytorch_model.bin is refused
-    (`bin_refusal`)."""
+
+def weights_path(folder: str, key: str) -> tuple[str, str]:
+    """(file name, path) of the folder's weights: model.safetensors or a safetensors index;
+    no weights, or only a pytorch_model.bin (`bin_refusal`), is an InputDataError naming `key`."""
     found = weight_files(os.listdir(folder))
     if not found:
         raise InputDataError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)}); {key} needs a saved model folder")
     if found[0] == PYTORCH_BIN:
         raise InputDataError(bin_refusal(folder, key))
-    path = os.path.join(folder, found[0])
-    if found[0] == WEIGHTS_FILE:
+    return found[0], os.path.join(folder, found[0])
+
+def weight_shapes(folder: str, key: str = "pretrain.init_from") -> tuple[str, dict[str, tuple[int, ...]]]:
+    """(the weights file, {canonical tensor name: shape}) of a model folder, from the
+    safetensors headers alone; a folder with only a pytorch_model.bin is refused
+    (`bin_refusal`)."""
+    name, path = weights_path(folder, key)
+    if name == WEIGHTS_FILE:
         headers = read_header(path)
     else:
         index = _bounded_json(path, MAX_INDEX_BYTES, "safetensors index")

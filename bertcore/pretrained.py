@@ -34,7 +34,7 @@ from bertcore.hf_files import (  # noqa: F401 - the file names live without torc
     weight_files,
 )
 from bertcore.model import TIED, BertForPreTraining, ModelConfig
-from bertcore.model_folder import bin_refusal, canonical_key, is_prefixed, read_config, read_header
+from bertcore.model_folder import canonical_key, is_prefixed, read_config, read_header, weights_path
 
 SAFETENSORS = WEIGHTS_FILE
 
@@ -51,13 +51,8 @@ def read_weights(folder: str, key: str = "pretrain.init_from") -> dict[str, torc
     """The folder's weights with bertcore.model's names (see the module docstring). The
     driver has checked the folder (`check_model_folder`); a pytorch_model.bin is refused
     here too, before anything unpickles it."""
-    found = weight_files(os.listdir(folder))
-    if not found:
-        raise InputDataError(f"{folder}: no weights ({', '.join(WEIGHT_FILES)}); {key} needs a saved model folder")
-    if found[0] == PYTORCH_BIN:
-        raise InputDataError(bin_refusal(folder, key))
-    path = os.path.join(folder, found[0])
-    paths = [path] if found[0] == SAFETENSORS else [os.path.join(folder, shard) for shard in shard_names(path)]
+    name, path = weights_path(folder, key)
+    paths = [path] if name == SAFETENSORS else [os.path.join(folder, shard) for shard in shard_names(path)]
     raw = {}
     for one in paths:
         read_header(one)  # a truncated or header-bombed file is one line naming it
