@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import ray
 
 from bertcore.config import RayConfig
-from bertcore.errors import BertpipeError
+from bertcore.errors import BertpipeError, ConfigError
 from pipelines.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -21,15 +22,18 @@ log = logging.getLogger(__name__)
 def ensure_ray(cfg: RayConfig) -> None:
     """Join `cfg.address`, or start an embedded local Ray with `cfg.num_cpus` CPUs.
 
-    Ray's own driver messages go through the application's logging when it has set some
-    up (the CLI does), so they share its format; otherwise Ray prints them its way."""
+    `auto` joins the one Ray running on this machine and refuses, in one line, when there is
+    none or more than one (`cluster_address`). Ray's own driver messages go through the
+    application's logging when it has set some up (the CLI does), so they share its format;
+    otherwise Ray prints them its way."""
     if ray.is_initialized():
         return
     configure_logging = not logging.getLogger().handlers
     if cfg.address:
-        _loopback_only(_loopback_only_cluster(cfg.address))
-        ray.init(address=cfg.address, runtime_env=_cluster_env(), log_to_driver=True, configure_logging=configure_logging)
-        log.info("ray: joined %s (%s CPUs)", cfg.address, ray.cluster_resources().get("CPU"))
+        address = cluster_address(cfg.address)
+        _loopback_only(_loopback_only_cluster(address))
+        ray.init(address=address, runtime_env=_cluster_env(address), log_to_driver=True, configure_logging=configure_logging)
+        log.info("ray: joined %s (%s CPUs)", address, ray.cluster_resources().get("CPU"))
         return
     _embedded_settings()
     _loopback_only()
@@ -49,6 +53,85 @@ def ensure_ray(cfg: RayConfig) -> None:
         configure_logging=configure_logging,
     )
     log.info("ray: started a local Ray with %d CPUs (dashboard %s)", int(ray.cluster_resources().get("CPU", 0)), context.dashboard_url or "off")
+
+
+def cluster_address(address: str) -> str:
+    """The Ray to join for `ray.address`. Ray resolves `auto` as RAY_ADDRESS when that is set,
+    else as the GCS of the raylets running on this machine; with two or more it warns and
+    joins the one the last `ray start` recorded, which may be another user's, a test's, or
+    gone (then ray.init waits on it). Here `auto` must find exactly one, or fails in one
+    line naming what it found. Every other address is returned as it is."""
+    if address != "auto":
+        return address
+    if os.environ.get("RAY_ADDRESS", "auto") != "auto":  # a Ray job's driver has its cluster's here
+        return os.environ["RAY_ADDRESS"]
+    instances = local_ray_instances()
+    if len(instances) == 1:
+        return next(iter(instances))
+    if not instances:
+        raise ConfigError(
+            "ray.address: auto found no Ray running on this machine; start one (ray start --head), "
+            "set ray.address to a cluster's address, or leave it empty for an embedded Ray"
+        )
+    found = ", ".join(f"{gcs} ({', '.join(dirs) or 'session dir unknown'})" for gcs, dirs in sorted(instances.items()))
+    raise ConfigError(
+        f"ray.address: auto found {len(instances)} Ray instances on this machine: {found}; "
+        "set ray.address to the GCS address (host:port) of the one to join"
+    )
+
+
+def local_ray_instances() -> dict[str, list[str]]:
+    """The Rays running on this machine as Ray's `auto` discovery sees them
+    (ray._private.services.find_gcs_addresses: the --gcs-address of every raylet process),
+    each with the session directories of its raylets here."""
+    import psutil
+    from ray._private import services
+
+    services.find_gcs_addresses.cache_clear()  # Ray keeps what it found once for the process
+    sessions: dict[str, set[str]] = {address: set() for address in services.find_gcs_addresses()}
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if not args or os.path.basename(args[0]) != "raylet":
+            continue
+        flags = dict(arg[2:].split("=", 1) for arg in args[1:] if arg.startswith("--") and "=" in arg)
+        if flags.get("gcs-address") in sessions and flags.get("session_dir"):
+            sessions[flags["gcs-address"]].add(flags["session_dir"])
+    return {address: sorted(dirs) for address, dirs in sessions.items()}
+
+
+LEFTOVER_ACTORS = (("AutoscalingCoordinator", "AutoscalingCoordinator"),)
+"""(name, namespace) of the detached actors a TorchTrainer.fit() leaves running: Ray Data's
+`_AutoscalingCoordinatorActor`, which Ray Train v2 creates (get_if_exists, max_restarts=-1)
+and never stops. After a fit, `ray.util.state.list_actors` shows it as the one detached
+actor alive; Ray Train's PlacementGroupCleaner, also detached, exits by itself and is left
+alone (it removes the placement group of a controller that died)."""
+
+
+def drop_train_leftovers(timeout_s: float = 30) -> list[str]:
+    """Kill the detached actors of LEFTOVER_ACTORS that this driver's job created (another
+    job's are left alone), without restart, and wait up to `timeout_s` until their names are
+    free, so the next fit() creates a fresh one. Returns "namespace/name" of each killed."""
+    job = ray.get_runtime_context().get_job_id()
+    dropped = []
+    for name, namespace in LEFTOVER_ACTORS:
+        try:
+            actor = ray.get_actor(name, namespace=namespace)
+        except ValueError:  # none alive
+            continue
+        if actor._ray_actor_id.job_id.hex() != job:
+            continue
+        ray.kill(actor, no_restart=True)
+        dropped.append(f"{namespace}/{name}")
+    deadline = time.monotonic() + timeout_s
+    for entry in dropped:
+        namespace, name = entry.split("/", 1)
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                break
+            time.sleep(0.1)
+    return dropped
 
 
 EMBEDDED_ENV = {
@@ -91,13 +174,19 @@ def quiet_known_warnings() -> None:
 
 
 def _loopback_only(on: bool = True) -> None:
-    """Make the embedded Ray a single-node instance on 127.0.0.1. Ray's gRPC servers (GCS,
-    raylet, workers, agents) listen on every interface unless the node's address is the
-    loopback address, and `ray.init` turns 127.0.0.1 into the machine's reachable address
-    whenever multi-node clusters are enabled. Ray's switch for that (read from
-    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when ray is imported; off by default on Windows and
-    macOS for the same reason) is set here for this process only; the processes Ray starts
-    get the address as an argument. tests/test_security.py checks every listening socket."""
+    """Make the embedded Ray a single-node instance on 127.0.0.1. Every process Ray starts
+    binds by the node's address: the gRPC servers of the GCS, raylet, workers and dashboard
+    agent, and the metrics exporters, listen on 127.0.0.1 when that address is the loopback
+    one and on every interface otherwise; the agents' HTTP servers and the client server
+    listen on the node's address. `ray.init` and `ray start` turn 127.0.0.1
+    into the machine's reachable address whenever multi-node clusters are enabled. Ray's
+    switch for that (read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when ray is imported; off by
+    default on Windows and macOS for the same reason) is set here for this process only; the
+    processes Ray starts get the address as an argument; the dashboard is bound by
+    `dashboard_host`. (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head
+    --node-ip-address 127.0.0.1` binds a head the same way, but then no node may join it:
+    tests/test_ray_cluster.py runs its two nodes in a loopback-only network namespace.)
+    tests/test_security.py and tests/test_ray_runtime_loopback.py check every listening socket."""
     from ray._private import ray_constants
 
     default = ray_constants.env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)
@@ -136,13 +225,21 @@ def _local_env(env: dict[str, str]) -> dict:
     return {"env_vars": {**WORKER_ENV, **env, "PYTHONPATH": path}}
 
 
-def _cluster_env() -> dict:
+def _cluster_env(address: str) -> dict:
     # nodes have the dependencies installed but maybe another copy of the project, or none:
     # ship the driver's own packages with the job (Ray caches them by content hash)
     import bertcore
     import pipelines
 
-    return {"py_modules": [bertcore, pipelines], "env_vars": dict(WORKER_ENV)}
+    env = dict(WORKER_ENV)
+    if "://" not in address:
+        # Ray Train's actors query actor state through the dashboard (its
+        # PlacementGroupCleaner every second), which Ray's state API finds from RAY_ADDRESS
+        # (the GCS, then the dashboard address the GCS holds); without it they guess among
+        # the Rays running on their machine and, where there are several, fail with a
+        # "Found multiple active Ray instances" traceback
+        env["RAY_ADDRESS"] = address
+    return {"py_modules": [bertcore, pipelines], "env_vars": env}
 
 
 def _project_root() -> str:
