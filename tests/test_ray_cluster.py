@@ -4,20 +4,32 @@ process with `ray.address` set. The output must be byte-identical to the embedde
 
 The driver is a subprocess because this pytest process may already hold the session's
 embedded Ray (the `ray_cluster` fixture), and one process joins one Ray at a time.
+
+Loopback only: Ray 2.60 binds a node's servers to 127.0.0.1 only when the node's address
+is 127.0.0.1 (otherwise the GCS, raylet, dashboard agent and metrics ports listen on every
+interface, `--node-ip-address` or not), and `ray start` keeps 127.0.0.1 as the address only
+where multi-node clusters are switched off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0), which
+refuses a second node. No Ray setting binds a two-node cluster to loopback, so both nodes
+and every driver run in a network namespace of their own that holds only a loopback
+interface (`unshare -n`, `ip link set lo up`; root or CAP_SYS_ADMIN): there Ray finds
+127.0.0.1 as the node address and binds everything to it, and nothing is reachable from
+outside the machine in any case. `test_every_socket_of_the_cluster_is_a_loopback_one`
+checks it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -60,21 +72,96 @@ print("RESULT " + json.dumps(out))
 """
 
 
+# Prints one JSON list: every listening inet socket of the given processes and their
+# descendants, as [pid, process name, ip, port]. Run inside the cluster's namespace: psutil
+# reads the socket tables of the namespace it runs in.
+LISTENERS = r"""
+import json, sys, psutil
+found = []
+for pid in map(int, sys.argv[1:]):
+    try:
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        continue
+    for process in processes:
+        try:
+            found += [[process.pid, process.name(), c.laddr.ip, c.laddr.port]
+                      for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            pass
+print(json.dumps(found))
+"""
+
+
+def listening(pids, enter=()) -> list[tuple[int, str, str, int]]:
+    """(pid, name, ip, port) of every listening socket of `pids` and their descendants;
+    `enter` is the command prefix that runs the lister in their network namespace."""
+    out = subprocess.run([*enter, sys.executable, "-c", LISTENERS, *map(str, pids)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [tuple(entry) for entry in json.loads(out.stdout)]
+
+
+def beyond_loopback(sockets) -> list[str]:
+    """The sockets not bound to a loopback address, one 'name (pid) ip:port' each."""
+    def loopback(ip: str) -> bool:
+        address = ipaddress.ip_address(ip)
+        return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+    return sorted(f"{name} ({pid}) {ip}:{port}" for pid, name, ip, port in sockets if not loopback(ip))
+
+
+@dataclass
+class TwoNodes:
+    address: str  # the head's GCS, inside the namespace
+    dashboard_port: int
+    env: dict  # the token and settings every node and driver gets
+    temp_dirs: list[str]
+    procs: list[subprocess.Popen]  # the two `ray start --block` processes
+    enter: list[str] = field(default_factory=list)  # runs a command in the cluster's network namespace
+
+    def driver(self, script: str, *args: str, **kwargs) -> subprocess.Popen:
+        """A driver process running `script` in the cluster's namespace, with its env."""
+        return subprocess.Popen([*self.enter, sys.executable, "-c", script, *args], env=self.env, **kwargs)
+
+    def run_driver(self, script: str, *args: str, cwd, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Run a driver to its end (killed after `timeout`); its output as text."""
+        command = [*self.enter, sys.executable, "-c", script, *args]
+        return subprocess.run(command, env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _loopback_namespace():
+    """A process holding a new network namespace with nothing but `lo`, up; None where this
+    machine allows none (then its message)."""
+    holder = subprocess.Popen(
+        ["unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    if holder.stdout.readline().strip() == "up":
+        return holder, None
+    holder.wait(timeout=10)
+    return None, holder.stderr.read().strip()
+
+
 @pytest.fixture(scope="module")
 def two_node_cluster():
-    """A Ray head and a worker node on this machine; yields (address, driver env, node temp dirs).
+    """A Ray head (with its dashboard) and a worker node on this machine, in a loopback-only
+    network namespace (see the module docstring); yields a TwoNodes.
 
     Token authentication is on, as on a real cluster: every node and the driver get the
     token through RAY_AUTH_TOKEN. Short temp dirs keep Ray's socket paths under the limit.
     """
+    holder, why = _loopback_namespace()
+    if holder is None:
+        pytest.skip(f"no network namespace for a loopback-only cluster (unshare -n: {why})")
+    enter = ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     temp_dirs = [tempfile.mkdtemp(prefix="bpray-", dir="/tmp") for _ in range(2)]
-    port = free_port()
+    port, dashboard_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
-    common = ["--num-cpus", "1", "--object-store-memory", str(150 * 2**20), "--disable-usage-stats", "--block"]
+    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(150 * 2**20), "--disable-usage-stats", "--block"]
     commands = [
-        ["--head", "--port", str(port), "--include-dashboard", "false", "--dashboard-port", str(free_port())],
+        ["--head", "--port", str(port), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port)],
         ["--address", address],
     ]
     logs = [open(Path(temp_dir) / "start.log", "wb") for temp_dir in temp_dirs]
@@ -82,21 +169,18 @@ def two_node_cluster():
     try:
         for node, (command, temp_dir, log) in enumerate(zip(commands, temp_dirs, logs)):
             procs.append(
-                subprocess.Popen([RAY, "start", *command, "--temp-dir", temp_dir, *common], env=env, stdout=log, stderr=subprocess.STDOUT)
+                subprocess.Popen([*enter, RAY, "start", *command, "--temp-dir", temp_dir, *common], env=env, stdout=log, stderr=subprocess.STDOUT)
             )
             if node == 0:  # the worker node joins once the head's GCS listens
                 deadline = time.monotonic() + 120
-                while True:
-                    try:
-                        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                        break
-                    except OSError:
-                        assert procs[0].poll() is None, (Path(temp_dir) / "start.log").read_text()[-3000:]
-                        assert time.monotonic() < deadline, "the Ray head did not start"
-                        time.sleep(0.5)
-        yield address, env, temp_dirs
+                while not any(socket_port == port for *_, socket_port in listening([procs[0].pid], enter)):
+                    assert procs[0].poll() is None, (Path(temp_dir) / "start.log").read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the Ray head did not start"
+                    time.sleep(1)
+        yield TwoNodes(address, dashboard_port, env, temp_dirs, procs, enter)
     finally:
         stop(*procs)
+        stop(holder)
         for log in logs:
             log.close()
         for path in temp_dirs:
@@ -114,21 +198,18 @@ def _task_names_in_logs(temp_dir: str) -> set[str]:
 
 @pytest.mark.slow
 def test_stages_on_a_two_node_cluster_match_embedded_ray(two_node_cluster, demo_pipeline, tmp_path):
-    address, env, temp_dirs = two_node_cluster
+    cluster = two_node_cluster
     reference_cfg, reference = demo_pipeline
     cfg = reference_cfg.model_copy(
         update={
             "run": reference_cfg.run.model_copy(update={"root": str(tmp_path / "run")}),
-            "ray": reference_cfg.ray.model_copy(update={"address": address}),
+            "ray": reference_cfg.ray.model_copy(update={"address": cluster.address}),
         }
     )
     config_file = tmp_path / "config.json"
     config_file.write_text(cfg.model_dump_json())
     stages = ["corpus", "vocab", "examples"]
-    out = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(config_file), ",".join(stages), "2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
+    out = cluster.run_driver(DRIVER, str(config_file), ",".join(stages), "2", cwd=tmp_path)
     results = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and results, out.stderr[-4000:]
     result = json.loads(results[-1].removeprefix("RESULT "))
@@ -140,8 +221,114 @@ def test_stages_on_a_two_node_cluster_match_embedded_ray(two_node_cluster, demo_
         assert got["fingerprint"] == reference[name].fingerprint, name
         assert got["shards"] == {s.path: s.sha256 for s in reference[name].shards}, name
     # both nodes did stage work, not only the probe
-    for temp_dir in temp_dirs:
+    for temp_dir in cluster.temp_dirs:
         assert _task_names_in_logs(temp_dir) - {"where"}, f"no stage task ran on the node of {temp_dir}"
+
+
+# Joins the cluster, holds one actor on every node (so both nodes have a worker process
+# up), prints READY and waits for a line on stdin before it exits.
+HOLD = r"""
+import sys, time
+import ray
+from bertcore.config import RayConfig
+from pipelines.ray_runtime import ensure_ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ensure_ray(RayConfig(address=sys.argv[1]))
+deadline = time.monotonic() + 120
+while sum(node["Alive"] for node in ray.nodes()) < 2:
+    assert time.monotonic() < deadline, "the worker node did not join"
+    time.sleep(0.5)
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+
+nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+probes = [Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+assert sorted(ray.get([p.node.remote() for p in probes])) == sorted(nodes)
+print("READY", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.slow
+def test_every_socket_of_the_cluster_is_a_loopback_one(two_node_cluster):
+    """Every socket that the head's and the worker node's processes (GCS, raylets, dashboard,
+    agents, client server, monitor, workers) and a joined driver listen on is bound to a
+    loopback address."""
+    cluster = two_node_cluster
+    driver = cluster.driver(HOLD, cluster.address, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = driver.stdout.readline()  # READY, or "" when the driver failed
+        assert ready.strip() == "READY", driver.communicate(timeout=60)[1][-3000:]
+        sockets = listening([*(proc.pid for proc in cluster.procs), driver.pid], cluster.enter)
+    finally:
+        if driver.poll() is None:
+            try:
+                driver.communicate("\n", timeout=60)
+            except subprocess.TimeoutExpired:
+                stop(driver)
+    # what there must be to look at: the GCS, both raylets, the dashboard, a worker on each node, the driver
+    processes = sorted({(pid, name) for pid, name, *_ in sockets})
+    names = [name for _, name in processes]
+    assert "gcs_server" in names and names.count("raylet") == 2 and names.count("ray::Probe") == 2, processes
+    assert cluster.dashboard_port in {port for *_, port in sockets} and driver.pid in dict(processes), processes
+    exposed = beyond_loopback(sockets)
+    assert not exposed, "listening beyond loopback: " + "; ".join(exposed)
+
+
+# A two-worker TorchTrainer.fit() on the cluster, long enough for Ray Train's
+# PlacementGroupCleaner to query the controller's state a few times; prints how many Ray
+# instances this machine runs and the RAY_ADDRESS each training worker had.
+TRAIN = r"""
+import json, os, sys, tempfile, time
+import ray
+from bertcore.config import RayConfig
+from pipelines.ray_runtime import ensure_ray, local_ray_instances
+
+ensure_ray(RayConfig(address=sys.argv[1]))
+deadline = time.monotonic() + 120
+while sum(node["Alive"] for node in ray.nodes()) < 2:
+    assert time.monotonic() < deadline, "the worker node did not join"
+    time.sleep(0.5)
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+
+def loop(config):
+    import os, time
+    import ray.train
+    time.sleep(6)
+    with open(os.path.join(config["out"], str(ray.train.get_context().get_world_rank())), "w") as f:
+        f.write(os.environ.get("RAY_ADDRESS", ""))
+
+
+out = os.path.abspath(tempfile.mkdtemp(dir="."))  # the driver runs in the test's tmp_path
+TorchTrainer(loop, train_loop_config={"out": out}, scaling_config=ScalingConfig(num_workers=2),
+             run_config=RunConfig(storage_path=os.path.abspath(tempfile.mkdtemp(dir=".")))).fit()
+given = sorted(open(os.path.join(out, name)).read() for name in os.listdir(out))
+print("RESULT " + json.dumps({"instances": len(local_ray_instances()), "ray_address": given}))
+"""
+
+
+@pytest.mark.slow
+def test_ray_train_on_the_cluster_asks_its_own_dashboard(two_node_cluster, ray_cluster, tmp_path):
+    """With another Ray on the machine (this session's embedded one), Ray Train's actors on
+    the cluster find the cluster's dashboard from the RAY_ADDRESS the driver gives them, and
+    never log Ray's "Found multiple active Ray instances" guess or a traceback."""
+    cluster = two_node_cluster
+    out = cluster.run_driver(TRAIN, cluster.address, cwd=tmp_path)
+    results = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert out.returncode == 0 and results, out.stderr[-4000:]
+    result = json.loads(results[-1].removeprefix("RESULT "))
+    assert result["instances"] >= 2  # the situation in which Ray would have to guess
+    output = out.stdout + out.stderr
+    assert "Found multiple active Ray instances" not in output and "Traceback" not in output, output[-4000:]
+    assert result["ray_address"] == [cluster.address] * 2  # what each training worker was given
 
 
 # -- the cluster files in infra/ --------------------------------------------------------------
