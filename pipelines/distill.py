@@ -30,12 +30,12 @@ from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
 from pipelines.training import (
     WorkerJob,
-    headline,
     prepare_checkpoints,
     read_inputs,
     train_and_export,
     worker_env,
 )
+from pipelines.training_stats import headline
 
 if TYPE_CHECKING:
     from bertcore.model_config import ModelConfig

@@ -26,12 +26,12 @@ from pipelines.storage import Storage
 from pipelines.training import (
     Inputs,
     WorkerJob,
-    headline,
     prepare_checkpoints,
     read_inputs,
     train_and_export,
     worker_env,
 )
+from pipelines.training_stats import headline
 from pipelines.training import export_model as export_training_model
 
 log = logging.getLogger(__name__)

@@ -36,9 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bertcore import metrics_log
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.figures import percent
 from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.train_config import TrainingConfig
@@ -261,7 +259,7 @@ def _fit_once(job: WorkerJob) -> None:
     from ray.util.queue import Queue
 
     from pipelines.pretrain_progress import relay_progress
-    from pipelines.ray_runtime import unwrap
+    from pipelines.ray_runtime import drop_train_leftovers, unwrap
     from pipelines.train_backend import torch_config
 
     cfg = job.cfg
@@ -306,6 +304,10 @@ def _fit_once(job: WorkerJob) -> None:
         relay.join(timeout=30)
         queue.shutdown()
         shutil.rmtree(storage_path, ignore_errors=True)
+        try:
+            drop_train_leftovers()  # the detached AutoscalingCoordinator a fit leaves alive
+        except Exception as exc:  # tidying only: never the error a run ends with
+            log.debug("%s: could not drop Ray Train's leftover actors (%s)", cfg.SECTION, exc)
 
 
 def _on_another_thread(call) -> None:
@@ -458,6 +460,8 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     if stage.storage.exists(stage.path(VALIDATION)):
         validation_shard, validations = log_shard(stage.storage, stage, VALIDATION)
         shards.append(validation_shard)
+    from pipelines.training_stats import training_stats
+
     return marker, shards, training_stats(cfg, marker, records, validations)
 
 
@@ -468,66 +472,3 @@ def log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, 
     records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
     digest, stamp = hashlib.sha256(data).hexdigest(), storage.stamp(stage.path(name)) or ""
     return ShardInfo(path=name, rows=len(records), bytes=len(data), sha256=digest, stamp=stamp), records
-
-
-# -- statistics -----------------------------------------------------------------------------------
-
-
-CURVE_POINTS = 50
-"""Validation records kept in the manifest statistics at most (validation.jsonl has all)."""
-
-
-def _thin(records: list[dict], points: int) -> list[dict]:
-    """At most `points` records, evenly spaced, the first and the last included."""
-    if len(records) <= points:
-        return records
-    picks = sorted({round(i * (len(records) - 1) / (points - 1)) for i in range(points)})
-    return [records[i] for i in picks]
-
-
-def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
-    """The manifest statistics. `final` holds the final training figures: the means over the
-    last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
-    the last validation, on the held-out sample."""
-    from bertcore.checkpoint import checkpoint_tag
-
-    mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
-    final = metrics_log.final(records, cfg.log_every)
-    return {
-        "steps": marker["step"],
-        "total_steps": marker["total_steps"],
-        "stopped_by": marker.get("stopped_by"),
-        "phase": marker.get("phase"),
-        "tokens_seen": marker["tokens_seen"],
-        "train_time_s": marker["train_time_s"],
-        "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
-        "mfu": sum(mfus) / len(mfus) if mfus else None,
-        "log_every": cfg.log_every,
-        "final": {k: final.get(k) for k in ("first_step", "step", *metrics_log.VALIDATION_FIGURES)} if final else None,
-        "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
-        "skipped_batches": sum(r.get("skipped_batches", 0) for r in records),
-        "validation": marker.get("validation"),
-        "validation_curve": _thin(validations, CURVE_POINTS),
-        "checkpoint": checkpoint_tag(marker["step"]),
-        "world_size": marker["world_size"],
-        "resizes": marker.get("resizes") or [],
-        "zero_stage": marker["zero_stage"],
-        "precision": marker["precision"],
-        "model_config": marker["model_config"],
-    }
-
-
-def headline(stats: dict) -> dict[str, Any]:
-    """final loss 7.464 (mean of steps 551-600) · validation MLM accuracy 8.8% (639 sequences) · tokens/s 12.3k · steps 600"""
-    out: dict[str, Any] = {}
-    final = stats.get("final") or {}
-    if final.get("loss") is not None:
-        out["final loss"] = f"{final['loss']:.3f} ({metrics_log.steps_text(final)})"
-    validation = stats.get("validation") or {}
-    if validation.get("mlm_accuracy") is not None:  # the sample validated during training (evaluate scores all of it)
-        out["validation MLM accuracy"] = f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
-    if stats["tokens_per_s"]:
-        out["tokens/s"] = round(stats["tokens_per_s"])
-    stopped = " (time budget)" if stats.get("stopped_by") == "time_budget" else ""
-    out["steps"] = stats["steps"] if not stopped else f"{stats['steps']:,} of {stats['total_steps']:,}{stopped}"
-    return out

@@ -120,12 +120,10 @@ def test_a_stale_op_build_lock_ends_in_one_line_naming_the_file(tmp_path, monkey
 # -- Ctrl-C during a run ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_ctrl_c_during_a_run_ends_it_in_one_line_gives_the_root_back_and_a_rerun_finishes(tmp_path, gensim_data):
-    """Ctrl-C reaches the whole process group, Prefect's temporary API server included; the
-    old run then retried that dead server with a page of connection errors and never ended."""
+def _corpus_run_started(tmp_path: Path, gensim_data: Path) -> tuple[subprocess.Popen, Path, dict, Path]:
+    """`bertpipe run --only corpus` in a session of its own, once its corpus stage has
+    started: (the process, its recipe, its environment, the file its stderr goes to)."""
     import json
-    import signal
     import time
 
     recipe = tmp_path / "recipe.yaml"
@@ -136,16 +134,26 @@ def test_ctrl_c_during_a_run_ends_it_in_one_line_gives_the_root_back_and_a_rerun
     with open(err, "w") as sink:
         run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "-c", str(recipe), "--only", "corpus"], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while "corpus: start" not in err.read_text() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert run.poll() is None, err.read_text()[-2000:]
-        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        try:
-            run.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)
-            pytest.fail("bertpipe run does not end after Ctrl-C")
+    deadline = time.monotonic() + 300
+    while "corpus: start" not in err.read_text() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run.poll() is None, err.read_text()[-2000:]
+    return run, recipe, env, err
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_ends_it_in_one_line_gives_the_root_back_and_a_rerun_finishes(tmp_path, gensim_data):
+    """Ctrl-C reaches the whole process group, Prefect's temporary API server included; the
+    old run then retried that dead server with a page of connection errors and never ended."""
+    import signal
+
+    run, recipe, env, err = _corpus_run_started(tmp_path, gensim_data)
+    os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    try:
+        run.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        pytest.fail("bertpipe run does not end after Ctrl-C")
     text = err.read_text()
     assert run.returncode == 130, text[-2000:]
     assert [line for line in text.splitlines() if "error" in line.lower()] == [
@@ -162,28 +170,15 @@ def test_a_sigkilled_run_leaves_no_process_behind_and_the_rerun_takes_the_root_a
     14 processes were alive 2 s later (both training workers among them, 1.2 GB each), 3 at
     32 s, and Prefect's temporary server until it was killed; the rerun was refused for the
     two minutes the dead run's lease had left."""
-    import json
     import signal
-    import time
 
     import psutil
 
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(json.dumps({"run": {"root": str(tmp_path / "run")}, "ray": {"num_cpus": 2},
-                                  "corpus": {"inputs": [{"uri": str(gensim_data / "lee_background.cor"), "format": "lines"}]}}))
-    env = own_prefect(tmp_path, BERTPIPE_CACHE_DIR=str(tmp_path / "cache"))
-    err = tmp_path / "stderr.txt"
-    with open(err, "w") as sink:
-        run = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "-c", str(recipe), "--only", "corpus"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while "corpus: start" not in err.read_text() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert run.poll() is None, err.read_text()[-2000:]
-        started = psutil.Process(run.pid).children(recursive=True)
-        assert len(started) >= 3, started  # the watchdog, Prefect's server, Ray's processes
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=30)
+    run, recipe, env, _ = _corpus_run_started(tmp_path, gensim_data)
+    started = psutil.Process(run.pid).children(recursive=True)
+    assert len(started) >= 3, started  # the watchdog, Prefect's server, Ray's processes
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=30)
     _, alive = psutil.wait_procs(started, timeout=20)
     try:
         assert not alive, [(p.pid, p.name()) for p in alive]
