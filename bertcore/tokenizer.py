@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one format whose parts must agree; issue 27 moves it to bertcore/vocab/.
 """BERT WordPiece vocabulary: train, lay out, save, load, measure.
 
 The output is what Google's BERT and `transformers` expect: a `vocab.txt` (one entry per

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one training loop (set-up, resume on any world size, step, validate, save) reads top to bottom in one file; its pieces (optim, checkpoint, data, loss watch, metrics) already live beside it.
 """The DeepSpeed training loop of one training worker: the one loop of every training
 stage (pretrain, distill).
 

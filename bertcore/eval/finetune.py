@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: one fine-tuning loop for four task types (classification, regression, tokens, QA) sharing its batching, seeding and scoring.
 """Fine-tuning on CPU: a task head on a pretrained (or freshly initialised) encoder,
 trained and scored with one seed.
 
