@@ -36,3 +36,12 @@ def stop(*procs: subprocess.Popen, timeout: float = 30) -> None:
             child.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def state_api_address(ray) -> str:
+    """The dashboard (state API) address of the Ray this driver joined, as ensure_ray hands
+    it to the workers. A state API call without it guesses among the Rays running on the
+    machine and fails where there are several (a test's own, or one a killed driver left)."""
+    import os
+
+    return ray.get(ray.remote(num_cpus=0)(lambda: os.environ["RAY_API_SERVER_ADDRESS"]).remote())

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processes import free_port, stop
+from processes import free_port, state_api_address, stop
 from test_ray_cluster import RAY, beyond_loopback, listening
 
 
@@ -132,10 +132,23 @@ def _detached_alive(ray) -> list[str]:
     the dashboard address ensure_ray gives the workers)."""
     from ray.util.state import list_actors
 
-    api = ray.get(ray.remote(num_cpus=0)(lambda: os.environ["RAY_API_SERVER_ADDRESS"]).remote())
     job = ray.get_runtime_context().get_job_id()
-    actors = list_actors(address=api, filters=[("job_id", "=", job), ("state", "=", "ALIVE")], detail=True, limit=1000)
+    actors = list_actors(address=state_api_address(ray), filters=[("job_id", "=", job), ("state", "=", "ALIVE")], detail=True, limit=1000)
     return sorted(actor.class_name for actor in actors if actor.is_detached)
+
+
+def _drop_any_coordinator(ray) -> None:
+    try:
+        ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"), no_restart=True)
+    except ValueError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+        except ValueError:
+            return
+        time.sleep(0.1)
 
 
 def test_drop_train_leftovers_removes_the_detached_actors_a_fit_leaves(ray_cluster):
@@ -145,6 +158,7 @@ def test_drop_train_leftovers_removes_the_detached_actors_a_fit_leaves(ray_clust
     ray = ray_cluster
     from pipelines.ray_runtime import drop_train_leftovers
 
+    _drop_any_coordinator(ray)  # a driver another test SIGKILLed mid-fit leaves its job's one, which fit() would reuse
     _noop_fit()
     assert _detached_alive(ray) == ["_AutoscalingCoordinatorActor"]
     assert drop_train_leftovers() == ["AutoscalingCoordinator/AutoscalingCoordinator"]

@@ -15,7 +15,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import psutil  # noqa: E402
 import pytest  # noqa: E402
+from processes import state_api_address  # noqa: E402
 from test_pretrain_stage import STORAGE, metrics, train  # noqa: E402
 from test_train import SEED, tiny_pretrain  # noqa: E402
 
@@ -39,25 +41,44 @@ def _copy_inputs(source, target) -> None:
         shutil.copytree(source / part, target / part)
 
 
-def _training_worker_pids(ray) -> list[int]:
+def _training_worker_pids(api: str) -> list[int]:
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, raise_on_missing_output=False)
-    return sorted(a.pid for a in actors if "RayTrainWorker" in (a.class_name or ""))
+    actors = list_actors(address=api, filters=[("state", "=", "ALIVE")], detail=True, raise_on_missing_output=False)
+    return sorted(a.pid for a in actors if "RayTrainWorker" in (a.class_name or "") and psutil.pid_exists(a.pid))
 
 
-def _kill_workers_when(ray, faults: list[tuple]) -> dict:
-    """In the background, for each (ready, blocker_cpus) in turn: once `ready()`, SIGKILL
-    one training worker (as a lost node does to its workers) and, with blocker_cpus, take
-    that many CPUs so the cluster holds fewer workers for the restart."""
-    out: dict = {"blockers": [], "killed": []}
+def _latest_complete(checkpoints) -> int:
+    steps = [int(p.parent.name.rsplit("-", 1)[-1]) for p in checkpoints.glob(f"*/{COMPLETE}")]
+    return max(steps, default=0)
+
+
+def _kill_workers_when(ray, checkpoints, faults: list[tuple[int, int]]) -> dict:
+    """In the background, for each (step, blocker_cpus) in turn: learn the pids of the two
+    training workers of a new worker group, wait for checkpoint `step` to be complete, then
+    freeze both workers (SIGSTOP, so a fast run cannot train past the next checkpoint while
+    the fault is set up), note the latest complete checkpoint, and SIGKILL one (as a lost
+    node does to its workers) and let the other go on. With blocker_cpus, first take that
+    many CPUs, so the cluster holds fewer workers for the restart. An error in the thread
+    is kept in out["error"]."""
+    api = state_api_address(ray)
+    out: dict = {"blockers": [], "killed": [], "at": [], "error": None}
 
     def run() -> None:
-        for ready, blocker_cpus in faults:
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and not (ready() and len(_training_worker_pids(ray)) >= 2):
+        seen: set[int] = set()
+        deadline = time.monotonic() + 300
+        for step, blocker_cpus in faults:
+            pids: list[int] = []
+            while time.monotonic() < deadline and len(pids) < 2:
+                pids = [pid for pid in _training_worker_pids(api) if pid not in seen]
                 time.sleep(0.1)
-            pids = _training_worker_pids(ray)
+            while time.monotonic() < deadline and not (checkpoints / checkpoint_tag(step) / COMPLETE).exists():
+                time.sleep(0.005)
+            assert len(pids) == 2 and time.monotonic() < deadline, (pids, step)
+            seen.update(pids)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            out["at"].append(_latest_complete(checkpoints))
             if blocker_cpus:
 
                 @ray.remote(num_cpus=blocker_cpus)
@@ -66,10 +87,18 @@ def _kill_workers_when(ray, faults: list[tuple]) -> dict:
                         return True
 
                 out["blockers"].append(Blocker.remote())  # pending until the killed worker's CPU is free
+                time.sleep(1)  # queued at the raylet before the CPU comes free
             os.kill(pids[-1], signal.SIGKILL)
             out["killed"].append(pids[-1])
+            os.kill(pids[0], signal.SIGCONT)
 
-    thread = threading.Thread(target=run, daemon=True)
+    def guarded() -> None:
+        try:
+            run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=guarded, daemon=True)
     thread.start()
     out["thread"] = thread
     return out
@@ -108,10 +137,7 @@ def test_lost_workers_restart_in_the_same_run_on_as_many_or_fewer_workers(ray_cl
     reference = train(cfg, str(reference_root))
     checkpoints = faulty_root / "pretrain" / CHECKPOINTS
 
-    def at(step: int, after: int):
-        return lambda: (checkpoints / checkpoint_tag(step) / COMPLETE).exists() and len(metrics(faulty_root)) >= after
-
-    fault = _kill_workers_when(ray_cluster, [(at(10, 14), 0), (at(20, 24), 1)])
+    fault = _kill_workers_when(ray_cluster, checkpoints, [(10, 0), (20, 1)])
     with caplog.at_level(logging.WARNING):
         try:
             result = train(cfg, str(faulty_root))
@@ -119,21 +145,22 @@ def test_lost_workers_restart_in_the_same_run_on_as_many_or_fewer_workers(ray_cl
             fault["thread"].join(timeout=30)
             for blocker in fault["blockers"]:
                 ray_cluster.kill(blocker)
-    assert len(fault["killed"]) == 2
+    assert fault["error"] is None and len(fault["killed"]) == 2, fault
+    first, second = fault["at"]  # the latest complete checkpoint at each kill: 10 and 20 unless the run outran the watcher
     lines = [r.getMessage() for r in caplog.records]
-    for restart, step in ((1, 10), (2, 20)):
+    for restart, step in ((1, first), (2, second)):
         assert any("lost worker rank" in line and f"restarting the workers from checkpoint {checkpoint_tag(step)} (restart {restart} of 3)" in line
                    for line in lines), lines
     assert any("going on with 1, gradient accumulation 2" in line for line in lines), lines
     assert result.stats["steps"] == 40 and result.stats["world_size"] == 1
-    assert result.stats["resizes"] == [{"step": 20, "from_workers": 2, "to_workers": 1, "gradient_accumulation_steps": 2}]
+    assert result.stats["resizes"] == [{"step": second, "from_workers": 2, "to_workers": 1, "gradient_accumulation_steps": 2}]
     assert result.stats["tokens_seen"] == reference.stats["tokens_seen"]
     after, before = metrics(faulty_root), metrics(reference_root)
     assert [r["step"] for r in after] == list(range(1, 41))
     assert [r["tokens"] for r in after] == [r["tokens"] for r in before]
     # restarted on its own world size: the same run exactly
-    assert [(r["data_hash"], r["loss"]) for r in after[:20]] == [(r["data_hash"], r["loss"]) for r in before[:20]]
-    assert [r["loss"] for r in after[20:]] == pytest.approx([r["loss"] for r in before[20:]], abs=2e-4)
+    assert [(r["data_hash"], r["loss"]) for r in after[:second]] == [(r["data_hash"], r["loss"]) for r in before[:second]]
+    assert [r["loss"] for r in after[second:]] == pytest.approx([r["loss"] for r in before[second:]], abs=2e-4)
     # the exported models are the same model, up to the order floats were summed in
     from safetensors.torch import load_file
 
