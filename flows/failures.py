@@ -38,6 +38,8 @@ RAY_TRANSIENT = (
     ray.exceptions.ActorUnavailableError,
     ray.exceptions.GetTimeoutError,
 )
+CREDENTIALS_ERROR_NAMES = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
+"""botocore's errors for credentials it could not find or read: permanent (no retry), one line."""
 NETWORK_ERROR_NAMES = {
     "EndpointConnectionError",
     "ConnectionClosedError",
@@ -97,6 +99,10 @@ def _describe(stage: str, exc: BaseException, root: str) -> str:
             errno.ENOENT: "check the path, bucket and credentials",
         }[cause.errno]
         return f"{stage}: {what}{target} ({text}); {hint}"
+    if type(cause).__name__ in CREDENTIALS_ERROR_NAMES:
+        return (f"{stage}: no object-store credentials ({text}); give this process credentials for the s3:// URIs of the recipe "
+                f"(run.root {root}, and any s3:// input, distill.teacher or init_from): AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE, an instance role, or storage.key/storage.secret")
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
         return f"{stage}: the bucket does not exist ({text}); create it, or fix run.root ({root}) or corpus.inputs"
     failures = getattr(cause, "worker_failures", None)

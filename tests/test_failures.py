@@ -140,3 +140,27 @@ def test_the_traceback_goes_under_the_run_root_and_elsewhere_when_the_root_canno
         assert not fallback.startswith(str(blocked)) and "ValueError: the cause" in open(fallback).read()
     finally:
         os.unlink(fallback)
+
+
+def test_no_object_store_credentials_is_one_line_naming_what_to_give(s3_server, monkeypatch, tmp_path):
+    """An s3:// URI read with no credentials anywhere (botocore's NoCredentialsError, from a
+    real s3fs call against the moto endpoint): one line, no retry, saying what to set."""
+    from bertcore.config import StorageConfig
+    from pipelines.storage import Storage
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    from s3fs import S3FileSystem
+
+    S3FileSystem.clear_instance_cache()  # fsspec would hand back a filesystem that found credentials before
+    storage = Storage(StorageConfig(endpoint_url=s3_server))
+    with pytest.raises(Exception) as caught:
+        storage.exists("s3://teachers/minilm/config.json")
+    assert not is_transient(caught.value)
+    line = describe("distill", caught.value, "s3://runs/a")
+    assert "\n" not in line
+    assert line.startswith("distill: no object-store credentials (Unable to locate credentials)")
+    assert "run.root s3://runs/a" in line and "distill.teacher" in line and "AWS_ACCESS_KEY_ID" in line
