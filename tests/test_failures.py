@@ -142,7 +142,7 @@ def test_the_traceback_goes_under_the_run_root_and_elsewhere_when_the_root_canno
         os.unlink(fallback)
 
 
-def test_no_object_store_credentials_is_one_line_naming_what_to_give(s3_server, monkeypatch, tmp_path):
+def test_no_object_store_credentials_is_one_line_naming_what_to_give(s3_server, monkeypatch, tmp_path, request):
     """An s3:// URI read with no credentials anywhere (botocore's NoCredentialsError, from a
     real s3fs call against the moto endpoint): one line, no retry, saying what to set."""
     from bertcore.config import StorageConfig
@@ -156,6 +156,8 @@ def test_no_object_store_credentials_is_one_line_naming_what_to_give(s3_server, 
     from s3fs import S3FileSystem
 
     S3FileSystem.clear_instance_cache()  # fsspec would hand back a filesystem that found credentials before
+    request.addfinalizer(S3FileSystem.clear_instance_cache)  # and later tests one that found none
+    monkeypatch.setattr("pipelines.storage._SESSION", None, raising=False)  # a shared botocore session keeps credentials it found
     storage = Storage(StorageConfig(endpoint_url=s3_server))
     with pytest.raises(Exception) as caught:
         storage.exists("s3://teachers/minilm/config.json")
