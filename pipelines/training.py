@@ -212,22 +212,23 @@ def _train_worker(config: dict) -> None:
     trainer.run()
 
 
-def fit(job: WorkerJob) -> None:
+def fit(job: WorkerJob) -> list[dict]:
     """Run the workers to the end of training (or the time budget); a user error raised in
     a worker surfaces as itself. A worker or node lost on the way restarts the workers from
     the latest checkpoint, up to `max_failures` times, with fewer of them when the cluster
-    has fewer after `rejoin_timeout_s` (pipelines/elastic.py)."""
+    has fewer after `rejoin_timeout_s` (pipelines/elastic.py). Returns the restarts, one
+    {step, lost, workers} each: the checkpoint's step, what was lost, the workers after."""
     import dataclasses
 
     from bertcore.checkpoint import checkpoint_tag, latest_checkpoint
     from pipelines.elastic import WorkersLost, choose_world_size, lost_workers, node_ids, resized, wait_for_dead
     from pipelines.stage_files import stage_files
 
-    cfg, world, restarts = job.cfg, job.cfg.num_workers, 0
+    cfg, world, restarts = job.cfg, job.cfg.num_workers, []
     while True:
         try:
             _fit_once(dataclasses.replace(job, cfg=resized(cfg, world)))
-            return
+            return restarts
         except Exception as exc:
             what = lost_workers(exc)
             if what is None:
@@ -235,16 +236,16 @@ def fit(job: WorkerJob) -> None:
             log.debug("%s: the workers failed", cfg.SECTION, exc_info=exc)  # the stage's log file has Ray's account
             marker = latest_checkpoint(stage_files(job.storage, job.stage_uri, "driver"))
             start = f"checkpoint {checkpoint_tag(marker['step'])}" if marker else "step 0 (no checkpoint yet)"
-            restarts += 1
-            if restarts > cfg.max_failures:
+            if len(restarts) >= cfg.max_failures:
                 raise WorkersLost(
                     f"{cfg.SECTION}: lost {what}; gave up after {cfg.max_failures} restart(s) ({cfg.SECTION}.max_failures); "
                     f"{'the latest ' + start + ' is kept' if marker else 'no checkpoint was written yet'}: "
                     f"when the cluster is whole again, `bertpipe run --only {cfg.SECTION}` resumes from it"
                 ) from None
-            log.warning("%s: lost %s; restarting the workers from %s (restart %d of %d)", cfg.SECTION, what, start, restarts, cfg.max_failures)
+            log.warning("%s: lost %s; restarting the workers from %s (restart %d of %d)", cfg.SECTION, what, start, len(restarts) + 1, cfg.max_failures)
             wait_for_dead(node_ids(exc))
             world = choose_world_size(cfg, what)
+            restarts.append({"step": marker["step"] if marker else 0, "lost": what, "workers": world})
             if world != cfg.num_workers:
                 log.warning(
                     "%s: the cluster holds %d of %d workers after %.0f s; going on with %d, gradient accumulation %d (the same global batch)",
@@ -448,7 +449,7 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     from bertcore.checkpoint import CHECKPOINTS, latest_checkpoint
 
     files = stage_files(stage.storage, stage.uri, "driver")
-    fit(job)
+    restarts = fit(job)
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"{cfg.SECTION}: training ended without a final checkpoint under {stage.path(CHECKPOINTS)}")
@@ -462,7 +463,7 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
         shards.append(validation_shard)
     from pipelines.training_stats import training_stats
 
-    return marker, shards, training_stats(cfg, marker, records, validations)
+    return marker, shards, training_stats(cfg, marker, records, validations, restarts)
 
 
 def log_shard(storage: Storage, stage: StageDir, name: str) -> tuple[ShardInfo, list[dict]]:

@@ -4,6 +4,7 @@ metrics and validation logs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from bertcore import metrics_log
@@ -23,10 +24,11 @@ def _thin(records: list[dict], points: int) -> list[dict]:
     return [records[i] for i in picks]
 
 
-def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict]) -> dict[str, Any]:
+def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict], restarts: Sequence[dict] = ()) -> dict[str, Any]:
     """The manifest statistics. `final` holds the final training figures: the means over the
     last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
-    the last validation, on the held-out sample."""
+    the last validation, on the held-out sample; `restarts` those of the workers in this
+    invocation after a lost worker or node (pipelines/training.py `fit`)."""
     from bertcore.checkpoint import checkpoint_tag
 
     mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
@@ -49,6 +51,7 @@ def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], valid
         "checkpoint": checkpoint_tag(marker["step"]),
         "world_size": marker["world_size"],
         "resizes": marker.get("resizes") or [],
+        "restarts": list(restarts),
         "zero_stage": marker["zero_stage"],
         "precision": marker["precision"],
         "model_config": marker["model_config"],

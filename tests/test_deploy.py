@@ -5,12 +5,13 @@ out by the worker from this checkout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-import urllib.request
+from collections.abc import Iterator, Sequence
 from datetime import timezone
 from pathlib import Path
 
@@ -133,10 +134,15 @@ def _prefect_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """`prefect server start` on a free port with its own SQLite database; yields the API URL."""
-    home = tmp_path_factory.mktemp("prefect-server")
+# Exits 0 when the Prefect API at argv[1] answers its health check.
+HEALTHY = "import sys, urllib.request; sys.exit(urllib.request.urlopen(sys.argv[1] + '/health', timeout=2).status != 200)"
+
+
+@contextlib.contextmanager
+def running_prefect_server(home: Path, enter: Sequence[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`prefect server start` on a free port with its own SQLite database in `home`, run with
+    the command prefix `enter` (a network namespace's, say; the health check runs there too);
+    yields the API URL and the server's process, and stops it on exit."""
     port = free_port()
     env = _prefect_env(
         home,
@@ -147,26 +153,27 @@ def prefect_server(tmp_path_factory):
     )
     log = open(home / "server.log", "wb")
     server = subprocess.Popen(
-        [*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+        [*enter, *PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home,
     )
     api = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + 150
-        while True:
-            try:
-                with urllib.request.urlopen(f"{api}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
+        while subprocess.run([*enter, sys.executable, "-c", HEALTHY, api], capture_output=True, timeout=30).returncode != 0:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
             time.sleep(0.5)
-        yield api
+        yield api, server
     finally:
         stop(server)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`running_prefect_server` for this module's tests; yields the API URL."""
+    with running_prefect_server(tmp_path_factory.mktemp("prefect-server")) as (api, _):
+        yield api
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -38,10 +39,11 @@ POOL = "bertpipe-supervision"
 
 class Workers:
     """Process workers this test starts, each in a session of its own (a SIGTERM or SIGKILL
-    reaches only it), and every process they started, for the clean-up."""
+    reaches only it), and every process they started, for the clean-up. `enter` is a command
+    prefix they run with (a network namespace's), `env` what they get beyond Prefect's settings."""
 
-    def __init__(self, api_url: str, home: Path):
-        self.api_url, self.home = api_url, home
+    def __init__(self, api_url: str, home: Path, pool: str = POOL, enter: Sequence[str] = (), env: Mapping[str, str] | None = None):
+        self.api_url, self.home, self.pool, self.enter, self.env = api_url, home, pool, list(enter), dict(env or {})
         self.started: list[subprocess.Popen] = []
         self.seen: dict[int, psutil.Process] = {}
         self.logs: list[Path] = []
@@ -52,8 +54,8 @@ class Workers:
         log_path = self.home / name / "worker.log"
         self.logs.append(log_path)
         worker = subprocess.Popen(
-            [*PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--name", name],
-            env=_prefect_env(self.home / name, PREFECT_API_URL=self.api_url, PREFECT_WORKER_QUERY_SECONDS="2"),
+            [*self.enter, *PREFECT, "worker", "start", "--pool", self.pool, "--type", "process", "--name", name],
+            env={**_prefect_env(self.home / name, PREFECT_API_URL=self.api_url, PREFECT_WORKER_QUERY_SECONDS="2"), **self.env},
             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, cwd=self.home / name, start_new_session=True,
         )
         self.started.append(worker)

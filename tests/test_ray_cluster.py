@@ -19,6 +19,7 @@ checks it.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,14 +112,33 @@ def beyond_loopback(sockets) -> list[str]:
     return sorted(f"{name} ({pid}) {ip}:{port}" for pid, name, ip, port in sockets if not loopback(ip))
 
 
+NODE_OPTIONS = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(150 * 2**20), "--disable-usage-stats", "--block"]
+"""What every test node gets: one CPU, a small object store, and `--block` (the `ray start`
+process stays, the parent of the node's raylet and, through it, of its workers)."""
+
+
 @dataclass
 class TwoNodes:
     address: str  # the head's GCS, inside the namespace
     dashboard_port: int
     env: dict  # the token and settings every node and driver gets
-    temp_dirs: list[str]
-    procs: list[subprocess.Popen]  # the two `ray start --block` processes
+    temp_dirs: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen] = field(default_factory=list)  # the `ray start --block` processes, the head's first
     enter: list[str] = field(default_factory=list)  # runs a command in the cluster's network namespace
+
+    def start_node(self, *how: str) -> subprocess.Popen:
+        """`ray start --block` of one node (`how`: the head's options, or `--address`), with
+        its own short temp dir (Ray's socket paths stay under the limit) and its start.log there."""
+        temp_dir = tempfile.mkdtemp(prefix="bpray-", dir="/tmp")
+        self.temp_dirs.append(temp_dir)
+        with open(Path(temp_dir) / "start.log", "wb") as log:
+            proc = subprocess.Popen([*self.enter, RAY, "start", *how, "--temp-dir", temp_dir, *NODE_OPTIONS], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def join_node(self) -> subprocess.Popen:
+        """A worker node joining the head (again, after one was lost: under a new node id)."""
+        return self.start_node("--address", self.address)
 
     def driver(self, script: str, *args: str, **kwargs) -> subprocess.Popen:
         """A driver process running `script` in the cluster's namespace, with its env."""
@@ -142,50 +163,54 @@ def _loopback_namespace():
     return None, holder.stderr.read().strip()
 
 
-@pytest.fixture(scope="module")
-def two_node_cluster():
-    """A Ray head (with its dashboard) and a worker node on this machine, in a loopback-only
-    network namespace (see the module docstring); yields a TwoNodes.
-
-    Token authentication is on, as on a real cluster: every node and the driver get the
-    token through RAY_AUTH_TOKEN. Short temp dirs keep Ray's socket paths under the limit.
-    """
+@contextlib.contextmanager
+def loopback_only() -> Iterator[list[str]]:
+    """A new loopback-only network namespace (see the module docstring) while the block
+    runs; yields the command prefix that runs a command in it."""
     holder, why = _loopback_namespace()
     # every machine this suite runs on (developers' and CI's) runs it as root, where unshare
     # works: a cluster test that cannot bind loopback only must fail, never pass unseen
     assert holder is not None, f"no network namespace for a loopback-only cluster (unshare -n: {why}); run the suite as root"
-    enter = ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
+    try:
+        yield ["nsenter", f"--net=/proc/{holder.pid}/ns/net", "--"]
+    finally:
+        stop(holder)
+
+
+@contextlib.contextmanager
+def two_nodes(enter: list[str]) -> Iterator[TwoNodes]:
+    """A Ray head (with its dashboard) and a worker node on this machine, started with the
+    command prefix `enter` (a loopback-only namespace's); yields a TwoNodes, and stops every
+    node it then holds (those started later included) and removes their temp dirs on exit.
+
+    Token authentication is on, as on a real cluster: every node and the driver get the
+    token through RAY_AUTH_TOKEN.
+    """
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    temp_dirs = [tempfile.mkdtemp(prefix="bpray-", dir="/tmp") for _ in range(2)]
     port, dashboard_port = free_port(), free_port()
-    address = f"127.0.0.1:{port}"
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(150 * 2**20), "--disable-usage-stats", "--block"]
-    commands = [
-        ["--head", "--port", str(port), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port)],
-        ["--address", address],
-    ]
-    logs = [open(Path(temp_dir) / "start.log", "wb") for temp_dir in temp_dirs]
-    procs: list[subprocess.Popen] = []
+    cluster = TwoNodes(f"127.0.0.1:{port}", dashboard_port, env, enter=enter)
     try:
-        for node, (command, temp_dir, log) in enumerate(zip(commands, temp_dirs, logs)):
-            procs.append(
-                subprocess.Popen([*enter, RAY, "start", *command, "--temp-dir", temp_dir, *common], env=env, stdout=log, stderr=subprocess.STDOUT)
-            )
-            if node == 0:  # the worker node joins once the head's GCS listens
-                deadline = time.monotonic() + 120
-                while not any(socket_port == port for *_, socket_port in listening([procs[0].pid], enter)):
-                    assert procs[0].poll() is None, (Path(temp_dir) / "start.log").read_text()[-3000:]
-                    assert time.monotonic() < deadline, "the Ray head did not start"
-                    time.sleep(1)
-        yield TwoNodes(address, dashboard_port, env, temp_dirs, procs, enter)
+        head = cluster.start_node("--head", "--port", str(port), "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                                  "--dashboard-port", str(dashboard_port))
+        deadline = time.monotonic() + 120
+        while not any(socket_port == port for *_, socket_port in listening([head.pid], enter)):  # the worker node joins once the GCS listens
+            assert head.poll() is None, (Path(cluster.temp_dirs[0]) / "start.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(1)
+        cluster.join_node()
+        yield cluster
     finally:
-        stop(*procs)
-        stop(holder)
-        for log in logs:
-            log.close()
-        for path in temp_dirs:
+        stop(*cluster.procs)
+        for path in cluster.temp_dirs:
             shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """The two nodes of `two_nodes` in a loopback-only namespace of their own."""
+    with loopback_only() as enter, two_nodes(enter) as cluster:
+        yield cluster
 
 
 def _task_names_in_logs(temp_dir: str) -> set[str]:
