@@ -34,9 +34,10 @@ WORKERS = logging.getLogger("bertpipe.workers")
 RAY_OUTPUT = logging.getLogger("bertpipe.ray")
 """What Ray itself relays (its controllers' and raylets' accounts, worker tracebacks, library
 warnings): DEBUG records that the console shows only with -v; log files keep them."""
-_OURS = re.compile(r"^(?:\([^)]*\) )?(?:corpus|vocab|examples|pretrain|distill|evaluate|export|bertpipe)\b[\w.\[\] -]*: ")
+_OURS = re.compile(r"^(?:\([^)]*\) )?(?:(?:corpus|vocab|examples|pretrain|distill|evaluate|export|bertpipe)\b[\w.\[\] -]*: |object store unreachable\b)")
 """A relayed line that is one of bertpipe's own messages from a worker (`pretrain: resumed
-from step-0000010`), after Ray's `(RayTrainWorker pid=...)` prefix."""
+from step-0000010`, or pipelines/storage.py's `object store unreachable ...`), after Ray's
+`(RayTrainWorker pid=...)` prefix."""
 
 Format = Literal["text", "json"]
 
@@ -134,6 +135,9 @@ def setup(verbosity: int = 0, fmt: Format = "text") -> None:
     RAY_OUTPUT.setLevel(logging.DEBUG)
     logging.captureWarnings(True)  # warnings.warn(...) become records in the same format
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", ",".join(PROJECT_LOGGERS))
+    # a record from outside a flow run's context (the lease heartbeat, the object-store client's
+    # thread) reaches the console and the run log; Prefect's API cannot take it, and would add a warning
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     # Prefect's loggers (its run loggers say when a task ends) at INFO; -q: WARNING; -vv: DEBUG
     prefect_level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 1 else logging.INFO
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", logging.getLevelName(prefect_level))

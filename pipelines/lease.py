@@ -202,6 +202,8 @@ class RootLease:
             current, version = self._read()
             if current is None:
                 continue  # released between our two looks
+            if current.token == self.record.token:
+                break  # our own create: its answer was lost, and its retry found the lease there
             gone = current.holder_gone()
             if current.expires_at > time.time() and not gone:
                 raise self._held(current)

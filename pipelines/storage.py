@@ -10,6 +10,12 @@ follows a link, hashing refuses anything but a regular file, and `list_files` wa
 input folder without following links out of it or into folders (no loops) and without
 opening FIFOs, sockets or devices, listing each such entry with the reason. Object stores
 have no links.
+
+An object store that stops answering for a while (an outage of up to about a minute) costs
+a wait, not a failed stage: each request is retried (`S3_ATTEMPTS`, botocore's standard
+retry mode), and one line says when the store stopped answering and one when it answers
+again and after how long (`_Outage`). A longer outage fails the request; the flow retries
+the stage (flows/pipeline.py).
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +41,14 @@ from fsspec.core import split_protocol
 from bertcore.config import StorageConfig
 from bertcore.errors import InputDataError
 from bertcore.paths import first_link, inside, not_regular, remove_within, walk, walk_files
+
+log = logging.getLogger(__name__)
+
+S3_ATTEMPTS = 12
+"""Attempts of one object-store request that gets no answer (connection refused or reset, a
+timeout) or a 5xx, before it fails: botocore waits a random 0-1, 0-2, 0-4, 0-8, 0-16, then
+0-20 s between them, about 75 s in all (at least 30 s with a chance of 99.9 %)."""
+S3_RETRY_WINDOW = "about 75 s"
 
 
 def join(base: str, *parts: str) -> str:
@@ -99,6 +116,47 @@ def _before_write(uri: str) -> None:
             check(uri)
 
 
+class _Outage:
+    """Watches every attempt of this process's object-store requests (botocore's
+    `needs-retry` event) and says in one line when a store stops answering (at the second
+    failed attempt in a row: a single dropped connection is retried silently) and in one
+    more, at the first answer after that, how long it did not."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: dict[str, tuple[float, int]] = {}  # endpoint -> (first failure, failed attempts)
+
+    def __call__(self, caught_exception: BaseException | None = None, endpoint: Any = None, **_: Any) -> None:
+        url, now = str(getattr(endpoint, "host", "the object store")), time.monotonic()
+        with self._lock:
+            since, failed = self._since.pop(url, (now, 0))
+            if caught_exception is not None:
+                self._since[url] = since, failed + 1
+        if caught_exception is not None and failed == 1:
+            cause = " ".join(str(caught_exception).split())
+            log.warning("object store unreachable at %s (%s); retrying each request for %s", url, cause, S3_RETRY_WINDOW)
+        elif caught_exception is None and failed >= 2:
+            log.warning("object store unreachable for %.0f s at %s; retried %d times until it answered again", now - since, url, failed)
+        return None  # the decision is the retry handler's
+
+
+S3_RETRIES = {"retries": {"mode": "standard", "total_max_attempts": S3_ATTEMPTS}}
+"""botocore client settings of every S3 filesystem (`config_kwargs`)."""
+
+
+def _observed(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """`fs`, whose S3 clients report outages (`_Outage`): a filesystem fsspec has just made
+    has no aiobotocore session yet, and gets one with the watcher registered (one session
+    per filesystem, as s3fs would make it, so credentials are looked up as before)."""
+    if getattr(fs, "session", False) is None:
+        from aiobotocore.session import AioSession
+
+        session = AioSession()
+        session.register("needs-retry.s3", _Outage())
+        fs.session = session
+    return fs
+
+
 class Storage:
     """fsspec filesystems built from the storage section; picklable, so Ray tasks get one."""
 
@@ -117,7 +175,10 @@ class Storage:
         protocol, _ = split_protocol(uri)
         protocol = protocol or "file"
         if protocol not in self._fs:
-            self._fs[protocol] = fsspec.filesystem(protocol, **self.cfg.fsspec_options(protocol))
+            options = self.cfg.fsspec_options(protocol)
+            if protocol in ("s3", "s3a"):
+                options["config_kwargs"] = S3_RETRIES
+            self._fs[protocol] = _observed(fsspec.filesystem(protocol, **options))
         fs = self._fs[protocol]
         return fs, fs._strip_protocol(uri)
 

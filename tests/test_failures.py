@@ -157,7 +157,6 @@ def test_no_object_store_credentials_is_one_line_naming_what_to_give(s3_server, 
 
     S3FileSystem.clear_instance_cache()  # fsspec would hand back a filesystem that found credentials before
     request.addfinalizer(S3FileSystem.clear_instance_cache)  # and later tests one that found none
-    monkeypatch.setattr("pipelines.storage._SESSION", None, raising=False)  # a shared botocore session keeps credentials it found
     storage = Storage(StorageConfig(endpoint_url=s3_server))
     with pytest.raises(Exception) as caught:
         storage.exists("s3://teachers/minilm/config.json")

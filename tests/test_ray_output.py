@@ -17,10 +17,12 @@ def test_our_worker_lines_reach_the_console_and_rays_dumps_stay_in_the_log(caplo
         sink.write('(TrainController pid=8)   File "/x/ray/train/v2/worker_group.py", line 805, in poll\n')
         sink.write("(raylet) [state-dump] NodeManager:\n(RayTrainWorker pid=7) [2026-12-01 21:05:46] [WARNING] [real_accelerator.py:199]\n")
         sink.write("(RayTrainWorker pid=7) distill: the teacher has no MLM head; soft targets are skipped\n")
+        sink.write("(write_output_shard pid=9) object store unreachable for 14 s at http://127.0.0.1:9000; retried 5 times until it answered again\n")
     ours = [r.getMessage() for r in caplog.records if r.name == logs.WORKERS.name]
     rays = [r for r in caplog.records if r.name == logs.RAY_OUTPUT.name]
     assert ours == ["(RayTrainWorker pid=7) pretrain: resuming step-0000010, written by 2 workers, on 1",
-                    "(RayTrainWorker pid=7) distill: the teacher has no MLM head; soft targets are skipped"]
+                    "(RayTrainWorker pid=7) distill: the teacher has no MLM head; soft targets are skipped",
+                    "(write_output_shard pid=9) object store unreachable for 14 s at http://127.0.0.1:9000; retried 5 times until it answered again"]
     assert len(rays) == 4 and all(r.levelno == logging.DEBUG for r in rays)
 
 
