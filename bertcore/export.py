@@ -65,6 +65,9 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
         if not torch.cuda.is_available():  # what DeepSpeed would detect, said so it does not warn
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from bertcore.op_builds import import_deepspeed
+
+        import_deepspeed()  # the lighter start-up (bertcore/op_builds.py)
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
         )

@@ -35,13 +35,36 @@ class StaleBuildLock(BertpipeError):
     """A DeepSpeed op build's lock file that no running process holds."""
 
 
+# Packages DeepSpeed imports at start-up only to offer features bertpipe never calls: MLflow
+# for its autotuner's logging, transformers for OPT's position embeddings in its inference
+# engine. They cost 4-10 s of the 11-17 s `import deepspeed` takes in each training worker
+# (measured with `python -X importtime`); both import normally later when a tracker or an
+# export asks for them.
+_NOT_FOR_DEEPSPEED = ("mlflow", "transformers")
+
+
+def import_deepspeed():
+    """`import deepspeed`, leaving out the packages it would load only for features
+    bertpipe does not use (_NOT_FOR_DEEPSPEED). A package that is already imported stays."""
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    blocked = [name for name in _NOT_FOR_DEEPSPEED if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # makes `import name` raise ImportError, which DeepSpeed catches
+    try:
+        import deepspeed
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+    return deepspeed
+
+
 def skip_shm_op() -> None:
     """Make DeepSpeed's communication backend leave out its CPU shared-memory op (call
     before deepspeed.init_distributed or deepspeed.initialize): DeepSpeed builds it only
     when its compatibility table says the op can run, and reads that table each time."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__[SHM_OP] = False
+    import_deepspeed().ops.__compatible_ops__[SHM_OP] = False
 
 
 def extensions_root() -> str:

@@ -213,9 +213,9 @@ class Trainer:
     def _engine(self):
         if not self.cfg.use_gpu:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        import deepspeed
+        from bertcore.op_builds import import_deepspeed, ops_to_build, prepare_builds, skip_shm_op
 
-        from bertcore.op_builds import ops_to_build, prepare_builds, skip_shm_op
+        deepspeed = import_deepspeed()
 
         skip_shm_op()  # used only for inference; its first build took minutes and could hang later runs
         prepare_builds(ops_to_build(self.cfg.use_gpu, self.cfg.optimizer, self.cfg.torch_adam),

@@ -162,10 +162,11 @@ def _quiet_deepspeed_comm() -> None:
     record, so only muting print itself, for this call, reaches it."""
     import builtins
 
-    import deepspeed
     import torch
 
-    from bertcore.op_builds import skip_shm_op
+    from bertcore.op_builds import import_deepspeed, skip_shm_op
+
+    deepspeed = import_deepspeed()
 
     skip_shm_op()
     saved = builtins.print
