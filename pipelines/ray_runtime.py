@@ -107,18 +107,19 @@ actor alive; Ray Train's PlacementGroupCleaner, also detached, exits by itself a
 alone (it removes the placement group of a controller that died)."""
 
 
-def drop_train_leftovers(timeout_s: float = 30) -> list[str]:
+def drop_train_leftovers(timeout_s: float = 30, *, any_job: bool = False) -> list[str]:
     """Kill the detached actors of LEFTOVER_ACTORS that this driver's job created (another
-    job's are left alone), without restart, and wait up to `timeout_s` until their names are
-    free, so the next fit() creates a fresh one. Returns "namespace/name" of each killed."""
-    job = ray.get_runtime_context().get_job_id()
+    job's are left alone, unless `any_job`: one a killed driver left), without restart, and
+    wait up to `timeout_s` until their names are free, so the next fit() creates a fresh
+    one. Returns "namespace/name" of each killed."""
+    job = None if any_job else ray.get_runtime_context().get_job_id()
     dropped = []
     for name, namespace in LEFTOVER_ACTORS:
         try:
             actor = ray.get_actor(name, namespace=namespace)
         except ValueError:  # none alive
             continue
-        if actor._ray_actor_id.job_id.hex() != job:
+        if job is not None and actor._ray_actor_id.job_id.hex() != job:
             continue
         ray.kill(actor, no_restart=True)
         dropped.append(f"{namespace}/{name}")

@@ -137,20 +137,6 @@ def _detached_alive(ray) -> list[str]:
     return sorted(actor.class_name for actor in actors if actor.is_detached)
 
 
-def _drop_any_coordinator(ray) -> None:
-    try:
-        ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"), no_restart=True)
-    except ValueError:
-        return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
-        except ValueError:
-            return
-        time.sleep(0.1)
-
-
 def test_drop_train_leftovers_removes_the_detached_actors_a_fit_leaves(ray_cluster):
     """After a two-worker TorchTrainer.fit(), Ray Data's autoscaling coordinator is the one
     detached actor of this job still alive; drop_train_leftovers kills it (and says so), a
@@ -158,7 +144,7 @@ def test_drop_train_leftovers_removes_the_detached_actors_a_fit_leaves(ray_clust
     ray = ray_cluster
     from pipelines.ray_runtime import drop_train_leftovers
 
-    _drop_any_coordinator(ray)  # a driver another test SIGKILLed mid-fit leaves its job's one, which fit() would reuse
+    drop_train_leftovers(any_job=True)  # a driver another test SIGKILLed mid-fit leaves its job's one, which fit() would reuse
     _noop_fit()
     assert _detached_alive(ray) == ["_AutoscalingCoordinatorActor"]
     assert drop_train_leftovers() == ["AutoscalingCoordinator/AutoscalingCoordinator"]
