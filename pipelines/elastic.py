@@ -159,8 +159,13 @@ def choose_world_size(cfg: Any, what: str) -> int:
 
 
 def resized(cfg: Any, world: int) -> Any:
-    """The section for `world` workers with the same global batch and micro-batch."""
+    """The section for `world` workers with the same global batch and micro-batch, and the
+    same held-out sample: validation_batches counts batches per worker, and the global
+    validation batches go round-robin like the training ones, so W x V of them are the same
+    first batches on W' workers at ceil(W x V / W') each (exactly the same when W' divides
+    W x V, else up to W' - 1 batches more)."""
     if world == cfg.num_workers:
         return cfg
     gas = cfg.num_workers * cfg.gradient_accumulation_steps // world
-    return cfg.model_copy(update={"num_workers": world, "gradient_accumulation_steps": gas})
+    validation = -(-cfg.num_workers * cfg.validation_batches // world)
+    return cfg.model_copy(update={"num_workers": world, "gradient_accumulation_steps": gas, "validation_batches": validation})

@@ -23,6 +23,7 @@ from test_train import SEED, tiny_pretrain  # noqa: E402
 
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
 from bertcore.errors import BertpipeError  # noqa: E402
+from bertcore.metrics_log import MetricsLog  # noqa: E402
 from pipelines.elastic import resized, world_sizes  # noqa: E402
 from pipelines.runner import run_stage  # noqa: E402
 
@@ -110,6 +111,8 @@ def test_world_sizes_keep_the_global_batch():
     two = resized(cfg, 2)
     assert (two.num_workers, two.gradient_accumulation_steps) == (2, 2)
     assert two.micro_batch_size(two.phases[0]) == cfg.micro_batch_size(cfg.phases[0])
+    assert two.validation_batches * 2 == cfg.validation_batches * 4  # the same held-out sample
+    assert resized(cfg.model_copy(update={"validation_batches": 3}), 2).validation_batches == 6
     assert world_sizes(cfg.model_copy(update={"min_workers": 2})) == [4, 2]
 
 
@@ -161,6 +164,9 @@ def test_lost_workers_restart_in_the_same_run_on_as_many_or_fewer_workers(ray_cl
     # restarted on its own world size: the same run exactly
     assert [(r["data_hash"], r["loss"]) for r in after[:second]] == [(r["data_hash"], r["loss"]) for r in before[:second]]
     assert [r["loss"] for r in after[second:]] == pytest.approx([r["loss"] for r in before[second:]], abs=2e-4)
+    # the final validation on one worker scores the same held-out sample as two workers did
+    held_out = [MetricsLog(str(r / "pretrain" / "validation.jsonl")).records()[-1] for r in (faulty_root, reference_root)]
+    assert held_out[0]["sequences"] == held_out[1]["sequences"] and held_out[0]["loss"] == pytest.approx(held_out[1]["loss"], abs=1e-4)
     # the exported models are the same model, up to the order floats were summed in
     from safetensors.torch import load_file
 
