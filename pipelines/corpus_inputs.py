@@ -127,6 +127,24 @@ def _folder(storage: Storage, pattern: str) -> tuple[str, bool]:
     return posixpath.dirname(path), False
 
 
+def check_local_inputs(cfg: CorpusConfig, storage: Storage) -> None:
+    """The corpus stage's preflight: with `on_error: raise`, a local input that matches no
+    file ends the run at once, in the words `list_inputs` would use tens of seconds later.
+    Remote inputs wait for the stage (listing a bucket may be slow, and its errors need the
+    retries the stage has)."""
+    if cfg.on_error != "raise":
+        return
+    for position, spec in enumerate(cfg.inputs):
+        if storage.local_path(spec.uri) is None:
+            continue
+        try:
+            found = storage.list_files(spec.uri, include_hidden=True)
+        except OSError:
+            continue  # list_inputs reports it with its cause
+        if not found.files and not found.skipped:
+            raise InputDataError(f"corpus.inputs[{position}]: no file matches {spec.uri} (check the path, bucket and credentials)")
+
+
 def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = None) -> Listing:
     """Expand the inputs into files with their content identity. Files a folder input
     holds under names starting with `.` or `_`, multistream indexes beside their dumps,

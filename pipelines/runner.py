@@ -255,13 +255,16 @@ class Pipeline:
     def preflight(self, stages: list[str]) -> None:
         """Refuse a run of `stages` now, in well under a second, for what would otherwise end it
         only after Prefect and Ray have started (tens of seconds) or after the stages before
-        it ran: another writer holding the root, an external model folder that is missing,
+        it ran: another writer holding the root, what a stage's own `preflight` refuses (a
+        local corpus input that matches no file), an external model folder that is missing,
         incomplete or inconsistent (`_check_model_folder`), or a stage reading one that is
         neither among `stages` nor complete on disk. The flow checks them again when it runs."""
         from pipelines.lease import RootLease
 
         RootLease(self.storage, self.cfg.run.root, "preflight").refuse_if_held()
         for name in stages:
+            if REGISTRY[name].preflight is not None:
+                REGISTRY[name].preflight(self.section(name), self.storage)
             if name in MODEL_FOLDER_STAGES:
                 self._check_model_folder(name)
             for read in self.reads(name):

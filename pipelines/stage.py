@@ -435,6 +435,10 @@ class Stage:
     """Whether an unfinished attempt's unit markers are kept for the next one."""
     verify_inputs: bool = False
     """Re-hash every upstream shard before running (a stage that spends hours on its inputs)."""
+    preflight: Callable[[Any, Storage], None] | None = None
+    """A check of its section that takes well under a second, run before Prefect and Ray
+    start (`Pipeline.preflight`): (own section, storage) -> None; raises a BertpipeError
+    naming the key. The stage's run checks the same again."""
     fingerprint_config: Callable[[dict], dict] | None = None
     """The part of its section's JSON that decides its output (default: all of it); the
     corpus leaves out where its inputs are, whose content `identify` stands for."""

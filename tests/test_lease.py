@@ -152,6 +152,8 @@ def test_bertpipe_run_on_a_held_root_exits_at_once_with_one_line(where, tmp_path
         errors = [line for line in done.stderr.splitlines() if line.startswith("bertpipe: error:")]
         assert len(errors) == 1 and "is in use by flow run nightly-refresh (1234)" in errors[0], done.stderr[-2000:]
         assert not storage.exists(f"{uri}/corpus")
+    if where == "local":
+        return  # what follows is the same on either store; the object store's lease is the one worth the run
     # the same command once the root is free
     done = subprocess.run([*CLI_RUN, "-c", str(recipe)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

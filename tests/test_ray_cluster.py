@@ -201,7 +201,10 @@ def two_nodes(enter: list[str]) -> Iterator[TwoNodes]:
         cluster.join_node()
         yield cluster
     finally:
-        stop(*cluster.procs)
+        # `ray start --block` given SIGTERM stops its node gracefully, which took up to 30 s
+        # a node (a teardown of 31 s in the suite); a test node is thrown away, so 5 s, then
+        # SIGKILL for it and everything under it
+        stop(*cluster.procs, timeout=5)
         for path in cluster.temp_dirs:
             shutil.rmtree(path, ignore_errors=True)
 

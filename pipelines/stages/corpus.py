@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bertcore.text.config import CorpusConfig
-from pipelines.corpus_inputs import input_location_free, list_inputs
+from pipelines.corpus_inputs import check_local_inputs, input_location_free, list_inputs
 from pipelines.progress import size
 from pipelines.stage import External, Stage
 from pipelines.storage import Storage
@@ -20,6 +20,6 @@ def identify(cfg: CorpusConfig, storage: Storage) -> External:
 # The split hashes document ids; only MinHash near-deduplication draws from the seed.
 STAGE = Stage(
     "corpus", CorpusConfig, "pipelines.corpus:run", code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
-    fingerprint_config=input_location_free,
+    fingerprint_config=input_location_free, preflight=check_local_inputs,
     writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
 )
