@@ -36,6 +36,7 @@ def test_a_prefect_server_that_does_not_start_in_time_ends_in_one_line_naming_th
     """The probe saw a 70-line RuntimeError twice at load average 10. A timeout of 0 makes
     Prefect give up at once, as it would after waiting on a busy machine."""
     recipe = tmp_path / "recipe.yaml"
+    (tmp_path / "in.txt").write_text("One sentence here.\n")  # a missing input would be refused first, before Prefect starts
     recipe.write_text(f"run: {{root: {tmp_path / 'run'}}}\ncorpus: {{inputs: [{tmp_path / 'in.txt'}]}}\n")
     out = bertpipe("run", "-c", str(recipe), env=own_prefect(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0"))
     assert out.returncode == 2, out.stderr[-3000:]
