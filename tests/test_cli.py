@@ -45,6 +45,7 @@ def test_user_errors_are_one_line(args, message, tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("bertpipe: error:")]
     assert len(errors) == 1 and message in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+    assert "temporary server" not in out.stdout + out.stderr  # refused before Prefect (and Ray) start
 
 
 def test_help_answers_to_h_everywhere_and_shows_no_bool_metavars():
