@@ -15,7 +15,7 @@
   accumulation 2. Compared with an uninterrupted two-worker run on embedded Ray.
 
 Not part of the suite (pytest collects test_*.py only); run it on purpose, nothing else
-running (about 10 minutes on 2 cores):
+running (about 5 minutes on 2 cores):
 
     .venv/bin/pytest -q -s tests/fault_matrix_nodes.py
 
