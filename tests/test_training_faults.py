@@ -216,3 +216,14 @@ def test_too_few_workers_after_the_wait_fail_in_one_line(ray_cluster):
     message = str(failed.value)
     assert "\n" not in message
     assert "lost worker rank 1 on node 3f2a9c1e" in message and "pretrain.min_workers=2" in message and "rerun" in message
+
+
+def test_a_node_that_answers_is_not_waited_for(ray_cluster):
+    """A worker process lost on a node that is still up: wait_for_dead returns once the
+    node runs its probe, not after the wait for a node's death (the 300 s given here;
+    it was 60 s for every restart). An id Ray does not know is not waited for either."""
+    from pipelines.elastic import wait_for_dead
+
+    began = time.monotonic()
+    wait_for_dead([ray_cluster.get_runtime_context().get_node_id(), "f" * 56], timeout_s=300)
+    assert time.monotonic() - began < 150
