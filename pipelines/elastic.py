@@ -7,7 +7,8 @@ restart may need another world size, and the DeepSpeed config, the loader's shar
 the gradient accumulation all follow from it. Ray Train restarts with the world size it was
 built with; this loop builds a new trainer per attempt.
 
-After a loss the stage waits until Ray has marked the lost node dead, then up to
+After a loss the stage waits until Ray has marked the lost node dead (not when the node
+still answers: then only a worker process on it was lost), then up to
 `rejoin_timeout_s` for the cluster to hold `num_workers` workers again (a restarted node
 joins under a new id). Then it goes on with the workers there are, at least `min_workers`:
 world size W' with gradient accumulation G' = W x G / W', so the optimizer still steps on
