@@ -127,6 +127,10 @@ def _folder(storage: Storage, pattern: str) -> tuple[str, bool]:
     return posixpath.dirname(path), False
 
 
+def _unmatched(key: str, reason: str) -> InputDataError:
+    return InputDataError(f"{key}: {reason} (check the path, bucket and credentials)")
+
+
 def check_local_inputs(cfg: CorpusConfig, storage: Storage) -> None:
     """The corpus stage's preflight: with `on_error: raise`, a local input that matches no
     file ends the run at once, in the words `list_inputs` would use tens of seconds later.
@@ -142,7 +146,7 @@ def check_local_inputs(cfg: CorpusConfig, storage: Storage) -> None:
         except OSError:
             continue  # list_inputs reports it with its cause
         if not found.files and not found.skipped:
-            raise InputDataError(f"corpus.inputs[{position}]: no file matches {spec.uri} (check the path, bucket and credentials)")
+            raise _unmatched(f"corpus.inputs[{position}]", f"no file matches {spec.uri}")
 
 
 def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = None) -> Listing:
@@ -180,7 +184,7 @@ def list_inputs(cfg: CorpusConfig, storage: Storage, cache: HashCache | None = N
                 kept.append(uri)
         if not kept:
             if cfg.on_error == "raise":
-                raise InputDataError(f"{key}: {reason} (check the path, bucket and credentials)")
+                raise _unmatched(key, reason)
             listing.skipped.append({"file": spec.uri, "reason": reason})
             listing.identity[f"inputs[{position}]"] = "missing"
             continue

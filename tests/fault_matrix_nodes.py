@@ -168,11 +168,10 @@ def test_a_data_stage_outlives_a_node_lost_for_good(two_node_cluster, demo_pipel
     result = json.loads(results[-1].removeprefix("RESULT "))
     equal = {name: result["stages"][name]["shards"] == {s.path: s.sha256 for s in reference[name].shards} for name in result["stages"]}
     assert all(equal.values()), equal
-    retried = sum("retry" in line.lower() or "node" in line.lower() and "died" in line.lower() for line in out.stderr.splitlines())
     matrix(
         f"examples on two nodes: worker node ({len(fault['lost'])} processes: raylet, agents, workers) SIGKILLed while build_shard "
-        f"ran there, never restarted: recovered by itself (Ray task retries on the head; driver exit 0 after {took:.0f} s, "
-        f"{retried} stderr lines on the retry); corpus/vocab/examples shards equal embedded Ray's byte for byte"
+        f"ran there, never restarted: recovered by itself (Ray task retries on the head; driver exit 0 after {took:.0f} s); "
+        f"corpus/vocab/examples shards equal embedded Ray's byte for byte"
     )
 
 
