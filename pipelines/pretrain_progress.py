@@ -122,10 +122,15 @@ def relay_progress(queue: Any, stop: threading.Event) -> None:
             _log(summary).warning(jump_line(jump), extra={"event": "loss_jump", **jump})
         _log(summary).info(step_line(summary), extra=summary)
 
-    while not stop.is_set():
-        try:
-            emit(queue.get(timeout=0.5))
-        except Empty:
-            continue
-    for summary in queue.get_nowait_batch(queue.qsize()):
-        emit(summary)
+    from ray.exceptions import RayError
+
+    try:
+        while not stop.is_set():
+            try:
+                emit(queue.get(timeout=0.5))
+            except Empty:
+                continue
+        for summary in queue.get_nowait_batch(queue.qsize()):
+            emit(summary)
+    except RayError:  # the queue went with Ray (Ctrl-C, a lost driver): the run's own error says why
+        return

@@ -166,3 +166,28 @@ def test_the_start_line_of_a_continued_run_names_its_folder_and_shape():
     assert "resuming from step 200" in _start_line(cfg, shape, init, {"step": 200})
     fresh = _start_line(cfg.model_copy(update={"init_from": None}), ModelConfig.named("tiny", 8000), None, None)
     assert fresh.startswith("pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x 32")
+
+
+def test_the_progress_relay_ends_quietly_when_its_queue_goes_with_ray(ray_cluster):
+    """Ctrl-C during distillation stopped Ray under the relay thread, which then printed a
+    page of ActorDiedError after the run's one error line."""
+    import threading
+
+    import ray
+    from ray.util.queue import Queue
+
+    from pipelines.pretrain_progress import relay_progress
+
+    queue = Queue(maxsize=10, actor_options={"num_cpus": 0})
+    ray.kill(queue.actor)
+    raised: list = []
+    previous = threading.excepthook
+    threading.excepthook = lambda hook_args: raised.append(hook_args.exc_value)
+    try:
+        relay = threading.Thread(target=relay_progress, args=(queue, threading.Event()), daemon=True)
+        relay.start()
+        relay.join(timeout=30)
+    finally:
+        threading.excepthook = previous
+    assert not relay.is_alive()
+    assert raised == []
