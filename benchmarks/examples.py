@@ -214,7 +214,7 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     import numpy as np
 
     from bertcore.tokenizer import load_tokenizer
-    from pipelines import examples
+    from pipelines.stages.examples import work as examples
     from pipelines.stage import Manifest, StageDir
     from pipelines.storage import Storage
 

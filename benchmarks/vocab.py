@@ -186,9 +186,9 @@ def warm_workers(cpus: int) -> None:
 
     @ray.remote(num_cpus=1)
     def warm() -> None:
-        import pipelines.corpus  # noqa: F401
-        import pipelines.examples  # noqa: F401
-        import pipelines.vocab  # noqa: F401
+        import pipelines.stages.corpus.work  # noqa: F401
+        import pipelines.stages.examples.work  # noqa: F401
+        import pipelines.stages.vocab.work  # noqa: F401
 
         time.sleep(2)  # hold the CPU so that each warm-up lands on its own worker
 

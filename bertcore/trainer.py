@@ -9,7 +9,7 @@ it ExamplesLoader batches phase by phase (BERT: seq128, then seq512), and checkp
 (bertcore.checkpoint) so that a killed run, started again, finishes with the same steps on
 the same data.
 
-Ray is not imported here: the caller (pipelines/training.py) starts the workers, sets up
+Ray is not imported here: the caller (pipelines/training/launch.py) starts the workers, sets up
 torch.distributed, and hands over a `StageFiles` that knows where the stage directory
 lives (a local folder, or a local mirror of an object-store prefix).
 

@@ -116,7 +116,7 @@ def _stop_when_interrupted() -> None:
         finally:
             os._exit(128 + signum)
 
-    stop.bertpipe_stops_the_run = True  # type: ignore[attr-defined]  # pipelines/pretrain.py keeps it in place
+    stop.bertpipe_stops_the_run = True  # type: ignore[attr-defined]  # pipelines/stages/pretrain/work.py keeps it in place
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
 
@@ -238,11 +238,11 @@ def _export_options(format_: ExportFormat, step: int | None, quantize: str | Non
 
 def _export_out(cfg, storage, format_: ExportFormat, stage: str | None, task: str | None, out: str | None) -> str | None:
     """Where the export will write, refused now (before the lease, torch or Ray) unless it is
-    a new folder or an earlier export's (pipelines/export_target.py); None: the hf export's
+    a new folder or an earlier export's (pipelines/export/target.py); None: the hf export's
     default, the pretrain stage's own model/."""
     from bertcore.hf_files import MLM_SUFFIX
-    from pipelines import onnx_export
-    from pipelines.export_target import check_target
+    from pipelines.export import onnx as onnx_export
+    from pipelines.export.target import check_target
 
     if format_ is ExportFormat.onnx:
         default = onnx_export.default_out(cfg.run.root, onnx_export.check_stage(stage or onnx_export.default_stage(cfg)), task)
@@ -253,7 +253,7 @@ def _export_out(cfg, storage, format_: ExportFormat, stage: str | None, task: st
 
 
 def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
-    from pipelines import pretrain
+    from pipelines.stages.pretrain import work as pretrain
     from pipelines.ray_runtime import ensure_ray
     from pipelines.registry import REGISTRY
     from pipelines.runner import upstream
@@ -267,7 +267,7 @@ def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
 
 def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:
     from bertcore.config import resolved_yaml
-    from pipelines import onnx_export
+    from pipelines.export import onnx as onnx_export
     from pipelines.stage import MANIFEST
 
     uri, manifest = onnx_export.export_onnx(

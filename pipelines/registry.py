@@ -1,8 +1,9 @@
 """The registry: the stages in flow order, and the run recipe they make up.
 
-This is the one place that knows the order. Adding a stage means writing its declaration,
-`pipelines/stages/<name>.py` with `STAGE = Stage(...)` (pipelines/stage.py), and its work,
-`pipelines/<name>.py` with `run`, and adding the declaration to `STAGES`; its config
+This is the one place that knows the order. Adding a stage means writing its folder,
+`pipelines/stages/<name>/`: the declaration in its `__init__.py` (`STAGE = Stage(...)`,
+pipelines/stage.py) and its work in `work.py` (`run`), and adding the declaration to
+`STAGES`; its config
 section joins the recipe model (`PipelineConfig`) from here. Only the declarations are
 imported here, so loading a recipe imports no Ray, torch or pyarrow.
 """
@@ -19,7 +20,12 @@ from bertcore.config import RayConfig, RunConfig, StorageConfig, read_recipe, va
 from bertcore.errors import ConfigError
 from bertcore.section import Section
 from pipelines.stage import Stage
-from pipelines.stages import corpus, distill, evaluate, examples, pretrain, vocab
+from pipelines.stages import corpus
+from pipelines.stages import distill
+from pipelines.stages import evaluate
+from pipelines.stages import examples
+from pipelines.stages import pretrain
+from pipelines.stages import vocab
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,

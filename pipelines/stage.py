@@ -7,12 +7,12 @@ stage: looks up the upstream manifests, computes the fingerprint, keeps or reset
 directory, calls `run`, and writes the manifest.
 
 Declaration and work live apart, so that reading a recipe stays instant. A stage's
-declaration (`pipelines/stages/<name>.py`: its `Stage(...)`, and the light functions it
+declaration (`pipelines/stages/<name>/__init__.py`: its `Stage(...)`, and the light functions it
 names: `identify`, `inherit`, `check`) imports only its config section and light modules;
 the registry, `bertpipe status`, `config show` and `--help` import every declaration. Its
-work (`pipelines/<name>.py`: `run`, its Ray tasks, and whatever they need: Ray, torch,
+work (`pipelines/stages/<name>/work.py`: `run`, its Ray tasks, and whatever they need: Ray, torch,
 pyarrow, DeepSpeed) is named in the declaration by its dotted name, `run="pipelines.
-<name>:run"`, and imported only when the stage runs (`Stage.work`). tests/test_architecture.py
+stages.<name>.work:run"`, and imported only when the stage runs (`Stage.work`). tests/test_architecture.py
 fails when loading a recipe imports torch, Ray, matplotlib or another heavy package.
 
 - A stage's directory is complete when, and only when, `_manifest.json` exists there; it
@@ -412,7 +412,7 @@ class Stage:
     """The pydantic model of its config section."""
     run: Callable[[StageRun], Output] | str
     """What the stage does, `run(StageRun) -> Output`: the function itself, or its dotted name
-    "pipelines.<name>:run", imported only when the stage runs (how every built-in stage
+    "pipelines.stages.<name>.work:run", imported only when the stage runs (how every built-in stage
     declares it: its module imports Ray, torch or pyarrow, which reading a recipe must not)."""
     reads: tuple[str, ...] = ()
     """Stages whose outputs it reads (those the recipe runs, see `off`); their fingerprints are part of its own."""

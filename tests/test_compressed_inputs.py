@@ -16,7 +16,7 @@ from bertcore.config import StorageConfig
 from bertcore.text.config import CorpusConfig
 from bertcore.text.records import InputError, ReadStats, iter_raw_documents, record_chunks
 from pipelines.content_id import HashCache
-from pipelines.corpus_inputs import list_inputs, open_piece, plan_units
+from pipelines.stages.corpus.inputs import list_inputs, open_piece, plan_units
 from pipelines.storage import Storage
 
 WORDS = [f"w{i}" for i in range(3000)]

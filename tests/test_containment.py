@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bertcore.config import StorageConfig
-from pipelines.corpus_inputs import list_inputs
+from pipelines.stages.corpus.inputs import list_inputs
 from pipelines.registry import parse_config
 from pipelines.runner import Pipeline
 from pipelines.stage import MANIFEST, PathEscape, StageDir

@@ -20,8 +20,8 @@ from bertcore.text.lengths import Lengths
 from bertcore.text.multistream import Bz2Range, plan_ranges, stream_offsets
 from bertcore.text.config import CorpusConfig
 from pipelines.content_id import HashCache, content_id
-from pipelines.corpus import cut_shards
-from pipelines.corpus_inputs import input_location_free, list_inputs, plan_units
+from pipelines.stages.corpus.work import cut_shards
+from pipelines.stages.corpus.inputs import input_location_free, list_inputs, plan_units
 from pipelines.storage import Storage
 
 
@@ -141,7 +141,7 @@ def test_every_compression_is_read_through_a_counted_stream(tmp_path, suffix):
     import zstandard
 
     from bertcore.text.records import ReadStats, iter_raw_documents
-    from pipelines.corpus_inputs import open_piece
+    from pipelines.stages.corpus.inputs import open_piece
 
     body = "".join(f'{{"text": "Record number {i} of a compressed file."}}\n' for i in range(500)).encode()
     compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress, ".zst": zstandard.ZstdCompressor().compress}[suffix]

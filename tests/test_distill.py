@@ -234,7 +234,7 @@ def test_distillation_trains_in_the_one_loop_and_a_crash_resumes_to_the_same_ste
     # the export: the checkpoint holds the projections beside the student; the folder written from it does not
     from bertcore.checkpoint import checkpoint_tag
     from bertcore.export import export_checkpoint
-    from pipelines.distill import DistillSpec
+    from pipelines.stages.distill.work import DistillSpec
 
     spec = DistillSpec(marker["model_config"], marker["teacher_config"], None, [2], DistillLoss(attention=1.0), "random", True)
     state = spec.exportable(str(tmp_path / "reference" / "checkpoints" / checkpoint_tag(20)), marker)

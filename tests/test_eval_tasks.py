@@ -320,7 +320,7 @@ def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming
 
     from bertcore.config import StorageConfig
     from bertcore.eval.config import EvaluateConfig
-    from pipelines.evaluate import _Plan, _plan_jobs
+    from pipelines.stages.evaluate.work import _Plan, _plan_jobs
     from pipelines.storage import Storage
 
     paths = {split: write(tmp_path / f"{split}.{task['format']}", text) for split, text in files.items()}

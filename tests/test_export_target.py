@@ -1,4 +1,4 @@
-"""Where `bertpipe export --out` may write (pipelines/export_target.py), from the probe's
+"""Where `bertpipe export --out` may write (pipelines/export/target.py), from the probe's
 reproductions: never into a stage directory or run root (this run's or another's, however
 the path reaches it), never over a folder no export made, never onto a file; refused in
 one line before the lease, torch or Ray, with nothing touched."""
@@ -15,7 +15,7 @@ import yaml
 
 from bertcore.config import StorageConfig
 from bertcore.errors import ConfigError
-from pipelines.export_target import check_target
+from pipelines.export.target import check_target
 from pipelines.storage import Storage
 
 STAGE_MANIFEST = {"stage": "pretrain", "code_version": "1", "fingerprint": "abc", "inputs": {}, "config": {}, "shards": []}

@@ -152,7 +152,7 @@ def test_the_conversion_command_gives_a_folder_that_is_accepted(tmp_path):
 
 
 def test_distillation_checks_the_teacher_on_the_driver(mlm_folder, tmp_path):
-    from pipelines.distill import _teacher
+    from pipelines.stages.distill.work import _teacher
     from pipelines.external import model_folder
 
     storage = Storage(StorageConfig())

@@ -65,7 +65,7 @@ SHM_PROBE = r"""
 import os, torch
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-from pipelines.training import _quiet_deepspeed_comm
+from pipelines.training.launch import _quiet_deepspeed_comm
 _quiet_deepspeed_comm()
 from deepspeed.comm import comm
 print("DONE", comm.cdb.shm_comm_op)

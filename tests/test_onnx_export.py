@@ -111,7 +111,7 @@ def config(run_root):
 @pytest.fixture(scope="module")
 def encoder_export(config, run_root):
     """The pretrained encoder exported with int8 (the default stage, no head)."""
-    from pipelines.onnx_export import export_onnx
+    from pipelines.export.onnx import export_onnx
 
     return export_onnx(config, Storage(StorageConfig()), int8=True, sentences=CHECK_SENTENCES, resolved_config="run: {}\n")
 
@@ -191,7 +191,7 @@ def test_manifest_records_files_source_and_figures(encoder_export, run_root):
 def test_task_head_export_gives_the_fine_tuned_models_logits(config, run_root):
     from bertcore.eval.heads import load_task_model
     from bertcore.inference.onnx import session
-    from pipelines.onnx_export import export_onnx
+    from pipelines.export.onnx import export_onnx
 
     out, manifest = export_onnx(config, Storage(StorageConfig()), task=TASK, int8=True, sentences=CHECK_SENTENCES)
     assert out == os.path.join(run_root, "onnx", f"pretrain-{TASK}")
@@ -288,7 +288,7 @@ def test_a_re_export_replaces_only_the_files_its_own_manifest_lists(run_root, tm
 def test_the_default_stage_is_the_last_model_stage_the_recipe_runs():
     from types import SimpleNamespace
 
-    from pipelines import onnx_export
+    from pipelines.export import onnx as onnx_export
 
     assert onnx_export.EXPORTABLE == ("pretrain", "distill")
     assert onnx_export.default_stage(SimpleNamespace(off={})) == "distill"

@@ -13,7 +13,7 @@ process, raylet, agents and workers are frozen and SIGKILLed by pid (descendants
 `ray start --block`; never by name, other Rays run on this machine), and a new worker node
 is started. The run must complete by itself: the flow run Completed at its first attempt,
 no stage retried by Prefect; pretrain restarted its workers from the checkpoint in the same
-run (pipelines/training.py `fit`) and its manifest says so; and its outputs equal those of
+run (pipelines/training/launch.py `fit`) and its manifest says so; and its outputs equal those of
 an uninterrupted run of the same recipe, which a driver with an embedded Ray of its own (2
 CPUs, in the namespace too) runs on a local root alongside, from the start: every stage's
 shards, the model's bytes, the loss at every step. Every listening socket of what the test

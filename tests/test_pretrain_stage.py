@@ -34,7 +34,7 @@ from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
-from pipelines import pretrain  # noqa: E402
+from pipelines.stages.pretrain import work as pretrain  # noqa: E402
 from pipelines.registry import (
     REGISTRY,  # noqa: E402
     PipelineConfig,  # noqa: E402

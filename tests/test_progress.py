@@ -1,4 +1,4 @@
-"""Progress lines (pipelines/progress.py, pipelines/pretrain_progress.py): a steady cadence,
+"""Progress lines (pipelines/progress.py, pipelines/training/reporting.py): a steady cadence,
 always a last line, rates and an ETA that add up, short lines. No Ray needed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipelines.pretrain_progress import StepReporter, budget_line, jump_line, step_line
+from pipelines.training.reporting import StepReporter, budget_line, jump_line, step_line
 from pipelines.progress import Progress, count, duration
 
 
@@ -154,7 +154,7 @@ def test_the_start_line_of_a_continued_run_names_its_folder_and_shape():
     from bertcore.model_config import ModelConfig
     from bertcore.pretrain_config import PretrainConfig
     from pipelines.external import ExternalFolder
-    from pipelines.pretrain import _start_line
+    from pipelines.stages.pretrain.work import _start_line
 
     phases = [{"name": "seq128", "steps": 600, "batch_size": 32, "max_seq_length": 128}]
     cfg = PretrainConfig(model_size="tiny", num_workers=2, zero_stage=2, phases=phases, init_from="/models/minilm")
@@ -176,7 +176,7 @@ def test_the_progress_relay_ends_quietly_when_its_queue_goes_with_ray(ray_cluste
     import ray
     from ray.util.queue import Queue
 
-    from pipelines.pretrain_progress import relay_progress
+    from pipelines.training.reporting import relay_progress
 
     queue = Queue(maxsize=10, actor_options={"num_cpus": 0})
     ray.kill(queue.actor)

@@ -58,7 +58,7 @@ while sum(node["Alive"] for node in ray.nodes()) < int(sys.argv[3]):
 
 @ray.remote(num_cpus=1)
 def where():
-    import pipelines.corpus  # the project's code must import on every node
+    import pipelines.stages.corpus.work  # the project's code must import on every node
     return ray.get_runtime_context().get_node_id()
 
 

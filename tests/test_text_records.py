@@ -33,7 +33,7 @@ def read(data: bytes, fmt: str = "auto", name: str = "input", **kw) -> list[RawD
 
 
 def read_range(data: bytes, fmt: str, start: int, end: int | None, header=None, name: str = "input", **kw) -> list[RawDocument]:
-    """What a task given bytes [start, end) of `data` reads (as pipelines/corpus_inputs.py opens it)."""
+    """What a task given bytes [start, end) of `data` reads (as pipelines/stages/corpus/inputs.py opens it)."""
     stream = io.BytesIO(data)
     stream.seek(start)
     aligned = start == 0 or data[start - 1 : start] == b"\n"

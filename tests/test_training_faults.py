@@ -24,7 +24,7 @@ from test_train import SEED, tiny_pretrain  # noqa: E402
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
 from bertcore.errors import BertpipeError  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
-from pipelines.elastic import resized, world_sizes  # noqa: E402
+from pipelines.training.elastic import resized, world_sizes  # noqa: E402
 from pipelines.runner import run_stage  # noqa: E402
 
 
@@ -185,7 +185,7 @@ def test_force_trains_from_step_zero_and_a_plain_rerun_resumes(ray_cluster, news
     first = train(cfg, str(root))
     _, computed = run_stage("pretrain", cfg, root=str(root), storage=STORAGE, seed=SEED)
     assert not computed  # a plain rerun of a complete stage is cached
-    with caplog.at_level(logging.INFO, logger="pipelines.training"):
+    with caplog.at_level(logging.INFO, logger="pipelines.training.launch"):
         forced, computed = run_stage("pretrain", cfg, root=str(root), storage=STORAGE, seed=SEED, force=True)
     assert computed
     lines = [r.getMessage() for r in caplog.records]
@@ -196,7 +196,7 @@ def test_force_trains_from_step_zero_and_a_plain_rerun_resumes(ray_cluster, news
 
 
 def test_too_few_workers_after_the_wait_fail_in_one_line(ray_cluster):
-    from pipelines.elastic import choose_world_size
+    from pipelines.training.elastic import choose_world_size
 
     cfg = tiny_pretrain(num_workers=2, min_workers=2, rejoin_timeout_s=0.5,
                         phases=[{"name": "seq64", "steps": 8, "batch_size": 16, "max_seq_length": 64}])
@@ -222,7 +222,7 @@ def test_a_node_that_answers_is_not_waited_for(ray_cluster):
     """A worker process lost on a node that is still up: wait_for_dead returns once the
     node runs its probe, not after the wait for a node's death (the 300 s given here;
     it was 60 s for every restart). An id Ray does not know is not waited for either."""
-    from pipelines.elastic import wait_for_dead
+    from pipelines.training.elastic import wait_for_dead
 
     began = time.monotonic()
     wait_for_dead([ray_cluster.get_runtime_context().get_node_id(), "f" * 56], timeout_s=300)

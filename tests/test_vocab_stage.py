@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from bertcore.errors import BertpipeError, ConfigError
-from pipelines import vocab
+from pipelines.stages.vocab import work as vocab
 from pipelines.registry import load_config
 from pipelines.runner import Pipeline
 from pipelines.stage import StageDir

@@ -21,7 +21,7 @@ is, since a range cannot know whether its first byte starts a line), and its ord
 
 gzip (`open_gzip`). A deflate stream cannot be decoded from the middle without the 32 KiB
 before it, so a .gz file is read front to back by one task, which hands whole records on
-to cleaning tasks (pipelines/corpus_inputs.py). Python's gzip (zlib) decompresses it, at
+to cleaning tasks (pipelines/stages/corpus/inputs.py). Python's gzip (zlib) decompresses it, at
 about 200 MB of text per CPU-second on the development machine: some 50 times what a
 cleaning core takes (3-9 MB/s), so one reader feeds many cleaning cores. rapidgzip was
 tried in its place and dropped: with one thread it was 1.6x faster (330 MB per CPU-second),

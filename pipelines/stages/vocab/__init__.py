@@ -1,4 +1,4 @@
-"""The vocab stage's declaration; its work is pipelines/vocab.py."""
+"""The vocab stage's declaration; its work is pipelines/stages/vocab/work.py."""
 
 from __future__ import annotations
 
@@ -36,6 +36,6 @@ def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
 
 
 STAGE = Stage(
-    "vocab", VocabConfig, "pipelines.vocab:run", reads=("corpus",), resumable=False, identify=identify, inherit=inherit,
+    "vocab", VocabConfig, "pipelines.stages.vocab.work:run", reads=("corpus",), resumable=False, identify=identify, inherit=inherit,
     writes="WordPiece vocabulary: vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json",
 )

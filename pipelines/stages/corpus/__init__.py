@@ -1,9 +1,9 @@
-"""The corpus stage's declaration; its work is pipelines/corpus.py."""
+"""The corpus stage's declaration; its work is pipelines/stages/corpus/work.py."""
 
 from __future__ import annotations
 
 from bertcore.text.config import CorpusConfig
-from pipelines.corpus_inputs import check_local_inputs, input_location_free, list_inputs
+from pipelines.stages.corpus.inputs import check_local_inputs, input_location_free, list_inputs
 from pipelines.progress import size
 from pipelines.stage import External, Stage
 from pipelines.storage import Storage
@@ -19,7 +19,7 @@ def identify(cfg: CorpusConfig, storage: Storage) -> External:
 
 # The split hashes document ids; only MinHash near-deduplication draws from the seed.
 STAGE = Stage(
-    "corpus", CorpusConfig, "pipelines.corpus:run", code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
+    "corpus", CorpusConfig, "pipelines.stages.corpus.work:run", code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
     fingerprint_config=input_location_free, preflight=check_local_inputs,
     writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
 )

@@ -1,4 +1,4 @@
-"""The evaluate stage's Ray jobs (pipelines/evaluate.py plans them, runs them and folds
+"""The evaluate stage's Ray jobs (pipelines/stages/evaluate/work.py plans them, runs them and folds
 their results into metrics): held-out MLM/NSP scores with the unigram and label-balance
 floors, fill-mask examples, one fine-tuning seed of a task (keeping the model fine-tuned on
 the whole training file when asked), sentence embeddings and STS, and the inference speed of

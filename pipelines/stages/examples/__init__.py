@@ -1,4 +1,4 @@
-"""The examples stage's declaration; its work is pipelines/examples.py."""
+"""The examples stage's declaration; its work is pipelines/stages/examples/work.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,6 @@ from pipelines.stage import Stage
 CODE_VERSION = "1"
 
 STAGE = Stage(
-    "examples", ExamplesConfig, "pipelines.examples:run", reads=("corpus", "vocab"), code_version=CODE_VERSION,
+    "examples", ExamplesConfig, "pipelines.stages.examples.work:run", reads=("corpus", "vocab"), code_version=CODE_VERSION,
     writes="masked pretraining sequences: PHASE/{train,validation}/part-NNNNN-lenBBB.arrow",
 )

@@ -184,7 +184,7 @@ def _train_worker(config: dict) -> None:
     import torch
 
     from bertcore.trainer import Trainer, WorkerContext
-    from pipelines.pretrain_progress import StepReporter
+    from pipelines.training.reporting import StepReporter
     from pipelines.ray_runtime import quiet_known_warnings
     from pipelines.stage_files import stage_files
 
@@ -217,12 +217,12 @@ def fit(job: WorkerJob) -> list[dict]:
     """Run the workers to the end of training (or the time budget); a user error raised in
     a worker surfaces as itself. A worker or node lost on the way restarts the workers from
     the latest checkpoint, up to `max_failures` times, with fewer of them when the cluster
-    has fewer after `rejoin_timeout_s` (pipelines/elastic.py). Returns the restarts, one
+    has fewer after `rejoin_timeout_s` (pipelines/training/elastic.py). Returns the restarts, one
     {step, lost, workers} each: the checkpoint's step, what was lost, the workers after."""
     import dataclasses
 
     from bertcore.checkpoint import checkpoint_tag, latest_checkpoint
-    from pipelines.elastic import WorkersLost, choose_world_size, lost_workers, node_ids, resized, wait_for_dead
+    from pipelines.training.elastic import WorkersLost, choose_world_size, lost_workers, node_ids, resized, wait_for_dead
     from pipelines.stage_files import stage_files
 
     cfg, world, restarts = job.cfg, job.cfg.num_workers, []
@@ -260,9 +260,9 @@ def _fit_once(job: WorkerJob) -> None:
     from ray.train.torch import TorchTrainer
     from ray.util.queue import Queue
 
-    from pipelines.pretrain_progress import relay_progress
+    from pipelines.training.reporting import relay_progress
     from pipelines.ray_runtime import drop_train_leftovers, unwrap
-    from pipelines.train_backend import torch_config
+    from pipelines.training.backend import torch_config
 
     cfg = job.cfg
     queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
@@ -462,7 +462,7 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     if stage.storage.exists(stage.path(VALIDATION)):
         validation_shard, validations = log_shard(stage.storage, stage, VALIDATION)
         shards.append(validation_shard)
-    from pipelines.training_stats import training_stats
+    from pipelines.training.stats import training_stats
 
     return marker, shards, training_stats(cfg, marker, records, validations, restarts)
 

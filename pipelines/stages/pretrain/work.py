@@ -1,9 +1,9 @@
-"""Pretrain stage's work (its declaration is pipelines/stages/pretrain.py): examples +
+"""Pretrain stage's work (its declaration is pipelines/stages/pretrain/__init__.py): examples +
 vocab -> DeepSpeed checkpoints, `model/` (Hugging Face layout; with NSP its
 BertForMaskedLM twin `model-mlm/` beside it) and `metrics.jsonl` under
 `<run.root>/pretrain/`.
 
-Ray shape: the training stages' shared launch (pipelines/training.py): a Ray Train
+Ray shape: the training stages' shared launch (pipelines/training/launch.py): a Ray Train
 TorchTrainer whose workers each run bertcore.trainer.Trainer with the pretraining
 objective (bertcore.objectives.Pretraining, MLM + NSP), then one Ray task that
 consolidates the final checkpoint into `model/`. The driver only checks inputs, decides
@@ -23,7 +23,7 @@ from pipelines.external import ExternalFolder
 from pipelines.stage import Output, StageDir, StageRun, Upstream
 from pipelines.stage_files import stage_files
 from pipelines.storage import Storage
-from pipelines.training import (
+from pipelines.training.launch import (
     Inputs,
     WorkerJob,
     prepare_checkpoints,
@@ -31,8 +31,8 @@ from pipelines.training import (
     train_and_export,
     worker_env,
 )
-from pipelines.training_stats import headline
-from pipelines.training import export_model as export_training_model
+from pipelines.training.stats import headline
+from pipelines.training.launch import export_model as export_training_model
 
 log = logging.getLogger(__name__)
 

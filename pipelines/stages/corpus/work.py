@@ -1,7 +1,7 @@
 # Over 500 lines on purpose: the corpus stage's Ray tasks (readers, cleaners, dedup, shard writers) hand work units to one another; its planning and statistics already live in corpus_inputs.py and corpus_stats.py.
 """Corpus stage: raw files -> cleaned, sentence-split, deduplicated Arrow shards.
 
-Ray shape: the inputs are planned into work units (pipelines/corpus_inputs.py: small
+Ray shape: the inputs are planned into work units (pipelines/stages/corpus/inputs.py: small
 files grouped, large ones cut into byte ranges or multistream-bz2 stream ranges, so every
 input byte is decompressed once). One task per unit cleans and sentence-splits its
 documents into `_work/`; a file that can only be read front to back (single-stream
@@ -46,7 +46,7 @@ from bertcore.text.reader import peek
 from bertcore.text.records import CHUNKABLE, Chunk, InputError, RawDocument, ReadStats, detect_format, iter_raw_documents, record_chunks
 from bertcore.text.tabular import header_columns
 from bertcore.text.wikisite import SiteInfo
-from pipelines.corpus_inputs import (
+from pipelines.stages.corpus.inputs import (
     InputFile,
     Piece,
     Unit,
@@ -54,7 +54,7 @@ from pipelines.corpus_inputs import (
     plan_units,
     reading_arguments,
 )
-from pipelines.corpus_stats import statistics
+from pipelines.stages.corpus.stats import statistics
 from pipelines.progress import Progress
 from pipelines.ray_runtime import run_tasks, unwrap
 from pipelines.shards import read_table, take_rows, write_table

@@ -1,4 +1,4 @@
-"""The distill stage's declaration; its work is pipelines/distill.py."""
+"""The distill stage's declaration; its work is pipelines/stages/distill/work.py."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def identify(cfg: DistillConfig, storage: Storage) -> External | None:
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "distill", DistillConfig, "pipelines.distill:run", reads=("pretrain", "examples", "vocab"), check=check, identify=identify, off=off,
+    "distill", DistillConfig, "pipelines.stages.distill.work:run", reads=("pretrain", "examples", "vocab"), check=check, identify=identify, off=off,
     resumable=False, verify_inputs=True,
     writes="(when distill.enabled) DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout: the student), metrics.jsonl",
 )

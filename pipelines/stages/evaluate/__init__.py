@@ -1,4 +1,4 @@
-"""The evaluate stage's declaration; its work is pipelines/evaluate.py."""
+"""The evaluate stage's declaration; its work is pipelines/stages/evaluate/work.py."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[E
 
 
 STAGE = Stage(
-    "evaluate", EvaluateConfig, "pipelines.evaluate:run", reads=("pretrain", "distill", "examples", "corpus"), directory="eval",
+    "evaluate", EvaluateConfig, "pipelines.stages.evaluate.work:run", reads=("pretrain", "distill", "examples", "corpus"), directory="eval",
     identify=identify, check=check, fingerprint_config=task_location_free,
     code_version="2",  # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`
     writes="metrics.json, report.md, plots/*.png, tensorboard/, heads/<model>/<task>.safetensors",

@@ -31,7 +31,7 @@ so editing a task file in place re-runs the evaluation and moving it does not.
 
 This module turns the section and the models (two, or three after distillation) into
 jobs, runs them on Ray and folds their results into metrics; the jobs themselves are in
-pipelines/evaluate_jobs.py, and the scoring, floors, verdicts, three-way comparisons and
+pipelines/stages/evaluate/jobs.py, and the scoring, floors, verdicts, three-way comparisons and
 report in bertcore/eval.
 """
 
@@ -57,7 +57,7 @@ from bertcore.examples_config import ExamplesConfig
 from bertcore.export import HF_FILES, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy
-from pipelines.evaluate_jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
+from pipelines.stages.evaluate.jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, read_batches
 from pipelines.stage import (

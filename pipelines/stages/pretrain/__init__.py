@@ -1,4 +1,4 @@
-"""The pretrain stage's declaration; its work is pipelines/pretrain.py."""
+"""The pretrain stage's declaration; its work is pipelines/stages/pretrain/work.py."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def off(sections: dict[str, Any]) -> str | None:
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "pretrain", PretrainConfig, "pipelines.pretrain:run", reads=("examples", "vocab"), check=check, identify=identify, off=off,
+    "pretrain", PretrainConfig, "pipelines.stages.pretrain.work:run", reads=("examples", "vocab"), check=check, identify=identify, off=off,
     resumable=False, verify_inputs=True,
     writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
 )

@@ -28,7 +28,7 @@ def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], valid
     """The manifest statistics. `final` holds the final training figures: the means over the
     last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
     the last validation, on the held-out sample; `restarts` those of the workers in this
-    invocation after a lost worker or node (pipelines/training.py `fit`)."""
+    invocation after a lost worker or node (pipelines/training/launch.py `fit`)."""
     from bertcore.checkpoint import checkpoint_tag
 
     mfus = [r["mfu"] for r in records if r.get("mfu") is not None]

@@ -1,10 +1,10 @@
-"""Distill stage's work (its declaration is pipelines/stages/distill.py): a teacher (the
+"""Distill stage's work (its declaration is pipelines/stages/distill/__init__.py): a teacher (the
 pretrain stage's model, or `distill.teacher`, a Hugging Face folder outside the run root)
 + examples + vocab -> a smaller student under
 `<run.root>/distill/`: DeepSpeed checkpoints, `model/` (the same Hugging Face layout as
 `pretrain/model/`, a BertForMaskedLM), `metrics.jsonl`, `validation.jsonl`.
 
-Ray shape: the training stages' shared launch (pipelines/training.py), with the
+Ray shape: the training stages' shared launch (pipelines/training/launch.py), with the
 distillation objective (bertcore/distill/objective.py): each Ray Train worker holds the
 frozen teacher beside the DeepSpeed engine of the student, so checkpoints, exact resume,
 the time budget, validation and the trackers are pretraining's. Off unless
@@ -28,14 +28,14 @@ from bertcore.errors import ConfigError
 from bertcore.hf_files import MODEL_DIR
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
-from pipelines.training import (
+from pipelines.training.launch import (
     WorkerJob,
     prepare_checkpoints,
     read_inputs,
     train_and_export,
     worker_env,
 )
-from pipelines.training_stats import headline
+from pipelines.training.stats import headline
 
 if TYPE_CHECKING:
     from bertcore.model_config import ModelConfig
