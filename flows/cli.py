@@ -67,12 +67,13 @@ def _fail(message: str, hint: str | None = None) -> None:
     from bertcore.redact import mask_text
 
     message, hint = mask_text(message), hint and mask_text(hint)
+    logs.stop_temporary_server()
     if logs.configured() == "json":
         typer.echo(logs.json_line(logging.ERROR, message, event="error", hint=hint), err=True)
         raise typer.Exit(code=2)
-    typer.secho(f"bertpipe: error: {message}", err=True, fg="red")
     if hint:
         typer.echo(f"  {hint}", err=True)
+    typer.secho(f"bertpipe: error: {message}", err=True, fg="red")  # the last line on the console
     raise typer.Exit(code=2)
 
 

@@ -270,3 +270,15 @@ class _LogSink:
 
     def flush(self) -> None:
         pass
+
+
+def stop_temporary_server() -> None:
+    """Prefect stops the temporary API server it started when the process exits, with a log
+    line of its own; stopped here, before the error is printed, that line comes above it."""
+    server = sys.modules.get("prefect.server.api.server")
+    if server is not None:
+        handlers = sys.modules.get("prefect.logging.handlers")
+        if handlers is not None:
+            handlers.APILogWorker.drain_all(timeout=5)  # the records still on their way to it
+        for instance in list(server.SubprocessASGIServer._instances.values()):
+            instance.stop()

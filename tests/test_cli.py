@@ -110,6 +110,20 @@ def test_json_log_format_is_one_object_per_line(tmp_path):
     assert result["stages"][0]["headline"] == events["stage_end"]["headline"]
 
 
+def test_a_stage_that_fails_inside_the_flow_ends_on_its_error_line(tmp_path):
+    """The probe's evaluate refusals printed the error, then the hint and Prefect's 'Stopping
+    temporary server' line: the last line on the console was not the error."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "A fine first record of several words."}\n{not json\n')
+    out = bertpipe("run", "--config", "configs/demo.yaml", "--only", "corpus", "--set", f"run.root={tmp_path / 'root'}",
+                   "--set", f"corpus.inputs=[{{uri: '{bad}', format: jsonl}}]")
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("bertpipe: error: corpus:") and str(bad) in lines[-1], lines[-4:]
+    assert any("Stopping temporary server" in line for line in lines[:-1])
+    assert "Traceback" not in out.stderr
+
+
 def test_quiet_leaves_out_the_info_lines(tmp_path):
     out = bertpipe("-q", "run", "--config", "configs/demo.yaml", "--only", "vocab", "--set", f"run.root={tmp_path}")
     assert out.returncode == 2
