@@ -498,6 +498,13 @@ def check_task_files(task: TaskConfig) -> dict[str, int]:
         if not result.examples:
             skipped = f"; its {result.skipped} malformed rows were skipped, the first: {result.problems[0]}" if result.problems else ""
             raise TaskDataError(f"{path}: no examples for task {task.name!r} ({split} file){skipped}; expected {_expected(task)}")
+        if split == "train" and task.type == "classification":
+            seen = sorted({str(example.label) for example in result.examples})
+            if len(seen) < 2:
+                raise TaskDataError(
+                    f"{path}: every one of its {len(result.examples)} examples has the label {seen[0]!r}; "
+                    f"task {task.name!r} (classification) needs at least two labels in its train file"
+                )
         counts[split] = len(result.examples)
     return counts
 
