@@ -18,7 +18,7 @@ from bertcore.errors import ConfigError
 from pipelines.export.target import check_target
 from pipelines.storage import Storage
 
-STAGE_MANIFEST = {"stage": "pretrain", "code_version": "1", "fingerprint": "abc", "inputs": {}, "config": {}, "shards": []}
+STAGE_MANIFEST = {"stage": "pretrain", "code_version": "1", "fingerprint": "abc", "inputs": {}, "config": {}, "shards": [], "stats": {}, "timings": {}}
 
 
 def _run_root(path) -> str:
@@ -80,6 +80,11 @@ def test_a_folder_with_its_own_manifest_or_files_is_not_an_exports(tmp_path, roo
         check_target(storage, root, str(theirs))
     (theirs / "_manifest.json").write_text(json.dumps({"what": "my own bookkeeping"}))
     with pytest.raises(ConfigError, match="a run root or stage directory"):
+        check_target(storage, root, str(theirs))
+    # the probe's forged manifest (`stage: export-onnx` and nothing else) made a re-export
+    # fail on 'Manifest.__init__() missing 6 required positional arguments ... `bertpipe run`'
+    (theirs / "_manifest.json").write_text(json.dumps({"stage": "export-onnx"}))
+    with pytest.raises(ConfigError, match="its _manifest.json, which no run or export wrote whole"):
         check_target(storage, root, str(theirs))
     assert sorted(os.listdir(theirs)) == ["_manifest.json", "config.json", "model.int8.onnx"]
 

@@ -24,10 +24,10 @@ import os
 import posixpath
 
 from bertcore.errors import ConfigError
+from bertcore.section import safe_name
 from pipelines.lease import LEASE
 from pipelines.registry import REGISTRY
-from pipelines.stage import MANIFEST, PROGRESS, RESOLVED_CONFIG
-from bertcore.section import safe_name
+from pipelines.stage import MANIFEST, PROGRESS, RESOLVED_CONFIG, Manifest
 from pipelines.storage import Storage, join
 
 EXPORT_STAGES = ("export-onnx",)
@@ -61,7 +61,13 @@ def _manifest_stage(storage: Storage, folder: str) -> str | None:
         data = storage.read_json(uri)
     except (OSError, ValueError, UnicodeDecodeError):
         return ""
-    return str(data.get("stage", "")) if isinstance(data, dict) else ""
+    stage = str(data.get("stage", "")) if isinstance(data, dict) else ""
+    if stage in EXPORT_STAGES:  # a re-export reads what it lists: a forged or partial one is nobody's
+        try:
+            Manifest.from_json(data)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return ""
+    return stage
 
 
 def _run_marker(storage: Storage, folder: str) -> str | None:
@@ -71,7 +77,7 @@ def _run_marker(storage: Storage, folder: str) -> str | None:
     if stage in EXPORT_STAGES:
         return None
     if stage is not None:
-        return f"its {MANIFEST} (the {stage or 'unreadable'} stage's)"
+        return f"its {MANIFEST} (the {stage} stage's)" if stage else f"its {MANIFEST}, which no run or export wrote whole"
     for name in (LEASE, RESOLVED_CONFIG, PROGRESS):
         if storage.exists(join(folder, name)):
             return f"its {name}"
