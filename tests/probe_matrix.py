@@ -647,6 +647,14 @@ def case_8_build_locks(p: Probe, reference: Path) -> None:
     p.record("8 cases", "8: a dead build's lock on an op a setting asks for (torch_adam: false)", *failure_verdict(ran))
 
 
+def finish(rows: list, verdicts: tuple[str, ...], started: float, workdir: Path, keep: bool) -> None:
+    """The count per verdict after the rows; the work folder removed unless it is to be kept."""
+    counts = collections.Counter(verdict for *_, verdict, _ in rows)
+    print(f"\n{len(rows)} cases in {time.monotonic() - started:.0f} s: " + ", ".join(f"{v} {counts.get(v, 0)}" for v in verdicts))
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=None)
@@ -675,10 +683,7 @@ def main() -> None:
             group(p, reference) if group.__code__.co_argcount == 2 else group(p)
         except Exception as exc:  # the probe itself failed: say so and go on
             p.record("probe", group.__name__, "crash", f"the probe script failed: {type(exc).__name__}: {exc}"[:200])
-    counts = collections.Counter(verdict for *_, verdict, _ in p.rows)
-    print(f"\n{len(p.rows)} cases in {time.monotonic() - started:.0f} s: " + ", ".join(f"{v} {counts.get(v, 0)}" for v in VERDICTS))
-    if not args.keep and not args.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+    finish(p.rows, VERDICTS, started, workdir, keep=args.keep or bool(args.workdir))
 
 
 if __name__ == "__main__":

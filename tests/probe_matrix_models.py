@@ -19,7 +19,6 @@ evaluate task files. Not yet written: staleness, interrupts, worker-side failure
 from __future__ import annotations
 
 import argparse
-import collections
 import hashlib
 import json
 import os
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_matrix import ROOT, Probe, copy_root, reference_run, tiny_recipe  # noqa: E402
+from probe_matrix import ROOT, Probe, copy_root, finish, reference_run, tiny_recipe  # noqa: E402
 
 VERDICTS = ("clear error", "handled", "traceback", "hang", "silent loss", "code executed", "escape")
 BOMB = 3 << 30
@@ -402,10 +401,7 @@ def main() -> None:
             group(p, ref)
         except Exception as exc:
             print(f"| probe | {group.__name__} | (probe failed) | {type(exc).__name__}: {exc} |"[:300], flush=True)
-    counts = collections.Counter(v for *_, v, _ in p.rows)
-    print(f"\n{len(p.rows)} cases in {time.monotonic() - started:.0f} s: " + ", ".join(f"{v} {counts.get(v, 0)}" for v in VERDICTS))
-    if not args.keep and not args.workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+    finish(p.rows, VERDICTS, started, workdir, keep=args.keep or bool(args.workdir))
 
 
 if __name__ == "__main__":
