@@ -274,11 +274,19 @@ class _LogSink:
 
 def stop_temporary_server() -> None:
     """Prefect stops the temporary API server it started when the process exits, with a log
-    line of its own; stopped here, before the error is printed, that line comes above it."""
+    line of its own; stopped here, before the error is printed, that line comes above it.
+    A server named by PREFECT_API_URL (a real one, or a test harness the command runs under
+    in-process) is not this process's to stop."""
     server = sys.modules.get("prefect.server.api.server")
-    if server is not None:
+    if server is not None and not _api_url_given():
         handlers = sys.modules.get("prefect.logging.handlers")
         if handlers is not None:
             handlers.APILogWorker.drain_all(timeout=5)  # the records still on their way to it
         for instance in list(server.SubprocessASGIServer._instances.values()):
             instance.stop()
+
+
+def _api_url_given() -> bool:
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value())

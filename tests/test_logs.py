@@ -61,3 +61,18 @@ def test_the_handler_follows_stderr_when_a_caller_swaps_and_closes_it(monkeypatc
     monkeypatch.setattr(sys, "stderr", second)
     handler.emit(record("after it returned"))
     assert second.getvalue().endswith("after it returned\n")
+
+
+def test_an_error_in_process_leaves_the_prefect_api_it_runs_under(prefect_harness, tmp_path):
+    """A command's error stops the temporary server Prefect started for it, never one that
+    PREFECT_API_URL names: CI's later flow tests failed on 'Connection refused' after an
+    in-process `verify` had stopped the session's test harness."""
+    from prefect import get_client
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["status", "-c", str(tmp_path / "no-such-recipe.yaml")])
+    assert result.exit_code == 2, result.output
+    with get_client(sync_client=True) as client:
+        assert client.api_healthcheck() is None  # None: the API answered
