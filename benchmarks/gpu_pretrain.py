@@ -8,7 +8,7 @@ alternate between the models, who goes first rotating every round; warm-up round
 not timed; the GPU is synchronised around every timed step.
 
 MFU = model FLOPs / (seconds x peak), the same model FLOPs for both models:
-bertcore.model.encoder_flops_per_token per non-pad token (6 x weights + 12 x L x H x T for
+bertcore.model.bert.encoder_flops_per_token per non-pad token (6 x weights + 12 x L x H x T for
 attention + the MLM head on the masked positions). transformers also projects every
 unmasked position onto the vocabulary; that is work, not model FLOPs, so it shows as a
 lower MFU. The peak is bertcore.mfu's table (H100/H200 bf16: 989e12 dense) or --peak-flops.
@@ -41,7 +41,7 @@ import transformers  # noqa: E402
 from pretrain import make_batch  # noqa: E402
 
 from bertcore.mfu import peak_flops  # noqa: E402
-from bertcore.model import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
+from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
 from bertcore.optim import parameter_groups  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
 from bertcore.rng import keyed_numpy  # noqa: E402

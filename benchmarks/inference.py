@@ -9,7 +9,7 @@ Figures: latency p50/p95 at batch 1 for 16, 128 and 512 tokens, and throughput
 (sequences/s) at batch 32 x 128 tokens, with ratios against the baseline.
 
     transformers fp32      the baseline: transformers' BertModel, attn_implementation="sdpa"
-    bertcore fp32          bertcore/model.py's BertModel with the same weights
+    bertcore fp32          bertcore/model/bert.py's BertModel with the same weights
     student fp32           transformers, 3 layers: embeddings, pooler and layers 1, 3, 5 of
                            the teacher (every second layer, as a from_teacher
                            initialisation; speed does not depend on training)
@@ -115,8 +115,8 @@ def student_of(teacher) -> torch.nn.Module:
 
 
 def bertcore_encoder(folder: str) -> torch.nn.Module:
-    from bertcore.model import BertForPreTraining
-    from bertcore.pretrained import load_into, model_config, read_weights
+    from bertcore.model.bert import BertForPreTraining
+    from bertcore.model.pretrained import load_into, model_config, read_weights
 
     model = BertForPreTraining(model_config(folder))
     load_into(model, read_weights(folder), where=folder)

@@ -100,7 +100,7 @@ def curve(root: str, cfg, args: argparse.Namespace) -> list[dict]:
     from bertcore.eval.intrinsic import held_out_scores
     from bertcore.eval.report import read_training_log
     from bertcore.export import consolidate_checkpoint
-    from bertcore.model import BertForPreTraining, ModelConfig
+    from bertcore.model.bert import BertForPreTraining, ModelConfig
     from bertcore.tokenizer import read_vocab
     from pipelines.shards import read_batches
     from pipelines.storage import Storage

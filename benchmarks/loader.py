@@ -30,7 +30,7 @@ loader's sequences per second per core for that masking. GPU demand, with every 
 full (T tokens, the most a GPU can take):
     sequences/s = 0.5 * P / (T * F),  F = 6 N + 12 L H T + 6 (H^2 + V H) * 0.15
 P = 989e12 FLOP/s (H100 dense bf16, bertcore/mfu.py), F = training FLOPs per token
-(bertcore.model.encoder_flops_per_token: N = L (4 H^2 + 2 H I) weights in the matrix
+(bertcore.model.bert.encoder_flops_per_token: N = L (4 H^2 + 2 H I) weights in the matrix
 products, attention over T, the MLM head on 15% of tokens), V = 30522.
 
     python benchmarks/loader.py [--seconds 5] [--repeat 1] [--workers 0] [--workdir DIR]
@@ -226,7 +226,7 @@ def measure(batches, seconds: float) -> dict:
 def gpu_sequences_per_s(size: str, seq: int) -> float:
     """Sequences per second one H100 consumes at 50% MFU, every sequence T tokens long."""
     from bertcore.mfu import PEAK_FLOPS
-    from bertcore.model import ModelConfig, encoder_flops_per_token
+    from bertcore.model.bert import ModelConfig, encoder_flops_per_token
 
     flops = encoder_flops_per_token(ModelConfig.named(size, VOCAB), seq, MLM_SHARE)
     return 0.5 * PEAK_FLOPS[("H100", "bf16")] / (seq * flops)

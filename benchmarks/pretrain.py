@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bertcore.model import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
+from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
 from bertcore.rng import keyed_numpy  # noqa: E402
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in a BERT vocabulary

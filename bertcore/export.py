@@ -10,7 +10,7 @@
                              max_position_embeddings, so pipelines truncate where it ends)
 
 `consolidate_checkpoint` turns one DeepSpeed checkpoint folder (checkpoints/step-NNNNNNN/,
-any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model's
+any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model.bert's
 names, which are transformers' names; `export_checkpoint` writes the folder from a state
 dict. Neither needs a GPU or torch.distributed.
 """
@@ -29,8 +29,8 @@ import torch
 
 from bertcore.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
-from bertcore.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
-from bertcore.model import TIED, BertForPreTraining, ModelConfig
+from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
+from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
 from bertcore.optim import parameter_group_names
 from bertcore.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 
@@ -108,7 +108,7 @@ def export_checkpoint(
     state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
-    bertcore.model names, the model config and the vocab stage's folder; returns the file
+    bertcore.model.bert names, the model config and the vocab stage's folder; returns the file
     names written. Tied entries, if present, must equal the tensors they alias. nsp=False
     (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler."""
     hf_config = model_config.to_hf_config_dict("BertForPreTraining" if nsp else "BertForMaskedLM")  # refuses pre-LN models

@@ -6,7 +6,7 @@
 
 n_b is the batch's non-pad token count (padding is waste, not work), T_b its padded
 length (what the attention kernels run on), m_b the share of its tokens that are MLM
-targets; encoder_flops_per_token (bertcore/model.py) is 6 * weights + 12 * L * H * T plus
+targets; encoder_flops_per_token (bertcore/model/bert.py) is 6 * weights + 12 * L * H * T plus
 the gathered MLM head. t_step is rank 0's wall time for the step, W the number of workers,
 P the declared peak FLOP/s of one device: `<section>.peak_flops_per_device`, or when unset
 the dense tensor-core peak of a known GPU (PEAK_FLOPS: A100 312e12, H100/H200 989e12 for

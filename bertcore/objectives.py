@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertcore.model import BertForPreTraining, ModelConfig, encoder_flops_per_token
-from bertcore.pretrained import load_into
+from bertcore.model.bert import BertForPreTraining, ModelConfig, encoder_flops_per_token
+from bertcore.model.pretrained import load_into
 
 
 @dataclass
@@ -73,9 +73,9 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device, *names: s
 @dataclass
 class Pretraining:
     """BERT's pretraining objective: masked LM plus next-sentence prediction (the NSP term
-    is absent for examples without NSP labels), on bertcore.model.BertForPreTraining.
-    `init_state_dict`: start from these weights (bertcore.model names, e.g. an existing
-    model's, see bertcore.pretrained) instead of a fresh initialisation; entries it lacks
+    is absent for examples without NSP labels), on bertcore.model.bert.BertForPreTraining.
+    `init_state_dict`: start from these weights (bertcore.model.bert names, e.g. an existing
+    model's, see bertcore.model.pretrained) instead of a fresh initialisation; entries it lacks
     (the heads) keep the seeded initialisation."""
 
     model_cfg: ModelConfig

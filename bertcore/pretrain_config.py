@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError, model_validator
 
 from bertcore.config import describe_errors
-from bertcore.model_config import ModelConfig, SizeName
+from bertcore.model.config import ModelConfig, SizeName
 from bertcore.train_config import TrainingConfig
 
 INIT_OVERRIDABLE = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range")
@@ -28,7 +28,7 @@ class PretrainConfig(TrainingConfig):
     model_size: SizeName = "base"
     """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large (24x1024)."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
-    """Any bertcore.model.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
+    """Any bertcore.model.config.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
 
     @model_validator(mode="after")
     def _consistent_model(self) -> PretrainConfig:

@@ -241,7 +241,7 @@ def _export_out(cfg, storage, format_: ExportFormat, stage: str | None, task: st
     """Where the export will write, refused now (before the lease, torch or Ray) unless it is
     a new folder or an earlier export's (pipelines/export/target.py); None: the hf export's
     default, the pretrain stage's own model/."""
-    from bertcore.hf_files import MLM_SUFFIX
+    from bertcore.model.hf_files import MLM_SUFFIX
     from pipelines.export import onnx as onnx_export
     from pipelines.export.target import check_target
 

@@ -25,7 +25,7 @@ from bertcore.checkpoint import CHECKPOINTS, COMPLETE
 from bertcore.decode import LEGEND, NSP_LABELS, decode_example
 from bertcore.errors import ConfigError
 from bertcore.eval.report import score_rows
-from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
+from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.metrics_log import METRICS
 from bertcore.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
 from pipelines.progress import count, duration, size

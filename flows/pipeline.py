@@ -22,7 +22,7 @@ from prefect.client.schemas.objects import StateDetails
 from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
-from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
+from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.redact import mask_text, masked
 from flows import logs, run_log, supervise
 from flows.artifacts import publish_stage

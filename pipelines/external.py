@@ -13,7 +13,7 @@ import posixpath
 from dataclasses import dataclass
 
 from bertcore.errors import ConfigError
-from bertcore.hf_files import (
+from bertcore.model.hf_files import (
     CONFIG_FILE,
     PYTORCH_BIN,
     SAFETENSORS_INDEX,
@@ -21,7 +21,7 @@ from bertcore.hf_files import (
     shard_names,
     weight_files,
 )
-from bertcore.model_folder import bin_refusal
+from bertcore.model.folder import bin_refusal
 from bertcore.vocab_config import CONFIG_FILE as TOKENIZER_CONFIG
 from bertcore.vocab_config import TOKENIZER_FILE, VOCAB_FILE
 from pipelines.shards import local_copy, local_folder

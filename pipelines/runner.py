@@ -277,13 +277,13 @@ class Pipeline:
     def _check_model_folder(self, name: str) -> None:
         """The stage's external model folder (pretrain.init_from, distill.teacher): present
         with config.json and safetensors weights (`identify`), and when local its config
-        checked against the weights' header (bertcore/model_folder.py), so a bad folder is
+        checked against the weights' header (bertcore/model/folder.py), so a bad folder is
         refused before the stages before it are recomputed."""
         external = self.external(name)
         folder = getattr(external, "value", None)
         local = self.storage.local_path(folder.uri) if folder is not None else None
         if local is not None:
-            from bertcore.model_folder import check_model_folder
+            from bertcore.model.folder import check_model_folder
 
             check_model_folder(local, MODEL_FOLDER_STAGES[name])
 

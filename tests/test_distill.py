@@ -26,8 +26,8 @@ from bertcore.distill.objective import PROJECTIONS, Distillation, DistillStudent
 from bertcore.distill.student import check_from_teacher, layer_map, student_config  # noqa: E402
 from bertcore.errors import ConfigError  # noqa: E402
 from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
-from bertcore.model import ModelConfig  # noqa: E402
-from bertcore.pretrained import model_config, read_weights  # noqa: E402
+from bertcore.model.bert import ModelConfig  # noqa: E402
+from bertcore.model.pretrained import model_config, read_weights  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)

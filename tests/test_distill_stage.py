@@ -28,8 +28,8 @@ from bertcore.config import StorageConfig  # noqa: E402
 from bertcore.distill.config import DistillConfig  # noqa: E402
 from bertcore.export import HF_FILES  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
-from bertcore.model import BertForPreTraining  # noqa: E402
-from bertcore.pretrained import load_into, model_config, read_weights  # noqa: E402
+from bertcore.model.bert import BertForPreTraining  # noqa: E402
+from bertcore.model.pretrained import load_into, model_config, read_weights  # noqa: E402
 from bertcore.tokenizer import TOKENIZER_FILES  # noqa: E402
 from bertcore.vocab_config import VocabConfig  # noqa: E402
 from pipelines.runner import run_stage  # noqa: E402

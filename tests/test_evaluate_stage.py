@@ -45,7 +45,7 @@ def _train_tiny_model(root: str, steps: int) -> list[dict]:
     import safetensors.torch
 
     from bertcore.data import ExamplesLoader
-    from bertcore.model import BertForPreTraining, ModelConfig
+    from bertcore.model.bert import BertForPreTraining, ModelConfig
 
     vocab_dir = os.path.join(root, "vocab")
     with open(os.path.join(vocab_dir, "vocab.txt"), encoding="utf-8") as handle:

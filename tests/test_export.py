@@ -18,7 +18,7 @@ from test_train import SEED, make_run_root, phase_data, tiny_pretrain  # noqa: E
 from bertcore.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # noqa: E402
 from bertcore.errors import InputDataError  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint, export_checkpoint  # noqa: E402
-from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
+from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.tokenizer import load_tokenizer  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402

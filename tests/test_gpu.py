@@ -22,7 +22,7 @@ from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pr
 from bertcore.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # noqa: E402
 from bertcore.export import consolidate_checkpoint, export_checkpoint  # noqa: E402
 from bertcore.metrics_log import METRICS, MetricsLog  # noqa: E402
-from bertcore.model import BertForPreTraining  # noqa: E402
+from bertcore.model.bert import BertForPreTraining  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer, WorkerContext  # noqa: E402
 

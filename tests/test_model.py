@@ -1,4 +1,4 @@
-"""bertcore.model: checkpoint compatibility and numerical parity with transformers'
+"""bertcore.model.bert: checkpoint compatibility and numerical parity with transformers'
 BertForPreTraining, the gathered MLM loss, NSP handling, initialisation, learning."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
-from bertcore.model import (  # noqa: E402
+from bertcore.model.bert import (  # noqa: E402
     NAMED_SIZES,
     NO_NSP_LABEL,
     TIED,

@@ -1,6 +1,6 @@
 """A model folder from outside the run (`pretrain.init_from`, `distill.teacher`, export's
 model/) is judged on the driver from its config.json and the safetensors header alone
-(bertcore/model_folder.py): absurd sizes are refused with the memory they would need, a
+(bertcore/model/folder.py): absurd sizes are refused with the memory they would need, a
 config that disagrees with its weights, a truncated or header-bombed file and a pickle are
 one line naming the file, and the heads are read from the tensor names."""
 
@@ -18,8 +18,8 @@ import transformers
 
 from bertcore.config import StorageConfig
 from bertcore.errors import BertpipeError, InputDataError
-from bertcore.model_config import ModelConfig
-from bertcore.model_folder import check_model_folder, read_header
+from bertcore.model.config import ModelConfig
+from bertcore.model.folder import check_model_folder, read_header
 from pipelines.storage import Storage
 
 torch.set_num_threads(1)

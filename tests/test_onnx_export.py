@@ -46,7 +46,7 @@ def _write_run_root(root: str, sentences: list[str]) -> None:
     from bertcore.eval.encoder import Features, TaskModel, load_encoder
     from bertcore.eval.heads import TaskHead, head_path, save_task_model
     from bertcore.export import HF_FILES, MODEL_DIR, export_checkpoint
-    from bertcore.model import BertForPreTraining, ModelConfig
+    from bertcore.model.bert import BertForPreTraining, ModelConfig
     from bertcore.tokenizer import save_tokenizer, train_wordpiece
     from bertcore.vocab_config import VocabConfig
     from pipelines.shards import write_table

@@ -30,7 +30,7 @@ from bertcore.errors import ConfigError  # noqa: E402
 from bertcore.examples_config import ExamplesConfig  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
-from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
+from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402

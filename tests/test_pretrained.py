@@ -1,4 +1,4 @@
-"""Existing Hugging Face BERT folders as starting points (bertcore.pretrained) and exports
+"""Existing Hugging Face BERT folders as starting points (bertcore.model.pretrained) and exports
 without an NSP head: folders are written here by transformers from random weights (no
 download), read back into bertcore's model, and compared logit for logit."""
 
@@ -20,9 +20,9 @@ from bertcore.checkpoint import LocalStageFiles
 from bertcore.errors import InputDataError
 from bertcore.export import export_checkpoint
 from bertcore.metrics_log import METRICS, MetricsLog
-from bertcore.model import BertForPreTraining, ModelConfig
+from bertcore.model.bert import BertForPreTraining, ModelConfig
 from bertcore.objectives import Pretraining
-from bertcore.pretrained import load_into, model_config, read_weights
+from bertcore.model.pretrained import load_into, model_config, read_weights
 from bertcore.trainer import Trainer, WorkerContext, _batches, _loader
 
 torch.set_num_threads(1)

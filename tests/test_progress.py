@@ -151,7 +151,7 @@ def test_the_loss_watch_reports_jumps_after_its_grace_and_acts_only_on_spikes():
 
 
 def test_the_start_line_of_a_continued_run_names_its_folder_and_shape():
-    from bertcore.model_config import ModelConfig
+    from bertcore.model.config import ModelConfig
     from bertcore.pretrain_config import PretrainConfig
     from pipelines.external import ExternalFolder
     from pipelines.stages.pretrain.work import _start_line

@@ -151,7 +151,7 @@ def test_a_planted_pickle_in_an_init_from_folder_is_refused_in_one_line_without_
     safetensors only, so nothing unpickles it; the user gets one line naming the file and
     the conversion command, never torch's advice about its loader's settings."""
     from bertcore.errors import InputDataError
-    from bertcore.pretrained import read_weights
+    from bertcore.model.pretrained import read_weights
 
     marker = tmp_path / "the-payload-ran"
     (tmp_path / "model").mkdir()

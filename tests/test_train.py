@@ -35,7 +35,7 @@ from bertcore.examples_config import ExamplesConfig, PhaseConfig  # noqa: E402
 from bertcore.loss_watch import LossWatch  # noqa: E402
 from bertcore.masking import VocabTables  # noqa: E402
 from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
-from bertcore.model import BertForPreTraining, ModelConfig  # noqa: E402
+from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
 from bertcore.pairs import InMemoryDocs  # noqa: E402

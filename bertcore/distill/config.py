@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from bertcore.model_config import NAMED_SIZES, SizeName
+from bertcore.model.config import NAMED_SIZES, SizeName
 from bertcore.section import DataFile, Section
 from bertcore.train_config import TrainingConfig, TrainingPhase
 

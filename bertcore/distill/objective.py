@@ -21,9 +21,9 @@ from torch import nn
 from bertcore.distill import losses
 from bertcore.distill.config import DistillLoss
 from bertcore.distill.student import from_teacher_state
-from bertcore.model import IGNORE_INDEX, BertForPreTraining, ModelConfig, _masked_cross_entropy, encoder_flops_per_token
+from bertcore.model.bert import IGNORE_INDEX, BertForPreTraining, ModelConfig, _masked_cross_entropy, encoder_flops_per_token
 from bertcore.objectives import MicroBatchResult, model_inputs, ratio
-from bertcore.pretrained import load_into
+from bertcore.model.pretrained import load_into
 
 PROJECTIONS = "hidden_projections."
 """Prefix of the projections' entries in the student's checkpoint (not exported)."""
@@ -111,7 +111,7 @@ def teacher_signals(teacher: BertForPreTraining, inputs: dict[str, torch.Tensor]
 
 @dataclass
 class Distillation:
-    """The distillation objective: `teacher_state` (bertcore.model names) in a frozen
+    """The distillation objective: `teacher_state` (bertcore.model.bert names) in a frozen
     teacher of `teacher_cfg`, a student of `student_cfg` started per `init`, the
     layer map `pairs` and the loss settings. `soft_targets` is False when the teacher has
     no MLM head (that term is then skipped whatever its weight)."""

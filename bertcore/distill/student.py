@@ -17,7 +17,7 @@ import torch
 
 from bertcore.distill.config import DistillConfig, StudentConfig, default_layer_map
 from bertcore.errors import ConfigError
-from bertcore.model_config import NAMED_SIZES, ModelConfig
+from bertcore.model.config import NAMED_SIZES, ModelConfig
 
 _LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.*)")
 _CARRIED = ("bert.embeddings.", "cls.predictions.", "bert.pooler.")
@@ -65,7 +65,7 @@ def check_from_teacher(student: ModelConfig, teacher: ModelConfig) -> None:
 
 
 def from_teacher_state(teacher: Mapping[str, torch.Tensor], pairs: list[int]) -> dict[str, torch.Tensor]:
-    """The student's starting weights (bertcore.model names): the teacher's embeddings,
+    """The student's starting weights (bertcore.model.bert names): the teacher's embeddings,
     MLM head and pooler, and student layer i = teacher layer pairs[i] (1-based). Tensors
     are copies (the teacher's stay untouched)."""
     layers: dict[int, dict[str, torch.Tensor]] = {}

@@ -94,7 +94,7 @@ def model_folder(storage: Storage, root: str, stage: str) -> tuple[str, dict[str
     directory, manifest = _complete(storage, root, stage, "ONNX export reads")
     cache_key = f"export-{manifest.fingerprint}"
     paths = {name: _local_checked(storage, directory, manifest, f"{MODEL_DIR}/{name}", cache_key) for name in HF_FILES}
-    from bertcore.model_folder import check_model_folder
+    from bertcore.model.folder import check_model_folder
 
     check_model_folder(os.path.dirname(paths[WEIGHTS_FILE][0]), f"the {stage} stage's {MODEL_DIR}/")  # config against weights, bounded, before torch
     identity = {

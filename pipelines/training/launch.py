@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.hf_files import MLM_SUFFIX, MODEL_DIR
+from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.train_config import TrainingConfig
 from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
@@ -110,7 +110,7 @@ class ObjectiveSpec(Protocol):
         ...
 
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
-        """The state dict (bertcore.model names of BertForPreTraining) of a local checkpoint folder."""
+        """The state dict (bertcore.model.bert names of BertForPreTraining) of a local checkpoint folder."""
         ...
 
 
@@ -385,7 +385,7 @@ def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key
 
     from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag
     from bertcore.export import export_checkpoint
-    from bertcore.model import ModelConfig
+    from bertcore.model.bert import ModelConfig
     from bertcore.tokenizer import TOKENIZER_FILES
     from pipelines.shards import local_folder
 

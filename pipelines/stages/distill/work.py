@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from bertcore.distill.config import DistillConfig, DistillLoss
 from bertcore.errors import ConfigError
-from bertcore.hf_files import MODEL_DIR
+from bertcore.model.hf_files import MODEL_DIR
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
 from pipelines.training.launch import (
@@ -38,7 +38,7 @@ from pipelines.training.launch import (
 from pipelines.training.stats import headline
 
 if TYPE_CHECKING:
-    from bertcore.model_config import ModelConfig
+    from bertcore.model.config import ModelConfig
     from pipelines.external import ExternalFolder
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ class Teacher:
 
 def _teacher(r: StageRun, vocab_size: int) -> Teacher:
     """The teacher's folder (external, or pretrain/model/), its config checked against its
-    weights' header (bertcore/model_folder.py, before any worker builds it) and whether
+    weights' header (bertcore/model/folder.py, before any worker builds it) and whether
     those weights hold an MLM head; its vocabulary must be the examples'."""
-    from bertcore.model_folder import check_model_folder
+    from bertcore.model.folder import check_model_folder
     from pipelines.external import model_folder
 
     folder = r.external if r.external is not None else model_folder(r.storage, r.inputs["pretrain"].path(MODEL_DIR), "pretrain/model")
@@ -112,8 +112,8 @@ class DistillSpec:
 
     def objective(self, storage: Storage):
         from bertcore.distill.objective import Distillation
-        from bertcore.model import ModelConfig
-        from bertcore.pretrained import read_weights
+        from bertcore.model.bert import ModelConfig
+        from bertcore.model.pretrained import read_weights
 
         return Distillation(
             ModelConfig.model_validate(self.student_config), ModelConfig.model_validate(self.teacher_config),
@@ -123,7 +123,7 @@ class DistillSpec:
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
         from bertcore.distill.objective import DistillStudent, exportable_state
         from bertcore.export import consolidate_checkpoint
-        from bertcore.model import ModelConfig
+        from bertcore.model.bert import ModelConfig
 
         student = ModelConfig.model_validate(marker["model_config"])
         teacher_hidden = marker["teacher_config"]["hidden_size"]
@@ -198,7 +198,7 @@ def _notes(cfg: DistillConfig, teacher: Teacher) -> list[str]:
 def _model_stats(teacher: Teacher, student: ModelConfig, pairs: list[int], marker: dict, notes: list[str]) -> dict[str, Any]:
     import torch
 
-    from bertcore.model import BertForPreTraining
+    from bertcore.model.bert import BertForPreTraining
 
     with torch.device("meta"):  # parameter counts without allocating anything
         sizes = {name: BertForPreTraining(cfg).num_parameters() for name, cfg in (("teacher", teacher.config), ("student", student))}

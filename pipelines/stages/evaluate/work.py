@@ -350,7 +350,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
     `subject` the one judged against random init (see bertcore/eval/report.py)."""
     import torch
 
-    from bertcore.model import BertForPreTraining
+    from bertcore.model.bert import BertForPreTraining
 
     eval_cfg, jobs, subject = plan.cfg, plan.jobs, plan.subject.name
     with torch.device("meta"):  # counts parameters without allocating or initialising them

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from bertcore.errors import ConfigError
 from bertcore.examples_config import ExamplesConfig
-from bertcore.model_config import ModelConfig
+from bertcore.model.config import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
 from pipelines.external import ExternalFolder
 from pipelines.stage import Output, StageDir, StageRun, Upstream
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs, storage: Storage) -> ModelConfig:
     """The model of a continued run: init_from's shape, checked against the vocabulary and
     the phases' sequence lengths."""
-    from bertcore.model_folder import check_model_folder
+    from bertcore.model.folder import check_model_folder
 
     base = check_model_folder(init.local(storage), "pretrain.init_from").config  # config against the weights' header, before any worker
     if base.vocab_size != inputs.vocab.vocab_size:
@@ -72,7 +72,7 @@ class PretrainSpec:
 
     def objective(self, storage: Storage):
         from bertcore.objectives import Pretraining
-        from bertcore.pretrained import read_weights
+        from bertcore.model.pretrained import read_weights
 
         weights = read_weights(self.init.local(storage)) if self.init is not None else None
         return Pretraining(ModelConfig.model_validate(self.model_config), init_state_dict=weights)

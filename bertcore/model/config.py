@@ -1,6 +1,6 @@
 """The shape of a BERT encoder (`ModelConfig`, the named sizes) and the constants its
 state dict follows, without torch: recipes, `bertpipe status` and the config reference
-read them, and importing torch takes seconds. bertcore/model.py builds the model from them.
+read them, and importing torch takes seconds. bertcore/model/bert.py builds the model from them.
 """
 
 from __future__ import annotations

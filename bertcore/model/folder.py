@@ -4,7 +4,7 @@ built from it: `pretrain.init_from`, `distill.teacher` (and evaluate's teacher),
 tensors loaded:
 
 - config.json (at most MAX_CONFIG_BYTES) becomes a ModelConfig, whose bounds refuse absurd
-  sizes with the memory they would need (bertcore/model_config.py);
+  sizes with the memory they would need (bertcore/model/config.py);
 - the weights are safetensors only (`model.safetensors` or a sharded index): a
   `pytorch_model.bin` is refused with the command that converts it, since a pickle can
   run code;
@@ -29,8 +29,8 @@ from math import prod
 from pydantic import ValidationError
 
 from bertcore.errors import InputDataError
-from bertcore.hf_files import CONFIG_FILE, PYTORCH_BIN, SAFETENSORS_INDEX, WEIGHT_FILES, WEIGHTS_FILE, weight_files
-from bertcore.model_config import ModelConfig
+from bertcore.model.hf_files import CONFIG_FILE, PYTORCH_BIN, SAFETENSORS_INDEX, WEIGHT_FILES, WEIGHTS_FILE, weight_files
+from bertcore.model.config import ModelConfig
 
 MAX_CONFIG_BYTES = 1 << 20
 """A config.json larger than this is not a model config (BERT-large's is under 1 kB)."""
@@ -68,7 +68,7 @@ def _bounded_json(path: str, limit: int, what: str):
 
 def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
     """The ModelConfig of `folder`/config.json (a BERT encoder; keys bertcore does not use
-    are ignored). Models bertcore.model cannot reproduce, and sizes above ModelConfig's
+    are ignored). Models bertcore.model.bert cannot reproduce, and sizes above ModelConfig's
     bounds, are refused naming the file and the key."""
     path = os.path.join(folder, CONFIG_FILE)
     data = _bounded_json(path, MAX_CONFIG_BYTES, "model config")

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertcore.model_config import (  # noqa: F401 - the shape lives without torch; re-exported here
+from bertcore.model.config import (  # noqa: F401 - the shape lives without torch; re-exported here
     IGNORE_INDEX,
     NAMED_SIZES,
     NO_NSP_LABEL,

@@ -1,11 +1,11 @@
 """An existing Hugging Face BERT folder as the starting point of pretraining
 (`pretrain.init_from`): its config.json as a ModelConfig, its weights as a state dict with
-bertcore.model's names, and loading them into a freshly initialised BertForPreTraining.
+bertcore.model.bert's names, and loading them into a freshly initialised BertForPreTraining.
 
 Accepted weights: `model.safetensors` or a sharded `model.safetensors.index.json`, saved
 from BertForPreTraining, BertForMaskedLM or BertModel; a `pytorch_model.bin` is refused with
-the command that converts it (bertcore/model_folder.py: safetensors only). Names are transformers' (so are
-bertcore.model's); two older spellings are mapped: `LayerNorm.gamma/beta` of
+the command that converts it (bertcore/model/folder.py: safetensors only). Names are transformers' (so are
+bertcore.model.bert's); two older spellings are mapped: `LayerNorm.gamma/beta` of
 TensorFlow-converted checkpoints, and BertModel's unprefixed names (`embeddings.*`).
 What the checkpoint lacks starts from the seeded initialisation: the NSP head and the
 pooler of a BertForMaskedLM (which has neither), the MLM head of a BertModel. A missing
@@ -24,7 +24,7 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
-from bertcore.hf_files import (  # noqa: F401 - the file names live without torch; re-exported here
+from bertcore.model.hf_files import (  # noqa: F401 - the file names live without torch; re-exported here
     CONFIG_FILE,
     PYTORCH_BIN,
     SAFETENSORS_INDEX,
@@ -33,8 +33,8 @@ from bertcore.hf_files import (  # noqa: F401 - the file names live without torc
     shard_names,
     weight_files,
 )
-from bertcore.model import TIED, BertForPreTraining, ModelConfig
-from bertcore.model_folder import canonical_key, is_prefixed, read_config, read_header, weights_path
+from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
+from bertcore.model.folder import canonical_key, is_prefixed, read_config, read_header, weights_path
 
 SAFETENSORS = WEIGHTS_FILE
 
@@ -43,12 +43,12 @@ MAY_START_FRESH = re.compile(r"bert\.pooler\..*|cls\..*")
 
 
 def model_config(folder: str) -> ModelConfig:
-    """The ModelConfig of `folder`/config.json (bertcore/model_folder.py `read_config`)."""
+    """The ModelConfig of `folder`/config.json (bertcore/model/folder.py `read_config`)."""
     return read_config(folder, "pretrain.init_from")
 
 
 def read_weights(folder: str, key: str = "pretrain.init_from") -> dict[str, torch.Tensor]:
-    """The folder's weights with bertcore.model's names (see the module docstring). The
+    """The folder's weights with bertcore.model.bert's names (see the module docstring). The
     driver has checked the folder (`check_model_folder`); a pytorch_model.bin is refused
     here too, before anything unpickles it."""
     name, path = weights_path(folder, key)

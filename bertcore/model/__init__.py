@@ -1,0 +1,12 @@
+"""The encoder and the model folders it is read from and written to.
+
+Owns: `bert.py` (the BERT encoder and its pretraining heads, parameter names as
+transformers has them), `config.py` (`ModelConfig`, the published sizes and their bounds;
+pydantic only, no torch), `folder.py` (a Hugging Face folder from outside the run judged on
+the driver from its config and the safetensors header, no tensors loaded), `pretrained.py`
+(its weights mapped onto ours) and `hf_files.py` (the file names of such a folder).
+
+May import: torch (bert.py, pretrained.py only), safetensors, pydantic, and bertcore's
+top-level helpers (errors, section). Must not import: ray, prefect, deepspeed, or any other
+bertcore component; this package's __init__ imports nothing, so reading a recipe stays light.
+"""
