@@ -4,7 +4,7 @@ loader cores one GPU needs.
 
 Shards: the demo corpus and its vocabulary (the corpus and vocab stages, as
 benchmarks/examples.py prepares them), turned into examples shards by the examples stage's
-own code (bertcore.examples, in this process) at seq128 and seq512, once with static masks
+own code (bertcore.examples.layout, in this process) at seq128 and seq512, once with static masks
 and once unmasked (for dynamic masking), every record batch grouped by length bin as the
 stage writes them. --repeat N repeats the training documents N times (more batches per
 epoch; the loader never sees a difference between a repeated and a new document).
@@ -70,10 +70,10 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from bertcore.examples import arrow_schema, example_batches
-    from bertcore.examples_config import length_bin
-    from bertcore.masking import VocabTables
-    from bertcore.pairs import InMemoryDocs
+    from bertcore.examples.layout import arrow_schema, example_batches
+    from bertcore.examples.config import length_bin
+    from bertcore.examples.masking import VocabTables
+    from bertcore.examples.pairs import InMemoryDocs
     from bertcore.tokenizer import encode_sentences, load_tokenizer, vocab_list
 
     folder = out / f"seq{seq}-{masking}"
@@ -112,8 +112,8 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
 
 def bertpipe_batches(root: Path, paths: list[Path], mode: str, batch: int, workers: int):
     from bertcore.data import ExamplesLoader
-    from bertcore.examples_config import ExamplesConfig
-    from bertcore.masking import VocabTables
+    from bertcore.examples.config import ExamplesConfig
+    from bertcore.examples.masking import VocabTables
     from bertcore.tokenizer import load_tokenizer, vocab_list
 
     vocab = VocabTables.from_tokens(vocab_list(load_tokenizer(str(root / "vocab"))))

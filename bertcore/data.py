@@ -33,8 +33,8 @@ import pyarrow.ipc as ipc
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bertcore.examples_config import length_bin
-from bertcore.masking import MaskConfig, mask_batch
+from bertcore.examples.config import length_bin
+from bertcore.examples.masking import MaskConfig, mask_batch
 from bertcore.rng import keyed_numpy, keyed_seed
 
 IGNORE_INDEX = -100

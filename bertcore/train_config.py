@@ -21,7 +21,7 @@ from bertcore.section import Name, Section
 from bertcore.tracking import TrackingConfig
 
 if TYPE_CHECKING:
-    from bertcore.examples_config import ExamplesConfig
+    from bertcore.examples.config import ExamplesConfig
 
 
 class TrainingPhase(Section):

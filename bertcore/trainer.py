@@ -50,7 +50,7 @@ from bertcore.checkpoint import (
 from bertcore.data import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.loss_watch import LossWatch
-from bertcore.masking import MaskConfig
+from bertcore.examples.masking import MaskConfig
 from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
 from bertcore.mfu import peak_flops
 from bertcore.objectives import MicroBatchResult, Objective

@@ -22,7 +22,7 @@ from typing import Any
 
 from bertcore import figures, metrics_log
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE
-from bertcore.decode import LEGEND, NSP_LABELS, decode_example
+from bertcore.examples.decode import LEGEND, NSP_LABELS, decode_example
 from bertcore.errors import ConfigError
 from bertcore.eval.report import score_rows
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from bertcore.data import ExamplesLoader
-from bertcore.examples import examples_for_shard, records_to_table
-from bertcore.examples_config import ExamplesConfig
-from bertcore.masking import VocabTables, num_to_predict
-from bertcore.pairs import InMemoryDocs
+from bertcore.examples.layout import examples_for_shard, records_to_table
+from bertcore.examples.config import ExamplesConfig
+from bertcore.examples.masking import VocabTables, num_to_predict
+from bertcore.examples.pairs import InMemoryDocs
 
 torch.set_num_threads(1)
 

@@ -1,8 +1,8 @@
-"""Examples records as text (bertcore/decode.py), checked on records made here."""
+"""Examples records as text (bertcore/examples/decode.py), checked on records made here."""
 
 from __future__ import annotations
 
-from bertcore.decode import decode_example
+from bertcore.examples.decode import decode_example
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "city", "is", "on", "river", "bank", "##s", "old"]
 ID = {token: i for i, token in enumerate(VOCAB)}

@@ -15,7 +15,7 @@ import pyarrow.ipc as ipc
 import pytest
 from pydantic import ValidationError
 
-from bertcore.examples import (
+from bertcore.examples.layout import (
     ExampleStats,
     arrow_schema,
     example_batches,
@@ -23,9 +23,9 @@ from bertcore.examples import (
     examples_for_shard,
     records_to_table,
 )
-from bertcore.examples_config import ExamplesConfig
-from bertcore.masking import VocabTables, num_to_predict
-from bertcore.pairs import FlatDocument, InMemoryDocs
+from bertcore.examples.config import ExamplesConfig
+from bertcore.examples.masking import VocabTables, num_to_predict
+from bertcore.examples.pairs import FlatDocument, InMemoryDocs
 
 SEED = 20240601
 

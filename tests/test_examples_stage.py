@@ -13,7 +13,7 @@ import pytest
 
 from bertcore.data import ExamplesLoader
 from bertcore.errors import InputDataError
-from bertcore.examples import arrow_schema
+from bertcore.examples.layout import arrow_schema
 from pipelines.stages.examples import work as examples
 from pipelines.runner import Pipeline
 from pipelines.storage import Storage

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertcore.masking import (
+from bertcore.examples.masking import (
     greedy_words,
     KEPT,
     MASKED,

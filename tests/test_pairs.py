@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertcore.pairs import FlatDocument, InMemoryDocs, PairConfig, build_pairs, pack_sentences, trim_counts, truncate_seq_pair
+from bertcore.examples.pairs import FlatDocument, InMemoryDocs, PairConfig, build_pairs, pack_sentences, trim_counts, truncate_seq_pair
 
 SEP = -1  # any id no document uses
 

@@ -27,7 +27,7 @@ from bertcore import metrics_log  # noqa: E402
 from bertcore.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag  # noqa: E402
 from bertcore.config import StorageConfig  # noqa: E402
 from bertcore.errors import ConfigError  # noqa: E402
-from bertcore.examples_config import ExamplesConfig  # noqa: E402
+from bertcore.examples.config import ExamplesConfig  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402

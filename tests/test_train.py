@@ -4,7 +4,7 @@ time budget, NaN handling, exact resume.
 
 `make_run_root` (also used by test_pretrain_stage.py and test_export.py) writes what the
 vocab and examples stages would: a WordPiece trained here on the gensim news sample and
-examples shards made with bertcore.examples, with their manifests."""
+examples shards made with bertcore.examples.layout, with their manifests."""
 
 from __future__ import annotations
 
@@ -30,15 +30,15 @@ from bertcore.checkpoint import (  # noqa: E402
     checkpoint_tag,
     complete_checkpoints,
 )
-from bertcore.examples import examples_for_shard, records_to_table  # noqa: E402
-from bertcore.examples_config import ExamplesConfig, PhaseConfig  # noqa: E402
+from bertcore.examples.layout import examples_for_shard, records_to_table  # noqa: E402
+from bertcore.examples.config import ExamplesConfig, PhaseConfig  # noqa: E402
 from bertcore.loss_watch import LossWatch  # noqa: E402
-from bertcore.masking import VocabTables  # noqa: E402
+from bertcore.examples.masking import VocabTables  # noqa: E402
 from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
-from bertcore.pairs import InMemoryDocs  # noqa: E402
+from bertcore.examples.pairs import InMemoryDocs  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
 from bertcore.tokenizer import VocabConfig, save_tokenizer, train_wordpiece, vocab_list  # noqa: E402
 from bertcore.trainer import (  # noqa: E402

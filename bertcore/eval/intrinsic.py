@@ -23,7 +23,7 @@ from bertcore.errors import ConfigError, InputDataError
 from bertcore.eval.baselines import UnigramMeter, nsp_balance
 from bertcore.eval.config import IntrinsicConfig
 from bertcore.eval.metrics import PretrainingMeter
-from bertcore.examples_config import ExamplesConfig, PhaseConfig
+from bertcore.examples.config import ExamplesConfig, PhaseConfig
 from bertcore.model.bert import IGNORE_INDEX, BertForPreTraining, ModelConfig
 from bertcore.model.pretrained import load_into
 from bertcore.rng import keyed_numpy, keyed_seed

@@ -44,8 +44,8 @@ from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
 from pipelines.storage import Storage, join
 
 if TYPE_CHECKING:
-    from bertcore.examples_config import ExamplesConfig
-    from bertcore.masking import VocabTables
+    from bertcore.examples.config import ExamplesConfig
+    from bertcore.examples.masking import VocabTables
     from bertcore.objectives import Objective
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ class Inputs:
 def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storage: Storage) -> tuple[Any, Inputs]:
     """The section with each phase's max_seq_length resolved from the examples phase, and
     the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
-    from bertcore.examples_config import ExamplesConfig
-    from bertcore.masking import VocabTables
+    from bertcore.examples.config import ExamplesConfig
+    from bertcore.examples.masking import VocabTables
     from bertcore.tokenizer import VOCAB_FILE, read_vocab
     from pipelines.shards import local_copy
 

@@ -16,7 +16,7 @@ import ray
 from bertcore.errors import BertpipeError
 from bertcore.eval import finetune
 from bertcore.eval.config import TASK_FILES, EmbeddingsConfig, IntrinsicConfig, SpeedConfig, TaskConfig
-from bertcore.examples_config import ExamplesConfig, PhaseConfig
+from bertcore.examples.config import ExamplesConfig, PhaseConfig
 from bertcore.rng import keyed_seed
 from pipelines.shards import local_copy, local_folder, read_batches
 from pipelines.stage import ShardInfo, StageDir
@@ -101,7 +101,7 @@ def intrinsic_job(
     from bertcore.data import ExamplesLoader
     from bertcore.eval.finetune import device
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
-    from bertcore.masking import VocabTables
+    from bertcore.examples.masking import VocabTables
     from bertcore.tokenizer import VOCAB_FILE, read_vocab
 
     _threads(num_threads)

@@ -53,7 +53,7 @@ from bertcore.eval import distillation, report, summary
 from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
 from bertcore.eval.tasks import check_task_files
-from bertcore.examples_config import ExamplesConfig
+from bertcore.examples.config import ExamplesConfig
 from bertcore.export import HF_FILES, MODEL_DIR
 from bertcore.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy

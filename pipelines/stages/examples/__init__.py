@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertcore.examples_config import ExamplesConfig
+from bertcore.examples.config import ExamplesConfig
 from pipelines.stage import Stage
 
 CODE_VERSION = "1"

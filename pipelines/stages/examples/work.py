@@ -12,7 +12,7 @@ Ray shape, two steps:
    is bounded by its own shard plus the index.
 
 Every random draw is keyed by (seed, "examples", phase, global document number, pass)
-inside `bertcore.examples`, so the bytes do not depend on the number of workers.
+inside `bertcore.examples.layout`, so the bytes do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ import pyarrow.ipc as ipc
 import ray
 from tokenizers import Tokenizer
 
-from bertcore.arrow import arrow_array, list_array, numpy_dtype, numpy_view, offsets_of
+from bertcore.examples.arrow import arrow_array, list_array, numpy_dtype, numpy_view, offsets_of
 from bertcore.errors import InputDataError
-from bertcore.examples import ExampleStats, arrow_schema, example_batches, id_type
-from bertcore.examples_config import ExamplesConfig, PhaseConfig, length_bin
-from bertcore.masking import VocabTables
-from bertcore.pairs import FlatDocument
+from bertcore.examples.layout import ExampleStats, arrow_schema, example_batches, id_type
+from bertcore.examples.config import ExamplesConfig, PhaseConfig, length_bin
+from bertcore.examples.masking import VocabTables
+from bertcore.examples.pairs import FlatDocument
 from bertcore.text.lengths import Lengths
 from bertcore.tokenizer import (
     TOKENIZER_FILES,

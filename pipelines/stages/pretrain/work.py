@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from bertcore.errors import ConfigError
-from bertcore.examples_config import ExamplesConfig
+from bertcore.examples.config import ExamplesConfig
 from bertcore.model.config import ModelConfig
 from bertcore.pretrain_config import PretrainConfig
 from pipelines.external import ExternalFolder

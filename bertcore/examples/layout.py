@@ -1,6 +1,6 @@
 """Examples stage library: the shard record layout, and documents -> training records
 (pairs or packed sentences, then static masking). The `examples:` section is in
-bertcore/examples_config.py.
+bertcore/examples/config.py.
 
 Record (one per training sequence, nothing padded; the layout of every examples shard):
     input_ids           list<uint16>  [CLS] A [SEP] B [SEP] (int32 when vocab > 65,535)
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bertcore.arrow import arrow_array, list_array, numpy_dtype, offsets_of
-from bertcore.examples_config import UINT16_MAX, ExamplesConfig, PhaseConfig
-from bertcore.masking import (
+from bertcore.examples.arrow import arrow_array, list_array, numpy_dtype, offsets_of
+from bertcore.examples.config import UINT16_MAX, ExamplesConfig, PhaseConfig
+from bertcore.examples.masking import (
     KEPT,
     MASKED,
     RANDOM,
@@ -42,7 +42,7 @@ from bertcore.masking import (
     mask_sequences,
     mask_tokens,
 )
-from bertcore.pairs import Pair, RandomDocs, build_pairs, pack_sentences
+from bertcore.examples.pairs import Pair, RandomDocs, build_pairs, pack_sentences
 from bertcore.rng import keyed_random
 
 

@@ -12,8 +12,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from bertcore.section import Name, Section
 
 if TYPE_CHECKING:  # numpy and torch come with them; recipes load this section and must stay fast
-    from bertcore.masking import MaskConfig, VocabTables
-    from bertcore.pairs import PairConfig
+    from bertcore.examples.masking import MaskConfig, VocabTables
+    from bertcore.examples.pairs import PairConfig
 
 Objective = Literal["bert", "roberta", "sop"]
 UINT16_MAX = 65_535
@@ -154,7 +154,7 @@ class ExamplesConfig(Section):
         raise KeyError(f"examples.phases has no phase {name!r} (have {[p.name for p in self.phases]})")
 
     def pair_config(self, phase: PhaseConfig) -> PairConfig:
-        from bertcore.pairs import PairConfig
+        from bertcore.examples.pairs import PairConfig
 
         return PairConfig(
             max_seq_length=phase.max_seq_length,
@@ -164,7 +164,7 @@ class ExamplesConfig(Section):
         )
 
     def mask_config(self, phase: PhaseConfig, vocab: VocabTables) -> MaskConfig:
-        from bertcore.masking import MaskConfig
+        from bertcore.examples.masking import MaskConfig
 
         return MaskConfig(
             vocab=vocab,

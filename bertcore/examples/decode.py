@@ -2,7 +2,7 @@
 examples: the tokens the model sees, the segment boundary, the masked positions with what
 was there before, and the next-sentence label.
 
-A record is one row of an examples shard (its layout is in bertcore/examples.py and
+A record is one row of an examples shard (its layout is in bertcore/examples/layout.py and
 docs/stages/examples.md): `input_ids` (masks already applied), `segment_b_start`,
 `masked_positions` and `masked_ids` (the original ids there), `next_sentence_label`. A
 masked position shows what the model reads and what it must predict:
