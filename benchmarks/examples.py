@@ -85,7 +85,7 @@ def all_sentences(root: Path) -> list[str]:
 
 
 def run_tokenizer(root: Path, cpus: int, method: str = "encode_batch") -> dict:
-    from bertcore.tokenizer import load_tokenizer
+    from bertcore.vocab.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(root / "vocab"))
     encode = getattr(tok, method)
@@ -213,7 +213,7 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     sentences, then profiled once with cProfile (which inflates Python-heavy code most)."""
     import numpy as np
 
-    from bertcore.tokenizer import load_tokenizer
+    from bertcore.vocab.tokenizer import load_tokenizer
     from pipelines.stages.examples import work as examples
     from pipelines.stage import Manifest, StageDir
     from pipelines.storage import Storage

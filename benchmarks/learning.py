@@ -101,7 +101,7 @@ def curve(root: str, cfg, args: argparse.Namespace) -> list[dict]:
     from bertcore.eval.report import read_training_log
     from bertcore.export import consolidate_checkpoint
     from bertcore.model.bert import BertForPreTraining, ModelConfig
-    from bertcore.tokenizer import read_vocab
+    from bertcore.vocab.tokenizer import read_vocab
     from pipelines.shards import read_batches
     from pipelines.storage import Storage
 

@@ -74,7 +74,7 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
     from bertcore.examples.config import length_bin
     from bertcore.examples.masking import VocabTables
     from bertcore.examples.pairs import InMemoryDocs
-    from bertcore.tokenizer import encode_sentences, load_tokenizer, vocab_list
+    from bertcore.vocab.tokenizer import encode_sentences, load_tokenizer, vocab_list
 
     folder = out / f"seq{seq}-{masking}"
     done = folder / "done"
@@ -114,7 +114,7 @@ def bertpipe_batches(root: Path, paths: list[Path], mode: str, batch: int, worke
     from bertcore.data import ExamplesLoader
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
-    from bertcore.tokenizer import load_tokenizer, vocab_list
+    from bertcore.vocab.tokenizer import load_tokenizer, vocab_list
 
     vocab = VocabTables.from_tokens(vocab_list(load_tokenizer(str(root / "vocab"))))
     cfg = ExamplesConfig(masking="static" if mode == "static" else "dynamic", whole_word_mask=mode == "dynamic-wwm")

@@ -337,7 +337,7 @@ def distinct_words(docs: list[list[str]]) -> int:
     """Distinct words as the vocab trainer sees them (BERT normalizer + pre-tokenizer)."""
     from tokenizers import pre_tokenizers
 
-    from bertcore.tokenizer import VocabConfig, build_normalizer
+    from bertcore.vocab.tokenizer import VocabConfig, build_normalizer
 
     norm = build_normalizer(VocabConfig())
     pre = pre_tokenizers.BertPreTokenizer()
@@ -375,7 +375,7 @@ def child_library(root: str) -> None:
     the same sentences (held in memory first, not timed)."""
     import psutil
 
-    from bertcore.tokenizer import count_alphabet, train_wordpiece
+    from bertcore.vocab.tokenizer import count_alphabet, train_wordpiece
 
     cfg = demo_config(Path(root), [f"vocab.vocab_size={VOCAB_SIZE}"]).vocab
     sentences = [s for doc in corpus_sentences(Path(root)) for s in doc]

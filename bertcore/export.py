@@ -32,7 +32,7 @@ from bertcore.errors import InputDataError
 from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
 from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
 from bertcore.optim import parameter_group_names
-from bertcore.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
+from bertcore.vocab.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
 

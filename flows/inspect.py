@@ -27,7 +27,7 @@ from bertcore.errors import ConfigError
 from bertcore.eval.report import score_rows
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.metrics_log import METRICS
-from bertcore.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
+from bertcore.vocab.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
 from pipelines.progress import count, duration, size
 from pipelines.registry import REGISTRY
 from pipelines.shards import local_folder, read_batches

@@ -22,8 +22,8 @@ from bertcore.model.hf_files import (
     weight_files,
 )
 from bertcore.model.folder import bin_refusal
-from bertcore.vocab_config import CONFIG_FILE as TOKENIZER_CONFIG
-from bertcore.vocab_config import TOKENIZER_FILE, VOCAB_FILE
+from bertcore.vocab.config import CONFIG_FILE as TOKENIZER_CONFIG
+from bertcore.vocab.config import TOKENIZER_FILE, VOCAB_FILE
 from pipelines.shards import local_copy, local_folder
 from pipelines.storage import Storage, join
 

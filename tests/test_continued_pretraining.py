@@ -17,8 +17,8 @@ import transformers  # noqa: E402
 from test_vocab_adopt import google_folder, lee_sentences  # noqa: E402
 
 from bertcore.eval.intrinsic import load_pretraining_model  # noqa: E402
-from bertcore.tokenizer import read_vocab, train_wordpiece, vocab_list  # noqa: E402
-from bertcore.vocab_config import VocabConfig  # noqa: E402
+from bertcore.vocab.tokenizer import read_vocab, train_wordpiece, vocab_list  # noqa: E402
+from bertcore.vocab.config import VocabConfig  # noqa: E402
 from pipelines.registry import PipelineConfig  # noqa: E402
 from pipelines.runner import Pipeline  # noqa: E402
 

@@ -30,8 +30,8 @@ from bertcore.export import HF_FILES  # noqa: E402
 from bertcore.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining  # noqa: E402
 from bertcore.model.pretrained import load_into, model_config, read_weights  # noqa: E402
-from bertcore.tokenizer import TOKENIZER_FILES  # noqa: E402
-from bertcore.vocab_config import VocabConfig  # noqa: E402
+from bertcore.vocab.tokenizer import TOKENIZER_FILES  # noqa: E402
+from bertcore.vocab.config import VocabConfig  # noqa: E402
 from pipelines.runner import run_stage  # noqa: E402
 from pipelines.storage import Storage  # noqa: E402
 

@@ -30,7 +30,7 @@ def tokenizer():
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
-    # The generic fast class with named special tokens, as bertcore.tokenizer saves it.
+    # The generic fast class with named special tokens, as bertcore.vocab.tokenizer saves it.
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"
     )

@@ -119,7 +119,7 @@ def test_mismatched_vocabulary_is_refused(demo_pipeline, tmp_path):
 
 def test_vocabulary_replaced_after_the_vocab_stage_is_refused(demo_pipeline, tmp_path):
     """Self-consistent files, but not the ones the vocab stage recorded."""
-    from bertcore.tokenizer import VocabConfig, save_tokenizer, train_wordpiece
+    from bertcore.vocab.tokenizer import VocabConfig, save_tokenizer, train_wordpiece
 
     cfg, _ = demo_pipeline
     other = copy_upstream(cfg, tmp_path)

@@ -19,7 +19,7 @@ from bertcore.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # 
 from bertcore.errors import InputDataError  # noqa: E402
 from bertcore.export import HF_FILES, consolidate_checkpoint, export_checkpoint  # noqa: E402
 from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
-from bertcore.tokenizer import load_tokenizer  # noqa: E402
+from bertcore.vocab.tokenizer import load_tokenizer  # noqa: E402
 from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.trainer import Trainer  # noqa: E402
 

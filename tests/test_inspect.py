@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bertcore.errors import BertpipeError
-from bertcore.tokenizer import load_tokenizer, read_vocab
+from bertcore.vocab.tokenizer import load_tokenizer, read_vocab
 from flows.inspect import Options, inspect
 from pipelines.shards import read_table
 from pipelines.storage import Storage

@@ -47,8 +47,8 @@ def _write_run_root(root: str, sentences: list[str]) -> None:
     from bertcore.eval.heads import TaskHead, head_path, save_task_model
     from bertcore.export import HF_FILES, MODEL_DIR, export_checkpoint
     from bertcore.model.bert import BertForPreTraining, ModelConfig
-    from bertcore.tokenizer import save_tokenizer, train_wordpiece
-    from bertcore.vocab_config import VocabConfig
+    from bertcore.vocab.tokenizer import save_tokenizer, train_wordpiece
+    from bertcore.vocab.config import VocabConfig
     from pipelines.shards import write_table
 
     storage = Storage(StorageConfig())

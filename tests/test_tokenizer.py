@@ -1,4 +1,4 @@
-"""bertcore.tokenizer: config validation, BERT id layout, determinism across processes,
+"""bertcore.vocab.tokenizer: config validation, BERT id layout, determinism across processes,
 the saved files (and what transformers makes of them), fingerprints and statistics.
 
 Fidelity against the reference tokenizer is in test_tokenizer_fidelity.py, Korean in
@@ -23,7 +23,7 @@ from tokenizers import Tokenizer  # noqa: E402
 
 from bertcore.errors import ConfigError  # noqa: E402
 from bertcore.sample_data import NEWS_TEXT  # noqa: E402
-from bertcore.tokenizer import (  # noqa: E402
+from bertcore.vocab.tokenizer import (  # noqa: E402
     SPECIAL_TOKENS,
     VocabConfig,
     VocabFilesMismatchError,
@@ -60,7 +60,7 @@ def test_sentences_encoded_a_document_at_a_time_get_their_own_ids(news, lowercas
     or blank sentence, special tokens and [SEP] itself inside the text)."""
     import numpy as np
 
-    from bertcore.tokenizer import _ascii_path
+    from bertcore.vocab.tokenizer import _ascii_path
 
     tok = train_wordpiece(news, VocabConfig(vocab_size=1500, lowercase=lowercase))
     assert _ascii_path(tok) is not None  # BERT's normaliser: ASCII sentences take the fast path
@@ -192,7 +192,7 @@ def test_pair_encoding_has_bert_segments(news_tok):
 _TRAIN_IN_CHILD = """
 import sys
 from bertcore.sample_data import gensim_data_dir, NEWS_TEXT
-from bertcore.tokenizer import VocabConfig, train_wordpiece, vocab_list
+from bertcore.vocab.tokenizer import VocabConfig, train_wordpiece, vocab_list
 text = (gensim_data_dir() / NEWS_TEXT).read_text(encoding="utf-8")
 sents = [s.strip() for line in text.splitlines() for s in line.split(". ") if s.strip()]
 cfg = VocabConfig(vocab_size=int(sys.argv[1]), limit_alphabet=int(sys.argv[2]))

@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy  # noqa: E402
 
 from bertcore.rng import stable_fraction  # noqa: E402
-from bertcore.tokenizer import (  # noqa: E402
+from bertcore.vocab.tokenizer import (  # noqa: E402
     SPECIAL_TOKENS,
     VocabConfig,
     save_tokenizer,

@@ -14,7 +14,7 @@ import transformers  # noqa: E402
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy  # noqa: E402
 
 from bertcore.sample_data import konlpy_corpus_dir  # noqa: E402
-from bertcore.tokenizer import (  # noqa: E402
+from bertcore.vocab.tokenizer import (  # noqa: E402
     VocabConfig,
     load_tokenizer,
     save_tokenizer,

@@ -40,7 +40,7 @@ from bertcore.objectives import Pretraining  # noqa: E402
 from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
 from bertcore.examples.pairs import InMemoryDocs  # noqa: E402
 from bertcore.pretrain_config import PretrainConfig  # noqa: E402
-from bertcore.tokenizer import VocabConfig, save_tokenizer, train_wordpiece, vocab_list  # noqa: E402
+from bertcore.vocab.tokenizer import VocabConfig, save_tokenizer, train_wordpiece, vocab_list  # noqa: E402
 from bertcore.trainer import (  # noqa: E402
     PhaseData,
     Trainer,

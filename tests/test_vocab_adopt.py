@@ -16,7 +16,7 @@ from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegac
 
 from bertcore.config import StorageConfig
 from bertcore.errors import ConfigError, InputDataError
-from bertcore.tokenizer import (
+from bertcore.vocab.tokenizer import (
     load_tokenizer,
     read_vocab,
     save_tokenizer,
@@ -25,8 +25,8 @@ from bertcore.tokenizer import (
     vocab_fingerprint,
     vocab_list,
 )
-from bertcore.vocab_adopt import read_vocabulary
-from bertcore.vocab_config import VocabConfig
+from bertcore.vocab.adopt import read_vocabulary
+from bertcore.vocab.config import VocabConfig
 from pipelines.registry import PipelineConfig
 from pipelines.runner import Pipeline
 from pipelines.storage import Storage, join

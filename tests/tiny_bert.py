@@ -30,7 +30,7 @@ def save_tiny_bert(folder, lines: Sequence[str], *, vocab_size: int, layers: int
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
     tokenizer.decoder = decoders.WordPiece()
-    # The generic fast class, with the special tokens named, as bertcore.tokenizer saves it.
+    # The generic fast class, with the special tokens named, as bertcore.vocab.tokenizer saves it.
     PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"
     ).save_pretrained(folder)

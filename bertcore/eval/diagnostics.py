@@ -37,7 +37,7 @@ def encoder_start(model_dir: str) -> dict:
 def tokenizer_agreement(model_dir: str, vocab_dir: str, sentences: Sequence[str]) -> dict:
     """Share of sentences that the model folder's tokenizer (what fine-tuning loads) and
     the vocab stage's tokenizer (what the examples stage used) turn into the same ids."""
-    from bertcore.tokenizer import load_tokenizer as load_vocab_tokenizer
+    from bertcore.vocab.tokenizer import load_tokenizer as load_vocab_tokenizer
 
     fine_tuning = load_tokenizer(model_dir)
     pretraining = load_vocab_tokenizer(vocab_dir)

@@ -71,7 +71,7 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
     the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
-    from bertcore.tokenizer import VOCAB_FILE, read_vocab
+    from bertcore.vocab.tokenizer import VOCAB_FILE, read_vocab
     from pipelines.shards import local_copy
 
     examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
@@ -386,7 +386,7 @@ def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key
     from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag
     from bertcore.export import export_checkpoint
     from bertcore.model.bert import ModelConfig
-    from bertcore.tokenizer import TOKENIZER_FILES
+    from bertcore.vocab.tokenizer import TOKENIZER_FILES
     from pipelines.shards import local_folder
 
     storage = stage.storage

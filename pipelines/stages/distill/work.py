@@ -76,7 +76,7 @@ def _teacher(r: StageRun, vocab_size: int) -> Teacher:
 
 def _check_vocabulary(r: StageRun, teacher: Teacher) -> None:
     """The teacher folder's vocab.txt, when it has one, equals the vocab stage's entry for entry."""
-    from bertcore.tokenizer import VOCAB_FILE, read_vocab
+    from bertcore.vocab.tokenizer import VOCAB_FILE, read_vocab
     from pipelines.shards import local_copy
 
     theirs_uri = join(teacher.folder.uri, VOCAB_FILE)

@@ -102,7 +102,7 @@ def intrinsic_job(
     from bertcore.eval.finetune import device
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
     from bertcore.examples.masking import VocabTables
-    from bertcore.tokenizer import VOCAB_FILE, read_vocab
+    from bertcore.vocab.tokenizer import VOCAB_FILE, read_vocab
 
     _threads(num_threads)
     model_dir = model.local(storage)

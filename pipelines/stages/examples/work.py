@@ -41,7 +41,7 @@ from bertcore.examples.config import ExamplesConfig, PhaseConfig, length_bin
 from bertcore.examples.masking import VocabTables
 from bertcore.examples.pairs import FlatDocument
 from bertcore.text.lengths import Lengths
-from bertcore.tokenizer import (
+from bertcore.vocab.tokenizer import (
     TOKENIZER_FILES,
     encode_sentences,
     load_tokenizer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bertcore.errors import ConfigError
-from bertcore.vocab_config import VocabConfig
+from bertcore.vocab.config import VocabConfig
 from pipelines.external import vocabulary_files
 from pipelines.stage import External, Stage
 from pipelines.storage import Storage

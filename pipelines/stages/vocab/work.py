@@ -9,7 +9,7 @@ files a `transformers` tokenizer needs are written to the stage directory.
 
 Adopting: the vocabulary files (vocab.pretrained, or pretrain.init_from's folder) are
 outside the run root, so their content identity is part of the fingerprint (`identify`);
-one task reads and checks them (bertcore.vocab_adopt), writes the same four files as
+one task reads and checks them (bertcore.vocab.adopt), writes the same four files as
 training would, entry for entry, and measures how well they fit the corpus.
 """
 
@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError
 from bertcore.rng import keyed_numpy
-from bertcore.tokenizer import (
+from bertcore.vocab.tokenizer import (
     CONFIG_FILE,
     VOCAB_FILE,
     AlphabetCounts,
@@ -36,8 +36,8 @@ from bertcore.tokenizer import (
     train_wordpiece,
     vocab_fingerprint,
 )
-from bertcore.vocab_adopt import read_vocabulary
-from bertcore.vocab_config import ADOPTED_OPTIONS
+from bertcore.vocab.adopt import read_vocabulary
+from bertcore.vocab.config import ADOPTED_OPTIONS
 from pipelines.external import ExternalFolder
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches

@@ -13,7 +13,7 @@ With both files, the entries must agree line for line and tokenizer_config.json'
 do_lower_case must agree with tokenizer.json.
 
 The entries are kept as they are, one for one; the tokenizer is the one bertcore builds
-for a trained vocabulary (bertcore.tokenizer.tokenizer_from_vocab) over them, with the
+for a trained vocabulary (bertcore.vocab.tokenizer.tokenizer_from_vocab) over them, with the
 adopted options, so later stages read both kinds of vocabulary the same way. An option
 the recipe sets explicitly and the files contradict is an error naming both.
 """
@@ -28,13 +28,13 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError, InputDataError
-from bertcore.tokenizer import (
+from bertcore.vocab.tokenizer import (
     read_vocab,
     tokenizer_from_vocab,
     tokenizer_options,
     vocab_list,
 )
-from bertcore.vocab_config import ADOPTED_OPTIONS, VocabConfig
+from bertcore.vocab.config import ADOPTED_OPTIONS, VocabConfig
 
 GOOGLE_DEFAULTS = {"recompose_nfc": False, "max_input_chars_per_word": 100}
 """Options of a vocab.txt read without a tokenizer.json: what transformers' BertTokenizer

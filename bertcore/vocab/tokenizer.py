@@ -1,4 +1,4 @@
-# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one format whose parts must agree; issue 27 moves it to bertcore/vocab/.
+# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one format whose parts must agree.
 """BERT WordPiece vocabulary: train, lay out, save, load, measure.
 
 The output is what Google's BERT and `transformers` expect: a `vocab.txt` (one entry per
@@ -46,7 +46,7 @@ from tokenizers import (
 )
 
 from bertcore.errors import InputDataError
-from bertcore.vocab_config import (
+from bertcore.vocab.config import (
     CLS,
     MASK,
     PAD,
@@ -56,7 +56,7 @@ from bertcore.vocab_config import (
     UNK,
     VocabConfig,
 )
-from bertcore.vocab_config import (  # noqa: F401 - the file names live with the section, without tokenizers; re-exported
+from bertcore.vocab.config import (  # noqa: F401 - the file names live with the section, without tokenizers; re-exported
     CONFIG_FILE,
     SPECIAL_TOKENS_FILE,
     TOKENIZER_FILE,

@@ -30,7 +30,7 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)
-"""The files of a vocabulary folder (what bertcore.tokenizer.save_tokenizer writes)."""
+"""The files of a vocabulary folder (what bertcore.vocab.tokenizer.save_tokenizer writes)."""
 
 ADOPTED_OPTIONS = ("lowercase", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word", "recompose_nfc")
 """The fields an adopted vocabulary brings from its own files (source: pretrained)."""
