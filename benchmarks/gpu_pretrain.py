@@ -11,7 +11,7 @@ MFU = model FLOPs / (seconds x peak), the same model FLOPs for both models:
 bertcore.model.bert.encoder_flops_per_token per non-pad token (6 x weights + 12 x L x H x T for
 attention + the MLM head on the masked positions). transformers also projects every
 unmasked position onto the vocabulary; that is work, not model FLOPs, so it shows as a
-lower MFU. The peak is bertcore.mfu's table (H100/H200 bf16: 989e12 dense) or --peak-flops.
+lower MFU. The peak is bertcore.train.mfu's table (H100/H200 bf16: 989e12 dense) or --peak-flops.
 
 --deepspeed adds bertcore as the pretrain stage runs it: a DeepSpeed engine in bf16 (bf16
 weights, fp32 masters), ZeRO-1, DeepSpeed's FusedAdam (nvcc builds it on first use),
@@ -40,10 +40,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from pretrain import make_batch  # noqa: E402
 
-from bertcore.mfu import peak_flops  # noqa: E402
+from bertcore.train.mfu import peak_flops  # noqa: E402
 from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
-from bertcore.optim import parameter_groups  # noqa: E402
-from bertcore.pretrain_config import PretrainConfig  # noqa: E402
+from bertcore.train.optim import parameter_groups  # noqa: E402
+from bertcore.train.config import PretrainConfig  # noqa: E402
 from bertcore.rng import keyed_numpy  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="timed rounds per model")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--deepspeed", action="store_true", help="add bertcore through a DeepSpeed engine (bf16, ZeRO-1, FusedAdam)")
-    parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s of the device (default: bertcore.mfu's table)")
+    parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s of the device (default: bertcore.train.mfu's table)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 8 x 64 tokens, 1 + 2 rounds: checks the script, times nothing useful")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--seed", type=int, default=0)
@@ -83,7 +83,7 @@ def plain_step(model, optimizer, batch, device) -> float:
 
 
 def deepspeed_engine(model: torch.nn.Module, batch_size: int, device: torch.device):
-    """bertcore's model in a DeepSpeed engine as bertcore.trainer builds it, in a process
+    """bertcore's model in a DeepSpeed engine as bertcore.train.trainer builds it, in a process
     group of one (NCCL; gloo and torch's AdamW for a smoke run on a CPU)."""
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")

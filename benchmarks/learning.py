@@ -90,16 +90,16 @@ def curve(root: str, cfg, args: argparse.Namespace) -> list[dict]:
     the training accuracy of the steps before it and the epochs over the examples."""
     import torch
 
-    from bertcore.checkpoint import (
+    from bertcore.train.checkpoint import (
         LocalStageFiles,
         checkpoint_tag,
         complete_checkpoints,
     )
-    from bertcore.data import ExamplesLoader
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval.baselines import target_counts
     from bertcore.eval.intrinsic import held_out_scores
     from bertcore.eval.report import read_training_log
-    from bertcore.export import consolidate_checkpoint
+    from bertcore.train.export import consolidate_checkpoint
     from bertcore.model.bert import BertForPreTraining, ModelConfig
     from bertcore.vocab.tokenizer import read_vocab
     from pipelines.shards import read_batches
@@ -147,7 +147,7 @@ def diagnose(root: str, cfg, args: argparse.Namespace) -> dict:
     import torch
     from pyarrow import ipc
 
-    from bertcore.data import ExamplesLoader
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval import diagnostics, finetune
 
     torch.set_num_threads(args.cpus)

@@ -29,7 +29,7 @@ Loader cores per GPU: the sequences per second one GPU consumes at 50% MFU, divi
 loader's sequences per second per core for that masking. GPU demand, with every sequence
 full (T tokens, the most a GPU can take):
     sequences/s = 0.5 * P / (T * F),  F = 6 N + 12 L H T + 6 (H^2 + V H) * 0.15
-P = 989e12 FLOP/s (H100 dense bf16, bertcore/mfu.py), F = training FLOPs per token
+P = 989e12 FLOP/s (H100 dense bf16, bertcore/train/mfu.py), F = training FLOPs per token
 (bertcore.model.bert.encoder_flops_per_token: N = L (4 H^2 + 2 H I) weights in the matrix
 products, attention over T, the MLM head on 15% of tokens), V = 30522.
 
@@ -111,7 +111,7 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
 
 
 def bertpipe_batches(root: Path, paths: list[Path], mode: str, batch: int, workers: int):
-    from bertcore.data import ExamplesLoader
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
     from bertcore.vocab.tokenizer import load_tokenizer, vocab_list
@@ -225,7 +225,7 @@ def measure(batches, seconds: float) -> dict:
 
 def gpu_sequences_per_s(size: str, seq: int) -> float:
     """Sequences per second one H100 consumes at 50% MFU, every sequence T tokens long."""
-    from bertcore.mfu import PEAK_FLOPS
+    from bertcore.train.mfu import PEAK_FLOPS
     from bertcore.model.bert import ModelConfig, encoder_flops_per_token
 
     flops = encoder_flops_per_token(ModelConfig.named(size, VOCAB), seq, MLM_SHARE)

@@ -9,7 +9,7 @@ status` and `inspect`, the report and the trackers show one quantity the same wa
 
 Which metrics are scores is decided by name (`is_score`): everything but losses,
 perplexities, counts and the like, which keep their own scale. What a pretraining figure
-averages over (an interval of steps, "final", held-out) is bertcore.metrics_log's to say.
+averages over (an interval of steps, "final", held-out) is bertcore.train.metrics_log's to say.
 """
 
 from __future__ import annotations

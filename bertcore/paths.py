@@ -4,7 +4,7 @@ follows one, and only regular files are ever opened (a FIFO would block the read
 forever, a device has no end).
 
 pipelines/storage.py applies these rules to every local read, hash, write and delete under
-run.root, and to every folder walk of the inputs; bertcore/checkpoint.py to the pretrain
+run.root, and to every folder walk of the inputs; bertcore/train/checkpoint.py to the pretrain
 stage's local checkpoint folder.
 """
 

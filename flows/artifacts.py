@@ -14,7 +14,7 @@ from prefect.exceptions import MissingContextError
 
 from bertcore import figures
 from bertcore.figures import count
-from bertcore.metrics_log import METRICS, VALIDATION, intervals
+from bertcore.train.metrics_log import METRICS, VALIDATION, intervals
 from bertcore.redact import mask_text, masked
 from pipelines.stage import Manifest, StageDir
 
@@ -76,7 +76,7 @@ def _records(directory: StageDir, name: str) -> list[dict]:
 def training_curves(steps: list[dict], validations: list[dict], every: int = 1) -> str:
     """Markdown with the training loss as a sparkline and two tables at evenly spaced
     points: the training figures as the console and TensorBoard show them (the means over
-    each logging interval of `every` steps, bertcore.metrics_log) and the validations."""
+    each logging interval of `every` steps, bertcore.train.metrics_log) and the validations."""
     lines = ["# Training curves", ""]
     means = intervals(steps, max(1, every))
     if means:

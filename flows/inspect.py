@@ -20,13 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bertcore import figures, metrics_log
-from bertcore.checkpoint import CHECKPOINTS, COMPLETE
+from bertcore import figures
+from bertcore.train import metrics_log
+from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE
 from bertcore.examples.decode import LEGEND, NSP_LABELS, decode_example
 from bertcore.errors import ConfigError
 from bertcore.eval.report import score_rows
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
-from bertcore.metrics_log import METRICS
+from bertcore.train.metrics_log import METRICS
 from bertcore.vocab.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
 from pipelines.progress import count, duration, size
 from pipelines.registry import REGISTRY

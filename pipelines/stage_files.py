@@ -1,4 +1,4 @@
-"""The pretrain stage directory as bertcore.checkpoint.StageFiles: the folder itself when
+"""The pretrain stage directory as bertcore.train.checkpoint.StageFiles: the folder itself when
 it is local (or on a shared filesystem), else a local mirror per process of an
 object-store prefix, written locally and uploaded one object at a time. The training
 workers, the export task and the driver each get their own mirror.
@@ -11,12 +11,12 @@ import os
 import shutil
 import tempfile
 
-from bertcore.checkpoint import LocalStageFiles
+from bertcore.train.checkpoint import LocalStageFiles
 from pipelines.storage import Storage, join
 
 
 class StorageStageFiles:
-    """bertcore.checkpoint.StageFiles for a remote stage directory: files are written to a
+    """bertcore.train.checkpoint.StageFiles for a remote stage directory: files are written to a
     local mirror and uploaded one object at a time (an object appears whole or not at all)."""
 
     def __init__(self, storage: Storage, uri: str, mirror: str):

@@ -44,8 +44,8 @@ from test_ray_cluster import DRIVER, two_node_cluster  # noqa: E402, F401 - a fi
 from test_train import SEED, tiny_pretrain  # noqa: E402
 from test_training_faults import _copy_inputs, _kill_workers_when, news_root  # noqa: E402, F401 - a fixture
 
-from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
-from bertcore.metrics_log import MetricsLog  # noqa: E402
+from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
+from bertcore.train.metrics_log import MetricsLog  # noqa: E402
 from pipelines.runner import run_stage  # noqa: E402
 from test_pretrain_stage import STORAGE  # noqa: E402
 
@@ -179,7 +179,7 @@ PRETRAIN = r"""
 import json, sys, time
 import ray
 from bertcore.config import RayConfig, StorageConfig
-from bertcore.pretrain_config import PretrainConfig
+from bertcore.train.config import PretrainConfig
 from pipelines.ray_runtime import ensure_ray
 from pipelines.runner import run_stage
 from pipelines.storage import Storage

@@ -101,14 +101,41 @@ def test_ray_is_imported_only_by_the_ray_module_and_the_stages_work():
 
 
 def test_the_top_levels_stay_small():
-    """A newcomer finds the machinery at the top of pipelines/; stage work lives in the
-    stages' folders. (bertcore/'s grouping by component, with at most 10 modules at its
-    top, is issue 27's part 3, not made yet.)"""
+    """A newcomer finds the machinery at the top of pipelines/ and what every component
+    shares at the top of bertcore/; stage work lives in the stages' folders, the library's
+    in its components' folders, each with its config section beside it."""
     assert len(list((ROOT / "pipelines").glob("*.py"))) <= 14
+    assert len(list((ROOT / "bertcore").glob("*.py"))) <= 10
+    assert not list((ROOT / "bertcore").rglob("*_config.py"))
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             lines = path.read_text(encoding="utf-8").splitlines()
             assert len(lines) <= 500 or lines[0].startswith("# Over 500 lines on purpose:"), path
+
+
+COMPONENTS = {
+    "text": set(), "vocab": set(), "examples": set(), "model": set(),
+    "train": {"model", "examples", "vocab"},
+    "distill": {"model", "train"},
+    "eval": {"text", "vocab", "examples", "model", "train"},
+    "inference": {"model", "train", "eval"},
+}
+"""bertcore's components and the components each may import (the top-level helpers, such
+as section, errors and rng, are free to all); what a folder's __init__ docstring says."""
+
+
+def test_bertcore_components_import_only_the_ones_below_them():
+    folders = {path.parent.name for path in (ROOT / "bertcore").glob("*/__init__.py")}
+    assert folders == set(COMPONENTS), folders ^ set(COMPONENTS)
+    for module, imported in GRAPH.items():
+        parts = module.split(".")
+        if parts[0] != "bertcore" or len(parts) < 2 or parts[1] not in COMPONENTS:
+            continue
+        used = {m.split(".")[1] for m in _internal(imported) if m.startswith("bertcore.") and m.split(".")[1] in COMPONENTS}
+        assert used - {parts[1]} <= COMPONENTS[parts[1]], (module, sorted(used - {parts[1]} - COMPONENTS[parts[1]]))
+    for name in COMPONENTS:
+        doc = " ".join((ast.get_docstring(ast.parse((ROOT / "bertcore" / name / "__init__.py").read_text(encoding="utf-8"))) or "").split())
+        assert "May import" in doc and "Must not import" in doc, f"bertcore/{name}/__init__.py: say what it may and must not import"
 
 
 HEAVY = ("torch", "ray", "matplotlib", "scipy", "transformers", "deepspeed", "datasketch", "sklearn", "prefect")

@@ -138,7 +138,7 @@ def test_every_recipe_gives_deepspeed_a_config_and_optimizer_arguments_it_accept
     from deepspeed.ops.lamb import FusedLamb
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    from bertcore.optim import deepspeed_config
+    from bertcore.train.optim import deepspeed_config
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # over world_of_one's process group
     loaded = load_config(recipe, list(overrides))

@@ -113,7 +113,7 @@ def test_no_read_or_write_of_a_stage_directory_goes_through_a_link_out_of_it(tmp
 
 
 def test_deleting_a_checkpoint_folder_never_follows_a_link(tmp_path):
-    from bertcore.checkpoint import LocalStageFiles, clear_checkpoints
+    from bertcore.train.checkpoint import LocalStageFiles, clear_checkpoints
 
     (tmp_path / "pretrain").mkdir()
     (tmp_path / "outside" / "step-0000001").mkdir(parents=True)

@@ -9,7 +9,7 @@ import pyarrow.ipc as ipc
 import pytest
 import torch
 
-from bertcore.data import ExamplesLoader
+from bertcore.train.loader import ExamplesLoader
 from bertcore.examples.layout import examples_for_shard, records_to_table
 from bertcore.examples.config import ExamplesConfig
 from bertcore.examples.masking import VocabTables, num_to_predict

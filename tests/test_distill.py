@@ -19,16 +19,16 @@ import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
-from bertcore.checkpoint import LocalStageFiles  # noqa: E402
+from bertcore.train.checkpoint import LocalStageFiles  # noqa: E402
 from bertcore.distill import losses  # noqa: E402
 from bertcore.distill.config import DistillConfig, DistillLoss, StudentConfig  # noqa: E402
 from bertcore.distill.objective import PROJECTIONS, Distillation, DistillStudent, TeacherSignals  # noqa: E402
 from bertcore.distill.student import check_from_teacher, layer_map, student_config  # noqa: E402
 from bertcore.errors import ConfigError  # noqa: E402
-from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
+from bertcore.train.metrics_log import VALIDATION, MetricsLog  # noqa: E402
 from bertcore.model.bert import ModelConfig  # noqa: E402
 from bertcore.model.pretrained import model_config, read_weights  # noqa: E402
-from bertcore.trainer import Trainer  # noqa: E402
+from bertcore.train.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)
 GEN = torch.Generator().manual_seed(0)
@@ -232,8 +232,8 @@ def test_distillation_trains_in_the_one_loop_and_a_crash_resumes_to_the_same_ste
     assert steps(tmp_path / "crashed") == steps(tmp_path / "reference")
 
     # the export: the checkpoint holds the projections beside the student; the folder written from it does not
-    from bertcore.checkpoint import checkpoint_tag
-    from bertcore.export import export_checkpoint
+    from bertcore.train.checkpoint import checkpoint_tag
+    from bertcore.train.export import export_checkpoint
     from pipelines.stages.distill.work import DistillSpec
 
     spec = DistillSpec(marker["model_config"], marker["teacher_config"], None, [2], DistillLoss(attention=1.0), "random", True)

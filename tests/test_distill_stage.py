@@ -23,11 +23,11 @@ import transformers  # noqa: E402
 from test_pretrain_stage import KILLED_RUN, _wait_for_idle_workers, sigkill_when  # noqa: E402
 from test_train import SEED, make_run_root  # noqa: E402
 
-from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
+from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
 from bertcore.config import StorageConfig  # noqa: E402
 from bertcore.distill.config import DistillConfig  # noqa: E402
-from bertcore.export import HF_FILES  # noqa: E402
-from bertcore.metrics_log import MetricsLog  # noqa: E402
+from bertcore.train.export import HF_FILES  # noqa: E402
+from bertcore.train.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining  # noqa: E402
 from bertcore.model.pretrained import load_into, model_config, read_weights  # noqa: E402
 from bertcore.vocab.tokenizer import TOKENIZER_FILES  # noqa: E402

@@ -44,7 +44,7 @@ def _train_tiny_model(root: str, steps: int) -> list[dict]:
     stage would (model/ in the Hugging Face layout, metrics.jsonl); returns the log."""
     import safetensors.torch
 
-    from bertcore.data import ExamplesLoader
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.model.bert import BertForPreTraining, ModelConfig
 
     vocab_dir = os.path.join(root, "vocab")
@@ -560,7 +560,7 @@ def test_fine_tuning_starts_from_what_pretraining_exported(root):
     pretraining's segment layout for pairs."""
     from pyarrow import ipc
 
-    from bertcore.data import ExamplesLoader
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval import diagnostics, finetune
     from bertcore.eval.config import TaskConfig
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from bertcore.data import ExamplesLoader
+from bertcore.train.loader import ExamplesLoader
 from bertcore.errors import InputDataError
 from bertcore.examples.layout import arrow_schema
 from pipelines.stages.examples import work as examples

@@ -1,4 +1,4 @@
-"""bertcore.export: DeepSpeed checkpoints of every ZeRO stage and precision consolidate to
+"""bertcore.train.export: DeepSpeed checkpoints of every ZeRO stage and precision consolidate to
 the same fp32 weights, and the exported folder is what transformers loads (from_pretrained,
 pipeline("fill-mask")) with logits equal to ours."""
 
@@ -15,13 +15,13 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from test_train import SEED, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
-from bertcore.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # noqa: E402
+from bertcore.train.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # noqa: E402
 from bertcore.errors import InputDataError  # noqa: E402
-from bertcore.export import HF_FILES, consolidate_checkpoint, export_checkpoint  # noqa: E402
+from bertcore.train.export import HF_FILES, consolidate_checkpoint, export_checkpoint  # noqa: E402
 from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
 from bertcore.vocab.tokenizer import load_tokenizer  # noqa: E402
-from bertcore.objectives import Pretraining  # noqa: E402
-from bertcore.trainer import Trainer  # noqa: E402
+from bertcore.train.objectives import Pretraining  # noqa: E402
+from bertcore.train.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)
 

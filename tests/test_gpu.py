@@ -19,12 +19,12 @@ pytestmark = pytest.mark.gpu
 
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
-from bertcore.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # noqa: E402
-from bertcore.export import consolidate_checkpoint, export_checkpoint  # noqa: E402
-from bertcore.metrics_log import METRICS, MetricsLog  # noqa: E402
+from bertcore.train.checkpoint import CHECKPOINTS, LocalStageFiles, checkpoint_tag  # noqa: E402
+from bertcore.train.export import consolidate_checkpoint, export_checkpoint  # noqa: E402
+from bertcore.train.metrics_log import METRICS, MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining  # noqa: E402
-from bertcore.objectives import Pretraining  # noqa: E402
-from bertcore.trainer import Trainer, WorkerContext  # noqa: E402
+from bertcore.train.objectives import Pretraining  # noqa: E402
+from bertcore.train.trainer import Trainer, WorkerContext  # noqa: E402
 
 
 @pytest.fixture(scope="module")

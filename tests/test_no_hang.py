@@ -93,13 +93,13 @@ def test_a_lock_left_by_a_killed_shm_op_build_no_longer_hangs_the_pretrain_worke
 def test_a_stale_op_build_lock_ends_in_one_line_naming_the_file(tmp_path, monkeypatch, caplog):
     import logging
 
-    from bertcore.op_builds import StaleBuildLock, ops_to_build, prepare_builds
+    from bertcore.train.op_builds import StaleBuildLock, ops_to_build, prepare_builds
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert ops_to_build(use_gpu=False, optimizer="adamw", torch_adam=False) == ["fused_adam"]
     assert ops_to_build(use_gpu=False, optimizer="adamw", torch_adam=True) == []
     # not built yet: said before DeepSpeed starts compiling
-    with caplog.at_level(logging.INFO, logger="bertcore.op_builds"):
+    with caplog.at_level(logging.INFO, logger="bertcore.train.op_builds"):
         prepare_builds(["fused_adam"])
     assert [r.getMessage() for r in caplog.records] == [
         f"DeepSpeed compiles its fused_adam op now, once for this machine and Python (a few minutes; cached in {tmp_path / 'fused_adam'})"
@@ -108,7 +108,7 @@ def test_a_stale_op_build_lock_ends_in_one_line_naming_the_file(tmp_path, monkey
     lock = tmp_path / "fused_adam" / "lock"
     lock.parent.mkdir()
     caplog.clear()
-    with open(lock, "w"), caplog.at_level(logging.INFO, logger="bertcore.op_builds"):
+    with open(lock, "w"), caplog.at_level(logging.INFO, logger="bertcore.train.op_builds"):
         prepare_builds(["fused_adam"])
     assert f"being built by process {os.getpid()}; waiting for it (lock {lock})" in caplog.records[0].getMessage()
     # the same lock once its builder is gone: one line naming it, no wait

@@ -45,7 +45,7 @@ def _write_run_root(root: str, sentences: list[str]) -> None:
     as the pretrain stage exports) and eval/heads/pretrained/sentiment.safetensors."""
     from bertcore.eval.encoder import Features, TaskModel, load_encoder
     from bertcore.eval.heads import TaskHead, head_path, save_task_model
-    from bertcore.export import HF_FILES, MODEL_DIR, export_checkpoint
+    from bertcore.train.export import HF_FILES, MODEL_DIR, export_checkpoint
     from bertcore.model.bert import BertForPreTraining, ModelConfig
     from bertcore.vocab.tokenizer import save_tokenizer, train_wordpiece
     from bertcore.vocab.config import VocabConfig
@@ -155,7 +155,7 @@ def test_fp32_export_matches_pytorch_on_any_batch_and_length(encoder_export, run
 def test_manifest_records_files_source_and_figures(encoder_export, run_root):
     import onnx
 
-    from bertcore.export import MODEL_DIR
+    from bertcore.train.export import MODEL_DIR
 
     out, manifest = encoder_export
     on_disk = json.load(open(os.path.join(out, "_manifest.json"), encoding="utf-8"))

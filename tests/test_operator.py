@@ -45,7 +45,7 @@ from test_deploy import DEMO, _prefect_env, running_prefect_server
 from test_prefect_supervision import Workers, gone
 from test_ray_cluster import DRIVER, beyond_loopback, listening, loopback_only, two_nodes
 
-from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag
+from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag
 from pipelines.registry import load_config
 
 BERTPIPE = str(Path(sys.executable).with_name("bertpipe"))

@@ -23,17 +23,17 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
-from bertcore import metrics_log  # noqa: E402
-from bertcore.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag  # noqa: E402
+from bertcore.train import metrics_log  # noqa: E402
+from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag  # noqa: E402
 from bertcore.config import StorageConfig  # noqa: E402
 from bertcore.errors import ConfigError  # noqa: E402
 from bertcore.examples.config import ExamplesConfig  # noqa: E402
-from bertcore.export import HF_FILES, consolidate_checkpoint  # noqa: E402
-from bertcore.metrics_log import MetricsLog  # noqa: E402
+from bertcore.train.export import HF_FILES, consolidate_checkpoint  # noqa: E402
+from bertcore.train.metrics_log import MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
-from bertcore.pretrain_config import PretrainConfig  # noqa: E402
-from bertcore.objectives import Pretraining  # noqa: E402
-from bertcore.trainer import Trainer  # noqa: E402
+from bertcore.train.config import PretrainConfig  # noqa: E402
+from bertcore.train.objectives import Pretraining  # noqa: E402
+from bertcore.train.trainer import Trainer  # noqa: E402
 from pipelines.stages.pretrain import work as pretrain  # noqa: E402
 from pipelines.registry import (
     REGISTRY,  # noqa: E402

@@ -16,14 +16,14 @@ import torch
 import transformers
 from test_train import SEED, make_run_root, phase_data, tiny_pretrain
 
-from bertcore.checkpoint import LocalStageFiles
+from bertcore.train.checkpoint import LocalStageFiles
 from bertcore.errors import InputDataError
-from bertcore.export import export_checkpoint
-from bertcore.metrics_log import METRICS, MetricsLog
+from bertcore.train.export import export_checkpoint
+from bertcore.train.metrics_log import METRICS, MetricsLog
 from bertcore.model.bert import BertForPreTraining, ModelConfig
-from bertcore.objectives import Pretraining
+from bertcore.train.objectives import Pretraining
 from bertcore.model.pretrained import load_into, model_config, read_weights
-from bertcore.trainer import Trainer, WorkerContext, _batches, _loader
+from bertcore.train.trainer import Trainer, WorkerContext, _batches, _loader
 
 torch.set_num_threads(1)
 NSP_AND_POOLER = ["bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight", "cls.seq_relationship.bias"]

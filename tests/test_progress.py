@@ -71,7 +71,7 @@ def _step(step: int, loss: float, tokens: int = 1000, seconds: float = 0.5, mfu=
 
 
 def test_a_progress_line_is_the_interval_summary_the_trackers_get():
-    from bertcore.metrics_log import Interval
+    from bertcore.train.metrics_log import Interval
 
     interval = Interval(every=2)
     for step, loss in ((1, 8.0), (2, 6.0)):
@@ -101,7 +101,7 @@ class _ListQueue:
 
 
 def test_the_eta_is_the_time_budget_left_when_the_budget_ends_training_first():
-    from bertcore.metrics_log import Interval
+    from bertcore.train.metrics_log import Interval
 
     queue = _ListQueue()
     reporter = StepReporter(queue, total_steps=400, stage="distill")
@@ -121,10 +121,10 @@ def test_the_eta_is_the_time_budget_left_when_the_budget_ends_training_first():
 
 
 def test_intervals_final_and_a_resumed_interval_are_one_definition():
-    """Every place that shows a training figure reads it from bertcore.metrics_log: the
+    """Every place that shows a training figure reads it from bertcore.train.metrics_log: the
     intervals are fixed by the step numbers, so the console (Interval during training), the
     trackers and the report (intervals of metrics.jsonl) agree, a resume included."""
-    from bertcore.metrics_log import Interval, at_step, final, intervals, steps_text
+    from bertcore.train.metrics_log import Interval, at_step, final, intervals, steps_text
 
     records = [_step(s, float(s)) for s in range(1, 12)]
     summaries = intervals(records, 4)
@@ -141,7 +141,7 @@ def test_intervals_final_and_a_resumed_interval_are_one_definition():
 
 
 def test_the_loss_watch_reports_jumps_after_its_grace_and_acts_only_on_spikes():
-    from bertcore.loss_watch import LossWatch
+    from bertcore.train.loss_watch import LossWatch
 
     watch = LossWatch(factor=4.0, grace=3, alpha=0.5)
     assert [watch.observe(loss) for loss in (8.0, 8.0, 8.0)] == [None, None, None]
@@ -152,7 +152,7 @@ def test_the_loss_watch_reports_jumps_after_its_grace_and_acts_only_on_spikes():
 
 def test_the_start_line_of_a_continued_run_names_its_folder_and_shape():
     from bertcore.model.config import ModelConfig
-    from bertcore.pretrain_config import PretrainConfig
+    from bertcore.train.config import PretrainConfig
     from pipelines.external import ExternalFolder
     from pipelines.stages.pretrain.work import _start_line
 

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from test_train import SEED, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
-from bertcore.checkpoint import (  # noqa: E402
+from bertcore.train.checkpoint import (  # noqa: E402
     CHECKPOINTS,
     LocalStageFiles,
     UnsafeCheckpoint,
@@ -22,9 +22,9 @@ from bertcore.checkpoint import (  # noqa: E402
     checkpoint_tag,
 )
 from bertcore.errors import ConfigError  # noqa: E402
-from bertcore.export import consolidate_checkpoint  # noqa: E402
-from bertcore.objectives import Pretraining  # noqa: E402
-from bertcore.trainer import Trainer  # noqa: E402
+from bertcore.train.export import consolidate_checkpoint  # noqa: E402
+from bertcore.train.objectives import Pretraining  # noqa: E402
+from bertcore.train.trainer import Trainer  # noqa: E402
 from pipelines.registry import parse_config  # noqa: E402
 from pipelines.stage import PathEscape, StageDir  # noqa: E402
 from pipelines.storage import Storage  # noqa: E402

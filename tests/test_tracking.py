@@ -10,7 +10,7 @@ import os
 import pytest
 from test_train import Crash, crash_at, make_run_root, make_trainer, tiny_pretrain
 
-from bertcore.metrics_log import (
+from bertcore.train.metrics_log import (
     METRICS,
     TENSORBOARD,
     TRACKING_STATE,
@@ -183,12 +183,12 @@ def test_an_enabled_tracker_that_cannot_start_stops_the_run_naming_its_key(world
 
 
 def test_evaluation_scores_and_verdicts_go_to_the_runs_pretraining_used(tmp_path, monkeypatch):
-    """The evaluate stage's part (bertcore.tracking.log_evaluation): TensorBoard always, and
+    """The evaluate stage's part (bertcore.train.tracking.log_evaluation): TensorBoard always, and
     into the MLflow run whose id pretraining kept, and the W&B run (offline)."""
     import wandb  # noqa: F401  (the dev extra installs MLflow and W&B: a missing one fails here)
     from mlflow.tracking import MlflowClient
 
-    from bertcore.tracking import TrackingConfig, evaluation_scalars, log_evaluation
+    from bertcore.train.tracking import TrackingConfig, evaluation_scalars, log_evaluation
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -1,4 +1,4 @@
-"""bertcore.trainer and what it uses: the pretrain config section, schedule, LAMB, loss watch, metrics log,
+"""bertcore.train.trainer and what it uses: the pretrain config section, schedule, LAMB, loss watch, metrics log,
 checkpoint bookkeeping, and the DeepSpeed loop in one process (world size 1, gloo):
 time budget, NaN handling, exact resume.
 
@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from bertcore.checkpoint import (  # noqa: E402
+from bertcore.train.checkpoint import (  # noqa: E402
     CHECKPOINTS,
     COMPLETE,
     LocalStageFiles,
@@ -32,16 +32,16 @@ from bertcore.checkpoint import (  # noqa: E402
 )
 from bertcore.examples.layout import examples_for_shard, records_to_table  # noqa: E402
 from bertcore.examples.config import ExamplesConfig, PhaseConfig  # noqa: E402
-from bertcore.loss_watch import LossWatch  # noqa: E402
+from bertcore.train.loss_watch import LossWatch  # noqa: E402
 from bertcore.examples.masking import VocabTables  # noqa: E402
-from bertcore.metrics_log import VALIDATION, MetricsLog  # noqa: E402
+from bertcore.train.metrics_log import VALIDATION, MetricsLog  # noqa: E402
 from bertcore.model.bert import BertForPreTraining, ModelConfig  # noqa: E402
-from bertcore.objectives import Pretraining  # noqa: E402
-from bertcore.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
+from bertcore.train.objectives import Pretraining  # noqa: E402
+from bertcore.train.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups  # noqa: E402
 from bertcore.examples.pairs import InMemoryDocs  # noqa: E402
-from bertcore.pretrain_config import PretrainConfig  # noqa: E402
+from bertcore.train.config import PretrainConfig  # noqa: E402
 from bertcore.vocab.tokenizer import VocabConfig, save_tokenizer, train_wordpiece, vocab_list  # noqa: E402
-from bertcore.trainer import (  # noqa: E402
+from bertcore.train.trainer import (  # noqa: E402
     PhaseData,
     Trainer,
     TrainingDiverged,

@@ -21,9 +21,9 @@ from processes import state_api_address  # noqa: E402
 from test_pretrain_stage import STORAGE, metrics, train  # noqa: E402
 from test_train import SEED, tiny_pretrain  # noqa: E402
 
-from bertcore.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
+from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, checkpoint_tag  # noqa: E402
 from bertcore.errors import BertpipeError  # noqa: E402
-from bertcore.metrics_log import MetricsLog  # noqa: E402
+from bertcore.train.metrics_log import MetricsLog  # noqa: E402
 from pipelines.training.elastic import resized, world_sizes  # noqa: E402
 from pipelines.runner import run_stage  # noqa: E402
 

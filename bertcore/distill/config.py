@@ -1,5 +1,5 @@
 """The `distill:` config section: the teacher, the student's shape and start, the weights
-and forms of the losses, the layer map, and (shared with pretrain, bertcore/train_config.py)
+and forms of the losses, the layer map, and (shared with pretrain, bertcore/train/config.py)
 the training loop's settings. Imports neither torch nor the model code.
 """
 
@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from bertcore.model.config import NAMED_SIZES, SizeName
 from bertcore.section import DataFile, Section
-from bertcore.train_config import TrainingConfig, TrainingPhase
+from bertcore.train.config import TrainingConfig, TrainingPhase
 
 
 class StudentConfig(Section):

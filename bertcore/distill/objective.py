@@ -1,4 +1,4 @@
-"""Distillation as an objective of the one training loop (bertcore.objectives.Objective).
+"""Distillation as an objective of the one training loop (bertcore.train.objectives.Objective).
 
 Per micro-batch: the frozen teacher (outside the DeepSpeed engine, never in the optimizer)
 runs under no_grad and hands over what the loss terms need (the hidden states of the layers
@@ -22,7 +22,7 @@ from bertcore.distill import losses
 from bertcore.distill.config import DistillLoss
 from bertcore.distill.student import from_teacher_state
 from bertcore.model.bert import IGNORE_INDEX, BertForPreTraining, ModelConfig, _masked_cross_entropy, encoder_flops_per_token
-from bertcore.objectives import MicroBatchResult, model_inputs, ratio
+from bertcore.train.objectives import MicroBatchResult, model_inputs, ratio
 from bertcore.model.pretrained import load_into
 
 PROJECTIONS = "hidden_projections."

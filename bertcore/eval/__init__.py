@@ -6,4 +6,8 @@ Modules: `metrics` (scores), `tasks` (TaskConfig and file readers), `qa` (SQuAD 
 and span decoding), `finetune` (one seeded CPU fine-tuning run per task), `embeddings`
 (anisotropy and STS for CLS vs mean pooling). Import the module you need; this package
 imports nothing heavy on its own.
+
+May import: torch, transformers (baselines only), scikit-learn, matplotlib (plots, inside
+the functions that draw), and the text, vocab, examples, model and train components. Must
+not import: ray, prefect, deepspeed, or inference and distill (they import it).
 """

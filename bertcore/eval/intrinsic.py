@@ -89,7 +89,7 @@ def held_out_scores(
     "baselines": {"unigram": the unigram predictor of `unigram_counts` (training token
     counts, (V,)) on the same targets, "nsp_balance": the held-out label shares}.
 
-    batches: dicts as `bertcore.data.ExamplesLoader` yields them (input_ids,
+    batches: dicts as `bertcore.train.loader.ExamplesLoader` yields them (input_ids,
     token_type_ids, attention_mask (B, T); labels (B, T) with -100 where nothing is
     predicted; next_sentence_label (B,) with -100 where there is no NSP target)."""
     model.eval()

@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from bertcore.figures import scale
-from bertcore.metrics_log import intervals
+from bertcore.train.metrics_log import intervals
 
 MAX_PLOTTED_STEPS = 2000
 """Longer training logs are averaged over equal bins of steps before plotting."""
@@ -35,7 +35,7 @@ def _binned(steps: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarra
 def plot_pretraining(records: list[dict], validations: list[dict], every: int, unigram: float | None, path: str) -> bool:
     """Training loss and MLM accuracy (in percent) against the optimizer step, as the
     console and the trackers show them: the means over each logging interval of `every`
-    steps (bertcore.metrics_log), with the validations as points, the unigram baseline's
+    steps (bertcore.train.metrics_log), with the validations as points, the unigram baseline's
     accuracy as a line, and phase changes marked. Returns False (and writes nothing) when
     no record has a loss."""
     summaries = [s for s in intervals(records, max(1, every)) if s.get("loss") is not None]

@@ -35,7 +35,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bertcore import figures, metrics_log
+from bertcore import figures
+from bertcore.train import metrics_log
 from bertcore.eval import distillation
 from bertcore.eval.config import TRAINED_TYPES
 

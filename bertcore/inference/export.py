@@ -69,7 +69,7 @@ def _mlm_head(model_dir: str):
     from safetensors import safe_open
 
     from bertcore.eval.encoder import quiet_transformers
-    from bertcore.export import WEIGHTS_FILE
+    from bertcore.train.export import WEIGHTS_FILE
 
     with safe_open(os.path.join(model_dir, WEIGHTS_FILE), framework="pt") as handle:
         if "cls.predictions.transform.dense.weight" not in handle.keys():

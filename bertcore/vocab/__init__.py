@@ -5,6 +5,6 @@ training through Hugging Face tokenizers, the vocab.txt / tokenizer.json files a
 checks), `adopt.py` (an existing BERT vocabulary taken as it is) and `config.py` (the
 `vocab:` section; pydantic only).
 
-May import: tokenizers, and bertcore's top-level helpers (errors, section, text). Must not
+May import: tokenizers, and bertcore's top-level helpers (errors, section). Must not
 import: torch, ray, prefect, or the model, train, examples and eval components.
 """

@@ -89,7 +89,7 @@ def _local_checked(storage: Storage, directory: StageDir, manifest: Manifest, re
 
 def model_folder(storage: Storage, root: str, stage: str) -> tuple[str, dict[str, Any]]:
     """(local copy of <stage>/model/, its identity for the manifest)."""
-    from bertcore.export import HF_FILES, MODEL_DIR, WEIGHTS_FILE
+    from bertcore.train.export import HF_FILES, MODEL_DIR, WEIGHTS_FILE
 
     directory, manifest = _complete(storage, root, stage, "ONNX export reads")
     cache_key = f"export-{manifest.fingerprint}"

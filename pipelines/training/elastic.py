@@ -12,11 +12,11 @@ still answers: then only a worker process on it was lost), then up to
 `rejoin_timeout_s` for the cluster to hold `num_workers` workers again (a restarted node
 joins under a new id). Then it goes on with the workers there are, at least `min_workers`:
 world size W' with gradient accumulation G' = W x G / W', so the optimizer still steps on
-the same global batch, made of the same micro-batches (bertcore/data.py hands global
+the same global batch, made of the same micro-batches (bertcore/train/loader.py hands global
 batches out round-robin, so W' ranks with G' micro-batches each consume exactly what W
 ranks with G did). The checkpoint is resumed on W' ranks: ZeRO-1/2 checkpoints are written
 in DeepSpeed's elastic layout, whose partitions merge for any data-parallel degree
-(bertcore/checkpoint.py `load_elastic_checkpoint`), fp32 ZeRO-0 ones hold the whole
+(bertcore/train/checkpoint.py `load_elastic_checkpoint`), fp32 ZeRO-0 ones hold the whole
 optimizer state; ZeRO-3 and bf16 without ZeRO resume only on their own world size.
 
 Light at import: Ray is imported by the functions that use it.

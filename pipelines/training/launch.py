@@ -1,13 +1,13 @@
 """What the training stages (pretrain, distill) share around bertcore's one training loop
-(bertcore/trainer.py): their inputs (the examples and the vocabulary), the checks of their
+(bertcore/train/trainer.py): their inputs (the examples and the vocabulary), the checks of their
 phases against the examples, the Ray Train launch of the workers with their progress
 lines, the checkpoints a run may resume, the export of the final checkpoint as a Hugging
 Face folder, and the stage's statistics. A stage module says only what differs: its
 objective (`ObjectiveSpec`) and its model. (The checks of a training section's phases
-against the examples are bertcore/train_config.py's, which the declarations call.)
+against the examples are bertcore/train/config.py's, which the declarations call.)
 
 Ray shape: a Ray Train TorchTrainer with `<section>.num_workers` workers (gloo on CPU with
-DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.trainer.Trainer, which owns the
+DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.train.trainer.Trainer, which owns the
 DeepSpeed engine, the data and the checkpoints. Then one Ray task consolidates the final
 checkpoint into `model/`.
 
@@ -38,15 +38,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
-from bertcore.metrics_log import METRICS, VALIDATION
-from bertcore.train_config import TrainingConfig
+from bertcore.train.metrics_log import METRICS, VALIDATION
+from bertcore.train.config import TrainingConfig
 from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
 from pipelines.storage import Storage, join
 
 if TYPE_CHECKING:
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
-    from bertcore.objectives import Objective
+    from bertcore.train.objectives import Objective
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class WorkerJob:
     env: dict[str, str] = field(default_factory=dict)
 
     def phase_data(self) -> list:
-        from bertcore.trainer import PhaseData
+        from bertcore.train.trainer import PhaseData
         from pipelines.shards import local_copy
 
         vocab = self.inputs.vocab
@@ -156,7 +156,7 @@ class WorkerJob:
 
 def _quiet_deepspeed_comm() -> None:
     """Set up DeepSpeed's communication backend on the process group Ray Train made, now,
-    without its CPU shared-memory op (bertcore/op_builds.py: built on first use, never
+    without its CPU shared-memory op (bertcore/train/op_builds.py: built on first use, never
     used in training) and without the line each rank prints about the ops it loads;
     `deepspeed.initialize` then reuses it. Ray Train turns print() in a worker into a log
     record, so only muting print itself, for this call, reaches it."""
@@ -164,7 +164,7 @@ def _quiet_deepspeed_comm() -> None:
 
     import torch
 
-    from bertcore.op_builds import import_deepspeed, skip_shm_op
+    from bertcore.train.op_builds import import_deepspeed, skip_shm_op
 
     deepspeed = import_deepspeed()
 
@@ -183,7 +183,7 @@ def _train_worker(config: dict) -> None:
     import ray.train.torch
     import torch
 
-    from bertcore.trainer import Trainer, WorkerContext
+    from bertcore.train.trainer import Trainer, WorkerContext
     from pipelines.training.reporting import StepReporter
     from pipelines.ray_runtime import quiet_known_warnings
     from pipelines.stage_files import stage_files
@@ -221,7 +221,7 @@ def fit(job: WorkerJob) -> list[dict]:
     {step, lost, workers} each: the checkpoint's step, what was lost, the workers after."""
     import dataclasses
 
-    from bertcore.checkpoint import checkpoint_tag, latest_checkpoint
+    from bertcore.train.checkpoint import checkpoint_tag, latest_checkpoint
     from pipelines.training.elastic import WorkersLost, choose_world_size, lost_workers, node_ids, resized, wait_for_dead
     from pipelines.stage_files import stage_files
 
@@ -344,7 +344,7 @@ def _full_disk(stage_uri: str, margin: int = 16 << 20) -> str | None:
 def worker_env(cfg: TrainingConfig) -> dict[str, str]:
     """Environment of the training workers: DeepSpeed's CPU accelerator without GPUs, and
     the trackers' variables as the driver has them (MLFLOW_TRACKING_URI, WANDB_MODE, ...)."""
-    from bertcore.tracking import TRACKING_ENV
+    from bertcore.train.tracking import TRACKING_ENV
 
     env = {} if cfg.use_gpu else {"DS_ACCELERATOR": "cpu"}
     return {**env, **{name: os.environ[name] for name in TRACKING_ENV if name in os.environ}}
@@ -355,7 +355,7 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
     `--force` (which trains from step 0), or those of another trajectory (other
     trajectory-shaping settings, inputs or seed): like any stage whose fingerprint changed,
     this one is then recomputed from the start."""
-    from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag, clear_checkpoints, latest_checkpoint
+    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag, clear_checkpoints, latest_checkpoint
 
     if cfg.resume == "never" or force:
         if force and latest_checkpoint(files) is not None:
@@ -383,8 +383,8 @@ def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key
     unexpected keys); returns [{uri, folder, name, bytes, sha256, stamp}] of the files written."""
     from pipelines.stage_files import stage_files
 
-    from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag
-    from bertcore.export import export_checkpoint
+    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag
+    from bertcore.train.export import export_checkpoint
     from bertcore.model.bert import ModelConfig
     from bertcore.vocab.tokenizer import TOKENIZER_FILES
     from pipelines.shards import local_folder
@@ -419,7 +419,7 @@ def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step:
 
     import ray
 
-    from bertcore.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
+    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
     from pipelines.ray_runtime import unwrap
 
     files = stage_files(stage.storage, stage.uri, "driver")
@@ -447,7 +447,7 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     re-exported rather than retrained."""
     from pipelines.stage_files import stage_files
 
-    from bertcore.checkpoint import CHECKPOINTS, latest_checkpoint
+    from bertcore.train.checkpoint import CHECKPOINTS, latest_checkpoint
 
     files = stage_files(stage.storage, stage.uri, "driver")
     restarts = fit(job)

@@ -1,5 +1,5 @@
 """Training progress (pretrain, distill): every `<section>.log_every` steps rank 0's trainer summarises the
-steps since its last line (bertcore.metrics_log: the same interval means TensorBoard and
+steps since its last line (bertcore.train.metrics_log: the same interval means TensorBoard and
 the other trackers get) and puts the summary on a Ray queue, and each validation too; the
 driver logs them, so the lines reach the terminal and Prefect's flow-run log like every
 other stage's, instead of a progress bar relayed from a worker. A loss jump the watcher

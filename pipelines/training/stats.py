@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bertcore import metrics_log
+from bertcore.train import metrics_log
 from bertcore.figures import percent
-from bertcore.train_config import TrainingConfig
+from bertcore.train.config import TrainingConfig
 
 
 CURVE_POINTS = 50
@@ -26,10 +26,10 @@ def _thin(records: list[dict], points: int) -> list[dict]:
 
 def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict], restarts: Sequence[dict] = ()) -> dict[str, Any]:
     """The manifest statistics. `final` holds the final training figures: the means over the
-    last logging interval (bertcore.metrics_log), with the steps they cover; `validation`
+    last logging interval (bertcore.train.metrics_log), with the steps they cover; `validation`
     the last validation, on the held-out sample; `restarts` those of the workers in this
     invocation after a lost worker or node (pipelines/training/launch.py `fit`)."""
-    from bertcore.checkpoint import checkpoint_tag
+    from bertcore.train.checkpoint import checkpoint_tag
 
     mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
     final = metrics_log.final(records, cfg.log_every)

@@ -122,7 +122,7 @@ class DistillSpec:
 
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
         from bertcore.distill.objective import DistillStudent, exportable_state
-        from bertcore.export import consolidate_checkpoint
+        from bertcore.train.export import consolidate_checkpoint
         from bertcore.model.bert import ModelConfig
 
         student = ModelConfig.model_validate(marker["model_config"])
@@ -137,7 +137,7 @@ class DistillSpec:
 def run(r: StageRun) -> Output:
     """Distil (resuming per distill.resume), export the student to model/, and list model/,
     metrics.jsonl and validation.jsonl as the stage's shards. Ray must be running."""
-    from bertcore.checkpoint import latest_checkpoint
+    from bertcore.train.checkpoint import latest_checkpoint
     from bertcore.distill.student import check_from_teacher, layer_map, student_config
     from pipelines.stage_files import stage_files
 

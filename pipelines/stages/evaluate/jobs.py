@@ -98,7 +98,7 @@ def intrinsic_job(
     num_threads: int,
 ) -> dict:
     """MLM/NSP scores of one phase's validation shards, with the unigram and label-balance baselines."""
-    from bertcore.data import ExamplesLoader
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval.finetune import device
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
     from bertcore.examples.masking import VocabTables
@@ -179,7 +179,7 @@ def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_
     """heads/<name>/<task>.safetensors (name: pretrained, or student): the fine-tuned model
     and what export needs to know of it."""
     from bertcore.eval.heads import TaskHead, head_path, save_task_model
-    from bertcore.export import WEIGHTS_FILE
+    from bertcore.train.export import WEIGHTS_FILE
     from pipelines.storage import sha256_file
 
     head = TaskHead(

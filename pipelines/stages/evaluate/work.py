@@ -3,7 +3,7 @@ initialised model of the same size, and sentence embeddings, each beside what le
 nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
 `eval/metrics.json`, `eval/report.md` and `eval/plots/*.png` under the run root; the
 scores and verdicts also go to the trackers the training used (TensorBoard files under
-`eval/tensorboard/`, the MLflow and W&B runs; bertcore/tracking.py).
+`eval/tensorboard/`, the MLflow and W&B runs; bertcore/train/tracking.py).
 
 After distillation (the distill stage ran) the models are three: the teacher, the student
 (the "subject", judged against random init as the pretrained model is otherwise) and a
@@ -47,15 +47,15 @@ from typing import Any
 
 import ray
 
-from bertcore import metrics_log
+from bertcore.train import metrics_log
 from bertcore.errors import ConfigError, InputDataError
 from bertcore.eval import distillation, report, summary
 from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
 from bertcore.eval.tasks import check_task_files
 from bertcore.examples.config import ExamplesConfig
-from bertcore.export import HF_FILES, MODEL_DIR
-from bertcore.metrics_log import METRICS, VALIDATION
+from bertcore.train.export import HF_FILES, MODEL_DIR
+from bertcore.train.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy
 from pipelines.stages.evaluate.jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
 from pipelines.ray_runtime import run_tasks
@@ -120,7 +120,7 @@ def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: 
 def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], list[dict], dict | None]:
     """The pretraining log's records, its validations, and what the report says of them:
     where the log is (relative to run.root), its final figures (the means over the last
-    logging interval, bertcore.metrics_log), the last validation and the loss jumps."""
+    logging interval, bertcore.train.metrics_log), the last validation and the loss jumps."""
     uri = pretrain.path(METRICS)
     if not storage.exists(uri):
         return [], [], None
@@ -407,7 +407,7 @@ def _track(r: StageRun, pretrain: Upstream, metrics: dict) -> list[ShardInfo]:
     that trained the subject, pretrain or distill; its recorded `tracking` section and the
     run ids in its tracking.json): TensorBoard files published under eval/tensorboard/,
     W&B's offline files under eval/wandb/; returns them as shards."""
-    from bertcore.tracking import TrackingConfig, evaluation_scalars, log_evaluation
+    from bertcore.train.tracking import TrackingConfig, evaluation_scalars, log_evaluation
 
     storage = r.storage
     cfg = TrackingConfig.model_validate((pretrain.manifest.config or {}).get("tracking") or {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertcore.pretrain_config import PretrainConfig
+from bertcore.train.config import PretrainConfig
 from pipelines.external import model_folder
 from pipelines.stage import External, Stage
 from pipelines.storage import Storage

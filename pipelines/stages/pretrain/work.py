@@ -4,8 +4,8 @@ BertForMaskedLM twin `model-mlm/` beside it) and `metrics.jsonl` under
 `<run.root>/pretrain/`.
 
 Ray shape: the training stages' shared launch (pipelines/training/launch.py): a Ray Train
-TorchTrainer whose workers each run bertcore.trainer.Trainer with the pretraining
-objective (bertcore.objectives.Pretraining, MLM + NSP), then one Ray task that
+TorchTrainer whose workers each run bertcore.train.trainer.Trainer with the pretraining
+objective (bertcore.train.objectives.Pretraining, MLM + NSP), then one Ray task that
 consolidates the final checkpoint into `model/`. The driver only checks inputs, decides
 about resuming, and writes the manifest.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from bertcore.errors import ConfigError
 from bertcore.examples.config import ExamplesConfig
 from bertcore.model.config import ModelConfig
-from bertcore.pretrain_config import PretrainConfig
+from bertcore.train.config import PretrainConfig
 from pipelines.external import ExternalFolder
 from pipelines.stage import Output, StageDir, StageRun, Upstream
 from pipelines.stage_files import stage_files
@@ -71,14 +71,14 @@ class PretrainSpec:
     init: ExternalFolder | None = None
 
     def objective(self, storage: Storage):
-        from bertcore.objectives import Pretraining
+        from bertcore.train.objectives import Pretraining
         from bertcore.model.pretrained import read_weights
 
         weights = read_weights(self.init.local(storage)) if self.init is not None else None
         return Pretraining(ModelConfig.model_validate(self.model_config), init_state_dict=weights)
 
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
-        from bertcore.export import consolidate_checkpoint
+        from bertcore.train.export import consolidate_checkpoint
 
         return consolidate_checkpoint(checkpoint_dir, ModelConfig.model_validate(marker["model_config"]))
 
@@ -101,7 +101,7 @@ def run(r: StageRun) -> Output:
     list model/ and metrics.jsonl as the stage's shards. With pretrain.resume=auto a
     finished checkpoint is re-exported rather than retrained (resume=never retrains).
     Ray must be running (pipelines.ray_runtime.ensure_ray)."""
-    from bertcore.checkpoint import latest_checkpoint
+    from bertcore.train.checkpoint import latest_checkpoint
 
     cfg, inputs = read_inputs(r.section, r.inputs["examples"], r.inputs["vocab"], r.storage)
     init: ExternalFolder | None = r.external

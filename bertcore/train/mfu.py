@@ -16,7 +16,7 @@ has no default, so MFU is null there unless the key is set.
 
 from __future__ import annotations
 
-from bertcore.train_config import TrainingConfig
+from bertcore.train.config import TrainingConfig
 
 PEAK_FLOPS: dict[tuple[str, str], float] = {
     # (device name fragment, precision) -> dense peak FLOP/s of one device (NVIDIA datasheets)

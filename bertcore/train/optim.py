@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from bertcore.train_config import TrainingConfig
+from bertcore.train.config import TrainingConfig
 
 
 def lr_multiplier(step: int, warmup: int, total: int) -> float:

@@ -27,11 +27,11 @@ from collections.abc import Callable, Mapping
 import safetensors.torch
 import torch
 
-from bertcore.checkpoint import check_pickles, safe_load
+from bertcore.train.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
 from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
 from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
-from bertcore.optim import parameter_group_names
+from bertcore.train.optim import parameter_group_names
 from bertcore.vocab.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
@@ -65,9 +65,9 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
     if any("zero_pp_rank_" in n and n.endswith("optim_states.pt") for n in names):
         if not torch.cuda.is_available():  # what DeepSpeed would detect, said so it does not warn
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        from bertcore.op_builds import import_deepspeed
+        from bertcore.train.op_builds import import_deepspeed
 
-        import_deepspeed()  # the lighter start-up (bertcore/op_builds.py)
+        import_deepspeed()  # the lighter start-up (bertcore/train/op_builds.py)
         from deepspeed.utils.zero_to_fp32 import (
             get_fp32_state_dict_from_zero_checkpoint,
         )

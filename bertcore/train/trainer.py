@@ -2,11 +2,11 @@
 """The DeepSpeed training loop of one training worker: the one loop of every training
 stage (pretrain, distill).
 
-What a step optimises is an objective component (bertcore.objectives.Objective: MLM+NSP
+What a step optimises is an objective component (bertcore.train.objectives.Objective: MLM+NSP
 pretraining, or distillation from a teacher); the model it builds is single-device code.
 `Trainer` wraps it with DeepSpeed (ZeRO 0-3, fp32/bf16/fp16, AdamW or a client LAMB), feeds
 it ExamplesLoader batches phase by phase (BERT: seq128, then seq512), and checkpoints
-(bertcore.checkpoint) so that a killed run, started again, finishes with the same steps on
+(bertcore.train.checkpoint) so that a killed run, started again, finishes with the same steps on
 the same data.
 
 Ray is not imported here: the caller (pipelines/training/launch.py) starts the workers, sets up
@@ -14,7 +14,7 @@ torch.distributed, and hands over a `StageFiles` that knows where the stage dire
 lives (a local folder, or a local mirror of an object-store prefix).
 
 Every <section>.eval_every steps it scores the objective on a fixed held-out sample
-(validation.jsonl), and rank 0 reports to the trackers (bertcore.tracking). The module is
+(validation.jsonl), and rank 0 reports to the trackers (bertcore.train.tracking). The module is
 about 500 lines because it is one class whose set-up, steps, validation and checkpoints
 share the engine, the loader and the counters; the pieces that need none of them live in
 the modules it imports.
@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 
-from bertcore.checkpoint import (
+from bertcore.train.checkpoint import (
     CHECKPOINTS,
     COMPLETE,
     StageFiles,
@@ -47,24 +47,24 @@ from bertcore.checkpoint import (
     prune,
     save_rank_state,
 )
-from bertcore.data import ExamplesLoader
+from bertcore.train.loader import ExamplesLoader
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.loss_watch import LossWatch
+from bertcore.train.loss_watch import LossWatch
 from bertcore.examples.masking import MaskConfig
-from bertcore.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
-from bertcore.mfu import peak_flops
-from bertcore.objectives import MicroBatchResult, Objective
-from bertcore.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
+from bertcore.train.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
+from bertcore.train.mfu import peak_flops
+from bertcore.train.objectives import MicroBatchResult, Objective
+from bertcore.train.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.rng import keyed_seed
-from bertcore.train_config import TrainingConfig, TrainingPhase
-from bertcore.tracking import Trackers, open_trackers
+from bertcore.train.config import TrainingConfig, TrainingPhase
+from bertcore.train.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
 TRACKED = ("lr", "grad_norm", "tokens_per_s", "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
-"""Figures of an interval's summary (bertcore.metrics_log) that the trackers get as
+"""Figures of an interval's summary (bertcore.train.metrics_log) that the trackers get as
 train/<field>, every log_every steps and at the last, after the loss and the objective's
 metrics."""
 
@@ -183,9 +183,9 @@ class Trainer:
         device_name: str | None = None,
     ):
         """`cfg`: the training section (pretrain, distill); `objective`: what a step
-        optimises (bertcore.objectives). On rank 0, `on_step` receives each step's metrics
+        optimises (bertcore.train.objectives). On rank 0, `on_step` receives each step's metrics
         record, and `on_log`, every log_every steps and at the last, the summary of the
-        interval's steps (bertcore.metrics_log.summarize), and each validation's record
+        interval's steps (bertcore.train.metrics_log.summarize), and each validation's record
         (with event: validation): what the caller reports as progress."""
         self.key = cfg.SECTION
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
@@ -213,7 +213,7 @@ class Trainer:
     def _engine(self):
         if not self.cfg.use_gpu:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        from bertcore.op_builds import import_deepspeed, ops_to_build, prepare_builds, skip_shm_op
+        from bertcore.train.op_builds import import_deepspeed, ops_to_build, prepare_builds, skip_shm_op
 
         deepspeed = import_deepspeed()
 
@@ -286,7 +286,7 @@ class Trainer:
         if load_dir is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag}")
         # on another world size (a lost node) rank r takes the counters, loss watch and RNG
-        # of the writer's rank r mod W; the loader state converts (bertcore/data.py)
+        # of the writer's rank r mod W; the loader state converts (bertcore/train/loader.py)
         state, rng = load_rank_state(folder, self.ctx.rank % written_by)
         self.resizes = list(marker.get("resizes") or [])
         if written_by != self.ctx.world_size:
@@ -532,7 +532,7 @@ class Trainer:
 
     def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
         """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its
-        summary (bertcore.metrics_log: means over the interval) to the trackers and `on_log`."""
+        summary (bertcore.train.metrics_log: means over the interval) to the trackers and `on_log`."""
         world = self.ctx.world_size
         flops = record.pop("flops")
         out = {

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 METRICS = "metrics.jsonl"
 VALIDATION = "validation.jsonl"
 TENSORBOARD = "tensorboard"
-"""TensorBoard event files (bertcore.tracking)."""
+"""TensorBoard event files (bertcore.train.tracking)."""
 TRACKING_STATE = "tracking.json"
-"""The MLflow and W&B run ids of the run (bertcore.tracking)."""
+"""The MLflow and W&B run ids of the run (bertcore.train.tracking)."""
 
 class MetricsLog:
     """A JSON-lines log whose records carry the optimizer `step`, appended by rank 0."""
@@ -76,7 +76,7 @@ def interval_index(step: int, every: int) -> int:
 def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
     """The figures of one interval from its steps' records (in step order): means of `means`,
     tokens/s and sequences/s over the interval's seconds, AT_END at its last step, the
-    skipped micro-batches summed, and the loss jumps the watcher saw (bertcore.loss_watch)."""
+    skipped micro-batches summed, and the loss jumps the watcher saw (bertcore.train.loss_watch)."""
     last = records[-1]
 
     def mean(key: str) -> float | None:

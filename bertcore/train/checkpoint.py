@@ -24,7 +24,7 @@ import re
 from typing import TYPE_CHECKING, Protocol
 
 from bertcore.errors import InputDataError
-from bertcore.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
+from bertcore.train.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
 from bertcore.paths import inside, remove_within
 
 CHECKPOINTS = "checkpoints"
@@ -70,7 +70,7 @@ def check_pickles(folder: str) -> None:
 
 
 def load_elastic_checkpoint(engine, load_dir: str, tag: str) -> str | None:
-    """Load a ZeRO-1/2 checkpoint written in DeepSpeed's elastic layout (bertcore/optim.py
+    """Load a ZeRO-1/2 checkpoint written in DeepSpeed's elastic layout (bertcore/train/optim.py
     asks for it) by any number of workers: this one's, or another (a run that lost a node).
     DeepSpeed's engine refuses optimizer states of another data-parallel size outright, and
     its own elastic load needs a per-group step that torch's AdamW does not keep, while its

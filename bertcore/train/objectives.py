@@ -1,5 +1,5 @@
 """What a training step optimises: the `Objective` that the one training loop
-(bertcore/trainer.py) is given, and pretraining's, masked LM plus next-sentence prediction.
+(bertcore/train/trainer.py) is given, and pretraining's, masked LM plus next-sentence prediction.
 
 The loop owns everything an objective does not decide: the DeepSpeed engine around the
 module the objective builds, the data, the schedule, checkpoints, validation, the time
@@ -30,7 +30,7 @@ class MicroBatchResult:
     sums: dict[str, float]
     """Values of `Objective.sums`, summed by the loop over the step's micro-batches and the ranks."""
     flops: float = 0.0
-    """Training FLOPs the micro-batch cost (for MFU), see bertcore.mfu."""
+    """Training FLOPs the micro-batch cost (for MFU), see bertcore.train.mfu."""
 
 
 class Objective(Protocol):

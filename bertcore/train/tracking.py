@@ -1,7 +1,7 @@
 """Experiment tracking of a pretraining run, on rank 0: TensorBoard event files always,
 MLflow and Weights & Biases when `pretrain.tracking` enables them and the package is
 installed. What they get: the training figures every `pretrain.log_every` steps and at the
-last (`train/...`, the means over the interval, bertcore.metrics_log), each validation
+last (`train/...`, the means over the interval, bertcore.train.metrics_log), each validation
 (`validation/...`), and the config once. The evaluate stage then adds its scores
 (`eval/<phase or task>/<metric>`, with `_random_init` and `_gain`) at the last training
 step, and its verdicts (`log_evaluation`): into the same MLflow and W&B runs, and into
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from bertcore.errors import ConfigError
-from bertcore.metrics_log import TENSORBOARD, TRACKING_STATE
+from bertcore.train.metrics_log import TENSORBOARD, TRACKING_STATE
 from bertcore.section import Section
 
 if TYPE_CHECKING:  # torch comes with it; the section above is read by recipes, which must load fast
-    from bertcore.checkpoint import StageFiles
+    from bertcore.train.checkpoint import StageFiles
 
 log = logging.getLogger(__name__)
 
