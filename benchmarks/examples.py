@@ -215,7 +215,7 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
 
     from bertcore.vocab.tokenizer import load_tokenizer
     from pipelines.stages.examples import work as examples
-    from pipelines.stage import Manifest, StageDir
+    from pipelines.stage_dir import Manifest, StageDir
     from pipelines.storage import Storage
 
     cfg = demo_config(root, EXAMPLES)

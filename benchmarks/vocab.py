@@ -265,7 +265,8 @@ def repeat_corpus(source_root: Path, target_root: Path, times: int) -> None:
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from pipelines.stage import MANIFEST, Manifest, ShardInfo, fingerprint
+    from pipelines.stage import fingerprint
+    from pipelines.stage_dir import MANIFEST, Manifest, ShardInfo
     from pipelines.storage import sha256_file
 
     src, dst = source_root / "corpus", target_root / "corpus"
@@ -322,7 +323,7 @@ def corpus_sentences(root: Path, split: str = "train") -> list[list[str]]:
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from pipelines.stage import MANIFEST
+    from pipelines.stage_dir import MANIFEST
 
     manifest = json.loads((root / "corpus" / MANIFEST).read_text())
     docs: list[list[str]] = []

@@ -16,7 +16,7 @@ from bertcore import figures
 from bertcore.figures import count
 from bertcore.train.metrics_log import METRICS, VALIDATION, intervals
 from bertcore.redact import mask_text, masked
-from pipelines.stage import Manifest, StageDir
+from pipelines.stage_dir import Manifest, StageDir
 
 MAX_STATISTICS = 200
 """Rows of the statistics table at most (nested statistics are flattened to dotted keys)."""

@@ -269,7 +269,7 @@ def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
 def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:
     from bertcore.config import resolved_yaml
     from pipelines.export import onnx as onnx_export
-    from pipelines.stage import MANIFEST
+    from pipelines.stage_dir import MANIFEST
 
     uri, manifest = onnx_export.export_onnx(
         cfg, pipeline.storage, stage=stage, task=task, int8=quantize == "int8", out=out, sentences=sentences, tolerance=tolerance,

@@ -32,7 +32,8 @@ from bertcore.vocab.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UN
 from pipelines.progress import count, duration, size
 from pipelines.registry import REGISTRY
 from pipelines.shards import local_folder, read_batches
-from pipelines.stage import Manifest, StageDir, UpstreamMissing
+from pipelines.stage import UpstreamMissing
+from pipelines.stage_dir import Manifest, StageDir
 from pipelines.storage import Storage
 
 SENTENCES_SHOWN = 8

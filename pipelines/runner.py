@@ -31,19 +31,8 @@ from bertcore.errors import BertpipeError, ConfigError
 from pipelines import stage_log
 from pipelines.content_id import rehashing
 from pipelines.registry import REGISTRY, PipelineConfig, default_reads, reads_in
-from pipelines.stage import (
-    MANIFEST,
-    DamagedManifest,
-    DamagedShards,
-    External,
-    Manifest,
-    Output,
-    Stage,
-    StageDir,
-    StageRun,
-    Upstream,
-    UpstreamMissing,
-)
+from pipelines.stage import External, Output, Stage, StageRun, Upstream, UpstreamMissing
+from pipelines.stage_dir import MANIFEST, DamagedManifest, DamagedShards, Manifest, StageDir
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)

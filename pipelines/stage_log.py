@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from pipelines.progress import count, duration, size
-from pipelines.stage import External, Manifest, Upstream
+from pipelines.stage import External, Upstream
+from pipelines.stage_dir import Manifest
 
 log = logging.getLogger(__name__)
 

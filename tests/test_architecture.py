@@ -297,7 +297,7 @@ def read_only_root(tmp_path_factory):
     """A run root with the outputs `status`, `verify` and `inspect` read without running
     anything: complete pretrain and evaluate directories (manifest, metrics.jsonl, a
     checkpoint marker, metrics.json), as the stages write them."""
-    from pipelines.stage import Manifest, ShardInfo
+    from pipelines.stage_dir import Manifest, ShardInfo
 
     root = tmp_path_factory.mktemp("read-only")
     pretrain, evaluate = root / "pretrain", root / "eval"

@@ -20,7 +20,8 @@ from bertcore.config import StorageConfig
 from pipelines.stages.corpus.inputs import list_inputs
 from pipelines.registry import parse_config
 from pipelines.runner import Pipeline
-from pipelines.stage import MANIFEST, PathEscape, StageDir
+from bertcore.paths import PathEscape
+from pipelines.stage_dir import MANIFEST, StageDir
 from pipelines.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def test_no_read_or_write_of_a_stage_directory_goes_through_a_link_out_of_it(tmp
     # a link to a file inside the directory is no better: such a shard is damaged
     (tmp_path / "run" / "eval" / "real.json").write_text("{}")
     os.symlink("real.json", tmp_path / "run" / "eval" / "metrics.json")
-    from pipelines.stage import ShardInfo
+    from pipelines.stage_dir import ShardInfo
 
     real = tmp_path / "run" / "eval" / "real.json"
     assert stage.check(ShardInfo("metrics.json", 1, real.stat().st_size, sha256(real))) == "damaged"

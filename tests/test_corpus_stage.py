@@ -11,7 +11,7 @@ import pytest
 
 from pipelines.registry import load_config
 from pipelines.runner import Pipeline
-from pipelines.stage import MANIFEST, RESOLVED_CONFIG, StageDir
+from pipelines.stage_dir import MANIFEST, RESOLVED_CONFIG, StageDir
 from pipelines.storage import Storage, sha256_file
 
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"

@@ -23,7 +23,7 @@ from bertcore.eval.config import EvaluateConfig
 from flows.artifacts import publish_stage
 from pipelines.registry import PipelineConfig
 from pipelines.runner import Pipeline, run_stage
-from pipelines.stage import Manifest, StageDir
+from pipelines.stage_dir import Manifest, StageDir
 from pipelines.storage import Storage
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

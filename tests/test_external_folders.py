@@ -21,7 +21,8 @@ import transformers
 from bertcore.errors import BertpipeError, ConfigError
 from pipelines.registry import REGISTRY, load_config
 from pipelines.runner import Pipeline
-from pipelines.stage import Manifest, StageDir, Upstream
+from pipelines.stage import Upstream
+from pipelines.stage_dir import Manifest, StageDir
 
 torch.set_num_threads(1)
 

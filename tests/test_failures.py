@@ -56,7 +56,7 @@ def test_a_full_or_read_only_disk_ends_the_run_with_one_line_and_no_retry(read_o
     mounted = _tmpfs(root, "300k", read_only)
     try:
         if not mounted:  # no privilege to mount here: the same error, raised where the stage writes its manifest
-            from pipelines.stage import StageDir
+            from pipelines.stage_dir import StageDir
 
             code = errno.EROFS if read_only else errno.ENOSPC
 

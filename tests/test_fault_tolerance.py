@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from pipelines.runner import Pipeline
-from pipelines.stage import MANIFEST, Manifest
+from pipelines.stage_dir import MANIFEST, Manifest
 
 # Runs a stage (default examples) on an embedded Ray; prints one RESULT line with the manifest.
 DRIVER = r"""

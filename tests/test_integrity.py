@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.runner import Pipeline
-from pipelines.stage import MANIFEST, DamagedManifest, StageDir
+from pipelines.stage_dir import MANIFEST, DamagedManifest, StageDir
 from pipelines.storage import sha256_file
 
 DATA_STAGES = ("corpus", "vocab", "examples")

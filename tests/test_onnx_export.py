@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from bertcore.config import StorageConfig  # noqa: E402
-from pipelines.stage import Manifest, StageDir  # noqa: E402
+from pipelines.stage_dir import Manifest, StageDir  # noqa: E402
 from pipelines.storage import Storage, sha256_file  # noqa: E402
 
 import onnxruntime  # noqa: E402,F401  (the onnx extra is part of dev: without it these tests fail, not skip)

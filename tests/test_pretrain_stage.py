@@ -40,7 +40,8 @@ from pipelines.registry import (
     PipelineConfig,  # noqa: E402
 )
 from pipelines.runner import Pipeline, run_stage, upstream  # noqa: E402
-from pipelines.stage import StageDir, UpstreamMissing  # noqa: E402
+from pipelines.stage import UpstreamMissing
+from pipelines.stage_dir import StageDir  # noqa: E402
 from pipelines.stage_files import StorageStageFiles  # noqa: E402
 from pipelines.storage import Storage, join  # noqa: E402
 

@@ -22,11 +22,12 @@ from bertcore.train.checkpoint import (  # noqa: E402
     checkpoint_tag,
 )
 from bertcore.errors import ConfigError  # noqa: E402
+from bertcore.paths import PathEscape  # noqa: E402
 from bertcore.train.export import consolidate_checkpoint  # noqa: E402
 from bertcore.train.objectives import Pretraining  # noqa: E402
 from bertcore.train.trainer import Trainer  # noqa: E402
 from pipelines.registry import parse_config  # noqa: E402
-from pipelines.stage import PathEscape, StageDir  # noqa: E402
+from pipelines.stage_dir import StageDir  # noqa: E402
 from pipelines.storage import Storage  # noqa: E402
 
 torch.set_num_threads(1)

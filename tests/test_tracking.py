@@ -129,7 +129,7 @@ def test_training_curves_artifact_in_a_flow(prefect_harness, world_of_one, news_
 
     from bertcore.config import StorageConfig
     from flows.artifacts import publish_stage
-    from pipelines.stage import Manifest, ShardInfo, StageDir
+    from pipelines.stage_dir import Manifest, ShardInfo, StageDir
     from pipelines.storage import Storage
 
     root, info = news_root

@@ -16,7 +16,7 @@ from bertcore.errors import BertpipeError, ConfigError
 from pipelines.stages.vocab import work as vocab
 from pipelines.registry import load_config
 from pipelines.runner import Pipeline
-from pipelines.stage import StageDir
+from pipelines.stage_dir import StageDir
 from pipelines.storage import Storage, sha256_file
 
 FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -32,7 +32,8 @@ from typing import Any
 
 from bertcore.errors import ConfigError, InputDataError
 from pipelines.registry import REGISTRY
-from pipelines.stage import MANIFEST, Manifest, StageDir, UpstreamMissing, fingerprint
+from pipelines.stage import UpstreamMissing, fingerprint
+from pipelines.stage_dir import MANIFEST, Manifest, StageDir
 from pipelines.storage import Storage, join
 
 log = logging.getLogger(__name__)

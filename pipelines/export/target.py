@@ -27,7 +27,7 @@ from bertcore.errors import ConfigError
 from bertcore.section import safe_name
 from pipelines.lease import LEASE
 from pipelines.registry import REGISTRY
-from pipelines.stage import MANIFEST, PROGRESS, RESOLVED_CONFIG, Manifest
+from pipelines.stage_dir import MANIFEST, PROGRESS, RESOLVED_CONFIG, Manifest
 from pipelines.storage import Storage, join
 
 EXPORT_STAGES = ("export-onnx",)

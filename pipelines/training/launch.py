@@ -40,7 +40,8 @@ from bertcore.errors import BertpipeError, ConfigError
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
 from bertcore.train.config import TrainingConfig
-from pipelines.stage import ShardInfo, StageDir, Upstream, UpstreamMissing
+from pipelines.stage import Upstream, UpstreamMissing
+from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage, join
 
 if TYPE_CHECKING:

@@ -58,7 +58,8 @@ from pipelines.stages.corpus.stats import statistics
 from pipelines.progress import Progress
 from pipelines.ray_runtime import run_tasks, unwrap
 from pipelines.shards import read_table, take_rows, write_table
-from pipelines.stage import Output, ShardInfo, StageDir, StageRun
+from pipelines.stage import Output, StageRun
+from pipelines.stage_dir import ShardInfo, StageDir
 
 log = logging.getLogger(__name__)
 

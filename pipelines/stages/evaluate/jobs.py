@@ -19,7 +19,7 @@ from bertcore.eval.config import TASK_FILES, EmbeddingsConfig, IntrinsicConfig, 
 from bertcore.examples.config import ExamplesConfig, PhaseConfig
 from bertcore.rng import keyed_seed
 from pipelines.shards import local_copy, local_folder, read_batches
-from pipelines.stage import ShardInfo, StageDir
+from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage, is_local
 
 # -- local copies -------------------------------------------------------------------------------

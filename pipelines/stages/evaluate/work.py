@@ -60,13 +60,8 @@ from bertcore.rng import keyed_numpy
 from pipelines.stages.evaluate.jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, read_batches
-from pipelines.stage import (
-    Output,
-    ShardInfo,
-    StageDir,
-    StageRun,
-    Upstream,
-)
+from pipelines.stage import Output, StageRun, Upstream
+from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.stages.evaluate import check_lengths
 from pipelines.storage import Storage
 

@@ -50,14 +50,8 @@ from bertcore.vocab.tokenizer import (
 )
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches, write_table
-from pipelines.stage import (
-    Output,
-    ShardInfo,
-    StageDir,
-    StageRun,
-    Upstream,
-    fingerprint,
-)
+from pipelines.stage import Output, StageRun, Upstream, fingerprint
+from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.stages.examples import CODE_VERSION
 from pipelines.storage import Storage
 

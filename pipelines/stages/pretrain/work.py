@@ -20,7 +20,8 @@ from bertcore.examples.config import ExamplesConfig
 from bertcore.model.config import ModelConfig
 from bertcore.train.config import PretrainConfig
 from pipelines.external import ExternalFolder
-from pipelines.stage import Output, StageDir, StageRun, Upstream
+from pipelines.stage import Output, StageRun, Upstream
+from pipelines.stage_dir import StageDir
 from pipelines.stage_files import stage_files
 from pipelines.storage import Storage
 from pipelines.training.launch import (

@@ -41,7 +41,8 @@ from bertcore.vocab.config import ADOPTED_OPTIONS
 from pipelines.external import ExternalFolder
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches
-from pipelines.stage import Output, ShardInfo, StageDir, StageRun, Upstream
+from pipelines.stage import Output, StageRun, Upstream
+from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
