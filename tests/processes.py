@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
+import threading
 
 import psutil
 
@@ -45,3 +47,35 @@ def state_api_address(ray) -> str:
     import os
 
     return ray.get(ray.remote(num_cpus=0)(lambda: os.environ["RAY_API_SERVER_ADDRESS"]).remote())
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+@contextlib.contextmanager
+def listening_sockets(every: float = 0.2):
+    """While the block runs, polls every listening TCP socket of this process's descendants
+    (an embedded Ray's GCS, raylet, agents and workers, the Ray Train workers' torch store
+    among them); yields {process name: {address, ...}}, filled as they are seen."""
+    seen: dict[str, set[str]] = {}
+    stop_polling = threading.Event()
+
+    def poll() -> None:
+        while not stop_polling.is_set():
+            for process in psutil.Process().children(recursive=True):
+                try:
+                    name = process.name()
+                    for conn in process.net_connections(kind="inet"):
+                        if conn.status == psutil.CONN_LISTEN:
+                            seen.setdefault(name, set()).add(conn.laddr.ip)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    pass
+            stop_polling.wait(every)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        yield seen
+    finally:
+        stop_polling.set()
+        poller.join()

@@ -21,6 +21,7 @@ import pyarrow.ipc as ipc  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from processes import LOOPBACK, listening_sockets  # noqa: E402
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
 from bertcore.train import metrics_log  # noqa: E402
@@ -161,18 +162,41 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         pretrain.export_model(stage, inputs, step=40)
 
 
-@pytest.mark.slow
-def test_zero2_on_two_workers_follows_stage0_on_one_with_the_same_global_batch(ray_cluster, news_root):
+@pytest.fixture(scope="module")
+def zero2_run(ray_cluster, news_root):
+    """Two ZeRO-2 workers, 20 steps, while every listening socket of the embedded Ray's
+    processes is polled: (the run's losses, {process name: addresses it listened on})."""
     news_root, _ = news_root
-    base = dict(phases=[{"name": "seq64", "steps": 20, "batch_size": 16, "max_seq_length": 64}], resume="never", validation_batches=0)
+    with listening_sockets() as seen:
+        train(tiny_pretrain(num_workers=2, zero_stage=2, **ZERO2_BASE), str(news_root), STORAGE, SEED)
+    return [r["loss"] for r in metrics(news_root)], seen
+
+
+ZERO2_BASE = dict(phases=[{"name": "seq64", "steps": 20, "batch_size": 16, "max_seq_length": 64}], resume="never", validation_batches=0)
+
+
+@pytest.mark.slow
+def test_zero2_on_two_workers_follows_stage0_on_one_with_the_same_global_batch(zero2_run, news_root):
+    news_root, _ = news_root
+    zero2, _ = zero2_run
     # Both see the same micro-batches of 8: two workers at once, or one worker accumulating two.
-    train(tiny_pretrain(num_workers=2, zero_stage=2, **base), str(news_root), STORAGE, SEED)
-    zero2 = [r["loss"] for r in metrics(news_root)]
-    train(tiny_pretrain(num_workers=1, zero_stage=0, gradient_accumulation_steps=2, **base), str(news_root), STORAGE, SEED)
+    train(tiny_pretrain(num_workers=1, zero_stage=0, gradient_accumulation_steps=2, **ZERO2_BASE), str(news_root), STORAGE, SEED)
     plain = [r["loss"] for r in metrics(news_root)]
     assert len(zero2) == len(plain) == 20
     assert zero2[-1] < zero2[0] - 0.3  # it trains
     assert max(abs(a - b) for a, b in zip(zero2, plain)) < 2e-3, list(zip(zero2, plain))
+
+
+@pytest.mark.slow
+def test_no_socket_listens_beyond_loopback_while_two_workers_train(zero2_run):
+    """An adversarial probe saw `LISTEN *:<port>` owned by a RayTrainWorker: torch.distributed's
+    store, which has no authentication. Every listening socket of the embedded Ray's
+    processes, polled while two Ray Train workers train with DeepSpeed, is a loopback one,
+    the store's included."""
+    _, seen = zero2_run
+    assert any("RayTrainWorker" in name for name in seen), f"no training worker was seen listening: {sorted(seen)}"
+    exposed = {name: sorted(ips - LOOPBACK) for name, ips in seen.items() if ips - LOOPBACK}
+    assert exposed == {}, exposed
 
 
 def test_a_user_error_inside_the_workers_surfaces_as_one_clear_error(ray_cluster, news_root):
