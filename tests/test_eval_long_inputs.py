@@ -178,3 +178,19 @@ def test_windows_beat_truncation_when_only_the_second_half_decides(tiny_model, l
     gain = float(np.median(scores["windows"]) - np.median(scores["truncate"]))
     assert gain > spread, scores
     assert all(abs(accuracy - 0.5) <= 0.15 for accuracy in scores["truncate"]), scores  # at chance: the first window is filler
+
+
+def test_the_report_says_per_task_how_many_inputs_were_longer_than_the_window(long_task):
+    from bertcore.eval import report
+    from bertcore.eval.summary import task_entry
+
+    counts = {"train": {"inputs": 48, "longer": 48, "cut": 0}, "validation": {"inputs": 64, "longer": 60, "cut": 2}}
+    run = {"seed": 1, "labels": ["neg", "pos"], "train_examples": 48, "validation": {"accuracy": 0.9}, "long_inputs": counts, "skipped": {"train": 0}, "skipped_problems": []}
+    tasks = {mode: task_entry(long_task.model_copy(update={"long_inputs": mode, "max_windows": 3}), {"pretrained": [run]}) for mode in ("truncate", "windows")}
+    assert tasks["windows"]["long_inputs"]["splits"] == counts and tasks["windows"]["long_inputs"]["mode"] == "windows"
+    metrics = {"tasks": tasks, "verdicts": [], "skipped_rows": {"total": 0, "files": {}},
+               "embeddings": {"sentences": 10, "sts_pairs": 0, "long_inputs": {"mode": "windows", "max_seq_length": 128, "inputs": 10, "longer": 1, "cut": 0}}}
+    md = report.render_markdown(metrics, {})
+    assert "- truncate: 48 of 48 train, 60 of 64 validation inputs longer than 32 tokens; truncated to it (long_inputs: windows reads them whole)" in md
+    assert "- windows: 48 of 48 train, 60 of 64 validation inputs longer than 32 tokens; read in windows half a window apart, mean-pooled (2 still cut after 3 windows)" in md
+    assert "1 of the 10 sentences (STS included) were longer than 128 tokens: read in windows." in md

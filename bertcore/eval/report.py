@@ -405,10 +405,10 @@ def _long_inputs(long: Mapping[str, Any]) -> str:
     text = f"{counts} inputs longer than {long['max_seq_length']} tokens"
     if long.get("mode") != "windows":
         return text + "; truncated to it (long_inputs: windows reads them whole)"
-    stride = long.get("window_stride") or "half a window"
+    apart = f"{long['window_stride']} tokens" if long.get("window_stride") else "half a window"
     cut = sum(c.get("cut", 0) for c in splits.values())
     cut_text = f"{cut:,} still cut after {long['max_windows']} windows" if cut else "none cut"
-    return text + f"; read in windows {stride} tokens apart, {long['window_pool']}-pooled ({cut_text})"
+    return text + f"; read in windows {apart} apart, {long['window_pool']}-pooled ({cut_text})"
 
 
 def _how(task: Mapping[str, Any]) -> str:
