@@ -97,9 +97,9 @@ class _Job:
 
 
 def _finetune_key(task: str, model: str, fraction: float, seed: int) -> str:
-    """A fine-tuning job's marker name; the whole training file keeps the name it had
-    before train_fractions existed, so finished jobs of such a run stay found."""
-    share = "" if fraction >= 1.0 else f"__fraction{fraction:g}"
+    """A fine-tuning job's marker name (a fraction as Python writes it, so two fractions
+    never share one); on the whole training file, the name it had before train_fractions."""
+    share = "" if fraction >= 1.0 else f"__fraction{float(fraction)!r}"
     return f"finetune__{task}__{model}{share}__seed{seed}"
 
 
