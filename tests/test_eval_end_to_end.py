@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tiny_bert import save_tiny_bert
 
 from bertcore.eval import finetune
+from bertcore.eval.features import text_features
 from bertcore.eval.embeddings import embedding_report
 from bertcore.eval.tasks import TaskConfig, TextExample
 
@@ -134,7 +135,7 @@ def test_freeze_encoder_trains_only_the_head(tiny_model, good_task):
     before = {k: v.clone() for k, v in model.encoder.state_dict().items()}
     head_before = model.head.weight.detach().clone()
     examples = [TextExample(s, None, label) for s, label in _good_rows(3, 16)]
-    features = finetune._text_features(examples, tokenizer, task, ["neg", "pos"])
+    features = text_features(examples, tokenizer, task, ["neg", "pos"])
     finetune._train(model, features, task, tokenizer.pad_token_id, torch.Generator().manual_seed(0))
     assert all(torch.equal(before[k], v) for k, v in model.encoder.state_dict().items())
     assert not torch.equal(head_before, model.head.weight)

@@ -12,6 +12,7 @@ import torch
 from tiny_bert import save_tiny_bert
 
 from bertcore.eval import finetune
+from bertcore.eval.features import text_features
 from bertcore.eval.config import EvaluateConfig, TaskConfig
 from bertcore.eval.encoder import (
     Features,
@@ -102,7 +103,7 @@ def test_freezing_lower_layers_keeps_them_and_trains_the_rest(tiny_model, task):
     before = {k: v.clone() for k, v in model.encoder.state_dict().items()}
     tokenizer = load_tokenizer(tiny_model)
     examples = [TextExample(a, None, b) for a, b in _rows(3, 16)]
-    features = finetune._text_features(examples, tokenizer, frozen_task, ["animal", "tool"])
+    features = text_features(examples, tokenizer, frozen_task, ["animal", "tool"])
     finetune._train(model, features, frozen_task, tokenizer.pad_token_id, torch.Generator().manual_seed(0))
     after = model.encoder.state_dict()
     unchanged = {k for k in after if torch.equal(before[k], after[k])}
@@ -137,7 +138,7 @@ def test_scalar_mix_learns_its_layer_weights(tiny_model, task):
     mix_task = task.model_copy(update={"pooling": "mean", "layers": "all", "combine": "scalar_mix", "freeze_encoder": True, "epochs": 2})
     model = _model(tiny_model, pooling="mean", layers="all", combine="scalar_mix")
     tokenizer = load_tokenizer(tiny_model)
-    features = finetune._text_features([TextExample(a, None, b) for a, b in _rows(3, 24)], tokenizer, mix_task, ["animal", "tool"])
+    features = text_features([TextExample(a, None, b) for a, b in _rows(3, 24)], tokenizer, mix_task, ["animal", "tool"])
     finetune._train(model, features, mix_task, tokenizer.pad_token_id, torch.Generator().manual_seed(0))
     assert model.mix.weights.shape == (4,) and not torch.equal(model.mix.weights.detach(), torch.zeros(4))
 

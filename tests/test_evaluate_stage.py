@@ -469,6 +469,51 @@ def test_the_model_fine_tuned_on_the_whole_training_file_is_kept_for_export(root
         assert torch.equal(tensor, saved.state_dict()[name]), name
 
 
+def test_train_fractions_are_jobs_of_their_own_resumed_by_marker_and_drawn_as_a_curve(root, storage, tmp_path):
+    """Each fraction is one job per model and seed (the whole file keeps its job's old
+    name); a fraction that leaves a label out is refused before any job starts; metrics.json
+    holds every point with its spread, and the report draws them."""
+    train = _tsv(tmp_path / "train.tsv", ("sentence", "label"), _classification_rows(1, 16))
+    dev = _tsv(tmp_path / "dev.tsv", ("sentence", "label"), _classification_rows(2, 8))
+    task = _quick(name="few", type="classification", format="tsv", train=train, validation=dev, seeds=[1, 2], train_fractions=[0.25, 0.5, 1.0], pooling="mean")
+    progress = os.path.join(root, EVAL_DIR, "_progress")
+    with pytest.raises(InputDataError) as err:
+        evaluate(_only_tasks([task | {"train_fractions": [0.05, 1.0]}], baseline=True), root, storage, seed=5)
+    assert str(err.value).startswith("evaluate.tasks[0].train_fractions: 0.05 of task 'few''s 16 training examples keeps 1, fewer than its 2 labels;")
+    assert not os.path.exists(progress) or not os.listdir(progress)  # refused at plan time: no job ran
+
+    cfg = _only_tasks([task], baseline=True)
+    manifest, computed = evaluate(cfg, root, storage, seed=5)
+    assert computed and "plots/label_fractions.png" in {s.path for s in manifest.shards}
+    markers = sorted(os.listdir(progress))
+    assert len(markers) == 12 and "finetune__few__random_init__fraction0.25__seed2.json" in markers and "finetune__few__pretrained__seed1.json" in markers
+    with open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8") as handle:
+        metrics = json.load(handle)
+    entry = metrics["tasks"]["few"]
+    assert entry["train_fraction"] == 1.0 and entry["fit_examples"] == [16]
+    curve = entry["learning_curve"]
+    assert [p["fraction"] for p in curve["points"]] == [0.25, 0.5, 1.0]
+    assert [p["fit_examples"] for p in curve["points"]] == [[4], [8], [16]]
+    for point in curve["points"]:
+        for model in ("pretrained", "random_init"):
+            summary = point[model]
+            assert len(summary["values"]) == 2 and summary["min"] <= summary["median"] <= summary["max"]
+            assert (summary["min"], summary["max"]) == (min(summary["values"]), max(summary["values"]))
+        assert point["verdict"]["text"]
+    assert curve["points"][-1]["pretrained"]["median"] == entry["pretrained"]["validation"]["accuracy"]["median"]  # the headline is the whole file
+    with open(os.path.join(root, EVAL_DIR, "report.md"), encoding="utf-8") as handle:
+        assert "## Few labels" in handle.read()
+    with open(os.path.join(root, EVAL_DIR, "plots", "label_fractions.png"), "rb") as handle:
+        assert handle.read(8) == PNG_MAGIC
+
+    os.remove(os.path.join(root, EVAL_DIR, "_manifest.json"))  # a crash after the jobs: every one is read back
+    _, computed = evaluate(cfg, root, storage, seed=5)
+    with open(os.path.join(root, EVAL_DIR, "metrics.json"), encoding="utf-8") as handle:
+        again = json.load(handle)
+    assert computed and again["timings"]["jobs_reused"] == again["timings"]["jobs"] == 12
+    assert again["tasks"] == metrics["tasks"]
+
+
 # -- configuration --------------------------------------------------------------------------------
 
 

@@ -37,6 +37,12 @@ TRAINED_TYPES = ("classification", "regression", "token_classification", "qa")
 """Task types that fine-tune a model; word_similarity only reads the encoder."""
 TagScheme = Literal["IOB1", "IOB2", "BIO", "IOBES"]
 """Tagging schemes of CoNLL files (bertcore.eval.metrics.entity_scores reads them)."""
+LongInputs = Literal["truncate", "windows"]
+"""What happens to a text longer than max_seq_length (bertcore/eval/windows.py)."""
+WindowPool = Literal["mean", "max", "first"]
+"""How the pooled vectors of one input's windows become one."""
+WINDOWED_TYPES = ("classification", "regression")
+"""Task types that can read long inputs in windows (QA always does, by doc_stride)."""
 
 
 class TaskConfig(Section):
@@ -83,7 +89,15 @@ class TaskConfig(Section):
     batch_size: int = Field(32, ge=1)
     """Training examples (or QA windows) per optimizer step."""
     max_seq_length: int = Field(128, ge=8)
-    """Tokens per input including special tokens; longer inputs are truncated (QA: split into windows)."""
+    """Tokens per input including special tokens; longer inputs are truncated, or read in windows with `long_inputs: windows` (QA: always split into windows)."""
+    long_inputs: LongInputs = "truncate"
+    """classification/regression: an input longer than max_seq_length is cut to it (truncate, BERT's way), or read as overlapping windows of max_seq_length tokens (windows: `[CLS] piece [SEP]` each, for a pair `[CLS] text_a [SEP] piece of text_b [SEP]`), whose pooled vectors `window_pool` combines before the head, in training and in scoring. The report counts the inputs longer than the window either way."""
+    window_stride: int | None = Field(None, ge=1)
+    """long_inputs windows: tokens between the starts of consecutive windows (as QA's doc_stride); None: half of a window's text, so each token is read twice. A stride longer than a window's text is shortened to it, so no token is skipped."""
+    window_pool: WindowPool = "mean"
+    """long_inputs windows: how the windows' pooled vectors become one: mean, max (element-wise) or first (the first window's alone, which reads what truncation reads)."""
+    max_windows: int = Field(16, ge=1)
+    """long_inputs windows: most windows read per input (memory grows with them); text past the last is cut, and the report counts the inputs cut."""
     freeze_encoder: bool = False
     """Feature-based evaluation: keep the encoder's weights fixed and train only the task head (BERT paper, section 5.3)."""
     freeze_layers: int = Field(0, ge=0)
@@ -120,10 +134,13 @@ class TaskConfig(Section):
     """qa, version_2: predict no answer when null score - best span score > this value."""
     on_error: Literal["raise", "skip"] = "raise"
     """raise: a malformed row stops with its file and line; skip: malformed rows are left out and counted."""
+    train_fractions: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
+    """Learning curve: fine-tune on these shares of the training examples too, e.g. [0.01, 0.1, 1.0]: nested seeded subsets (the 1% inside the 10% inside the whole; stratified by label for classification, every label kept), drawn per run seed and task, the same for every model and fine-tuning seed. Each fraction runs every seed on every model; the report plots the primary metric over the fraction. The largest fraction gives the task's headline scores and verdict. With cross_validation_folds each fold's training part is subsampled and scored on its whole held-out fold."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
         self._check_training()
+        self._check_windows_and_fractions()
         if self.format not in _FORMATS_OF[self.type]:
             allowed = ", ".join(_FORMATS_OF[self.type])
             raise ValueError(f"format {self.format!r} cannot hold a {self.type} task; use one of {allowed}")
@@ -164,6 +181,19 @@ class TaskConfig(Section):
             raise ValueError("train is not set: give the training file")
         if self.freeze_encoder and self.freeze_layers:
             raise ValueError("freeze_encoder already freezes every layer; leave freeze_layers at 0")
+
+    def _check_windows_and_fractions(self) -> None:
+        if self.long_inputs == "windows" and self.type not in WINDOWED_TYPES:
+            raise ValueError(f"long_inputs windows is for classification and regression; a {self.type} task truncates (qa: set doc_stride)")
+        bad = [f for f in self.train_fractions if not 0.0 < f <= 1.0]
+        if bad:
+            raise ValueError(f"train_fractions must lie in (0, 1] (1.0: the whole training file); got {bad[0]}")
+        if len(set(self.train_fractions)) != len(self.train_fractions):
+            raise ValueError("train_fractions contains duplicates")
+        if self.train_fractions != sorted(self.train_fractions):
+            raise ValueError(f"train_fractions must be in increasing order, e.g. {sorted(self.train_fractions)}")
+        if self.type not in TRAINED_TYPES and self.train_fractions != [1.0]:
+            raise ValueError("a word_similarity task trains nothing, so train_fractions does not apply; leave it at [1.0]")
 
 
 class IntrinsicConfig(Section):
@@ -212,7 +242,15 @@ class EmbeddingsConfig(Section):
     num_pairs: int = Field(1000, ge=1)
     """Random sentence pairs averaged for the anisotropy."""
     max_seq_length: int = Field(128, ge=8)
-    """Tokens per sentence including special tokens; longer sentences are truncated."""
+    """Tokens per sentence including special tokens; longer sentences are truncated, or read in windows with `long_inputs: windows`."""
+    long_inputs: LongInputs = "truncate"
+    """A sentence longer than max_seq_length is cut to it (truncate), or read as overlapping windows of max_seq_length tokens, `[CLS] piece [SEP]` each, whose [CLS] or mean vectors `window_pool` combines (windows). The report counts the sentences longer than the window either way."""
+    window_stride: int | None = Field(None, ge=1)
+    """long_inputs windows: tokens between the starts of consecutive windows; None: half of a window's text."""
+    window_pool: WindowPool = "mean"
+    """long_inputs windows: mean, max (element-wise) or first (the first window's vector alone)."""
+    max_windows: int = Field(16, ge=1)
+    """long_inputs windows: most windows read per sentence; text past the last is cut and counted."""
     sts: StsConfig | None = None
     """Optional STS-style file: Spearman correlation of cosine similarity with the gold scores."""
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from bertcore.eval.config import Combine, Pooling
+from bertcore.eval.windows import pool_windows
 
 
 @contextlib.contextmanager
@@ -169,7 +170,9 @@ class Features:
 class TaskModel(nn.Module):
     """Encoder + one linear head. Sequence tasks (classification, regression) read a pooled
     vector, token tasks and QA every position; `features` chooses the hidden states
-    (default: BERT's fine-tuning setup, the pooler over the last layer)."""
+    (default: BERT's fine-tuning setup, the pooler over the last layer). Inputs read in
+    windows (bertcore/eval/windows.py) come with `window_owner`, and their windows'
+    vectors are combined by `window_pool` before the head."""
 
     def __init__(
         self,
@@ -179,11 +182,13 @@ class TaskModel(nn.Module):
         dropout: float = 0.1,
         hidden_size: int | None = None,
         features: Features = Features(),
+        window_pool: str = "mean",
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.task_type = task_type
         self.features = features
+        self.window_pool = window_pool
         config = getattr(encoder, "config", None)
         hidden = hidden_size or getattr(config, "hidden_size", None)
         if hidden is None:
@@ -215,10 +220,15 @@ class TaskModel(nn.Module):
             return self._combined(states)[:, 0]  # cls, or "pooler" on an encoder without one
         return self._combined(states)  # (B, T, F)
 
-    def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, token_type_ids, window_owner: torch.Tensor | None = None) -> torch.Tensor:
+        """window_owner (W,): with windows, the rows are W windows of B inputs and this is
+        each window's input (sequence tasks only)."""
         states, pooled = hidden_states(self.encoder, input_ids, attention_mask, token_type_ids)
+        features = self.head_input(states, pooled, attention_mask)
+        if window_owner is not None:
+            features = pool_windows(features, window_owner, self.window_pool)  # (W, F) -> (B, F)
         # (B, C) or (B, 1) for sequence tasks; (B, T, C) tags, or (B, T, 2) start/end
-        return self.head(self.dropout(self.head_input(states, pooled, attention_mask)))
+        return self.head(self.dropout(features))
 
 
 # --- optimisation --------------------------------------------------------------------------

@@ -1,4 +1,3 @@
-# Over 500 lines on purpose: one fine-tuning loop for four task types (classification, regression, tokens, QA) sharing its batching, seeding and scoring.
 """Fine-tuning on CPU: a task head on a pretrained (or freshly initialised) encoder,
 trained and scored with one seed.
 
@@ -28,7 +27,8 @@ import torch
 from torch import nn
 
 from bertcore.errors import ConfigError
-from bertcore.eval import metrics, qa, scoring
+from bertcore.eval import metrics, scoring
+from bertcore.eval.config import WINDOWED_TYPES
 from bertcore.eval.encoder import (
     Features,
     TaskModel,
@@ -39,16 +39,10 @@ from bertcore.eval.encoder import (
     parameter_groups,
     pooler_source,
 )
-from bertcore.eval.tasks import (
-    QAExample,
-    TaggedSentence,
-    TaskConfig,
-    TaskDataError,
-    TextExample,
-    fold_splits,
-    infer_labels,
-    read_split,
-)
+from bertcore.eval.features import Feature, make_batch, qa_features, text_features, token_features
+from bertcore.eval.fractions import fraction_subset
+from bertcore.eval.tasks import TaskConfig, TaskDataError, fold_splits, infer_labels, read_split
+from bertcore.eval.windows import long_input_counts
 from bertcore.rng import keyed_numpy, keyed_seed
 
 __all__ = ["TaskModel", "compare_with_baseline", "encode", "load_encoder", "load_tokenizer", "run_seeds", "run_task"]
@@ -61,95 +55,6 @@ class TaskSettingError(ConfigError, ValueError):
 def device() -> torch.device:
     """The GPU when this process sees one (a Ray job given `num_gpus`), else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-# --- features ------------------------------------------------------------------------------
-
-
-@dataclass
-class _Feature:
-    input_ids: list[int]
-    token_type_ids: list[int]
-    label: object  # int | float | list[int] (per token, -100 = not scored) | tuple[int, int] (QA)
-
-
-def _text_features(examples: Sequence[TextExample], tokenizer, task: TaskConfig, labels: list[str]) -> list[_Feature]:
-    index = {label: i for i, label in enumerate(labels)}
-    encoded = tokenizer(
-        [e.text_a for e in examples],
-        [e.text_b for e in examples] if any(e.text_b is not None for e in examples) else None,
-        truncation=True,
-        max_length=task.max_seq_length,
-        return_token_type_ids=True,
-    )
-    return [
-        _Feature(ids, types, float(e.label) if task.type == "regression" else index[e.label])
-        for ids, types, e in zip(encoded["input_ids"], encoded["token_type_ids"], examples)
-    ]
-
-
-def _token_features(examples: Sequence[TaggedSentence], tokenizer, task: TaskConfig, labels: list[str]):
-    """Features plus, per sentence, the position of each word's first sub-token (None when
-    truncation cut the word off): only that piece is trained and read, as in BERT's NER."""
-    index = {label: i for i, label in enumerate(labels)}
-    encoded = tokenizer(
-        [list(e.words) for e in examples],
-        is_split_into_words=True,
-        truncation=True,
-        max_length=task.max_seq_length,
-        return_token_type_ids=True,
-    )
-    features, first_pieces = [], []
-    for i, example in enumerate(examples):
-        word_ids = encoded.word_ids(i)
-        first = [None] * len(example.words)
-        token_labels = [-100] * len(word_ids)
-        for position, word in enumerate(word_ids):
-            if word is not None and first[word] is None:
-                first[word] = position
-                token_labels[position] = index[example.tags[word]]
-        features.append(_Feature(encoded["input_ids"][i], encoded["token_type_ids"][i], token_labels))
-        first_pieces.append(first)
-    return features, first_pieces
-
-
-def _qa_features(examples: Sequence[QAExample], tokenizer, task: TaskConfig):
-    windows = qa.build_windows(
-        examples,
-        tokenizer,
-        max_seq_length=task.max_seq_length,
-        doc_stride=task.doc_stride,
-        max_query_length=task.max_query_length,
-    )
-    features = [_Feature(w.input_ids, w.token_type_ids, (w.start_position, w.end_position)) for w in windows]
-    return features, windows
-
-
-def _batch(features: Sequence[_Feature], pad_id: int, task_type: str, where: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """Pads to the longest feature in the batch (B, T); padding costs little on CPU this way.
-    The tensors are moved to `where` (default: stay on the CPU)."""
-    width = max(len(f.input_ids) for f in features)
-    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
-    types = torch.zeros((len(features), width), dtype=torch.long)
-    mask = torch.zeros((len(features), width), dtype=torch.long)
-    for row, f in enumerate(features):
-        n = len(f.input_ids)
-        ids[row, :n] = torch.tensor(f.input_ids)
-        types[row, :n] = torch.tensor(f.token_type_ids)
-        mask[row, :n] = 1
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    if task_type == "classification":
-        batch["labels"] = torch.tensor([f.label for f in features], dtype=torch.long)
-    elif task_type == "regression":
-        batch["labels"] = torch.tensor([f.label for f in features], dtype=torch.float)
-    elif task_type == "token_classification":
-        labels = torch.full((len(features), width), -100, dtype=torch.long)
-        for row, f in enumerate(features):
-            labels[row, : len(f.label)] = torch.tensor(f.label)
-        batch["labels"] = labels
-    else:
-        batch["labels"] = torch.tensor([f.label for f in features], dtype=torch.long)  # (B, 2) start, end
-    return batch if where is None else {k: v.to(where) for k, v in batch.items()}
 
 
 def _loss(logits: torch.Tensor, labels: torch.Tensor, task_type: str) -> torch.Tensor:
@@ -191,7 +96,7 @@ class Trained:
 
 
 def _train(
-    model: TaskModel, features: list[_Feature], task: TaskConfig, pad_id: int, order: torch.Generator, stop_score=None
+    model: TaskModel, features: list[Feature], task: TaskConfig, pad_id: int, order: torch.Generator, stop_score=None
 ) -> Trained:
     """Trains in place. stop_score: a callable scoring the model on the held-out part of
     the training data (higher is better) after each epoch; with it, training stops after
@@ -212,7 +117,7 @@ def _train(
         permutation = torch.randperm(len(features), generator=order).tolist()
         losses = []
         for start in range(0, len(features), task.batch_size):
-            batch = _batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, task.type, where)
+            batch = make_batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, task.type, where)
             labels = batch.pop("labels")
             step_loss = _loss(model(**batch), labels, task.type)
             optimizer.zero_grad(set_to_none=True)
@@ -236,14 +141,14 @@ def _train(
 
 
 @torch.no_grad()
-def _predict(model: TaskModel, features: list[_Feature], pad_id: int, task_type: str, batch_size: int) -> list[np.ndarray]:
+def _predict(model: TaskModel, features: list[Feature], pad_id: int, task_type: str, batch_size: int) -> list[np.ndarray]:
     """Per feature: logits (C,), (1,), (T, C) or (T, 2), cut to the feature's length."""
     model.eval()
     where = next(model.parameters()).device
     outputs: list[np.ndarray] = []
     for start in range(0, len(features), batch_size):
         chunk = features[start : start + batch_size]
-        batch = _batch(chunk, pad_id, task_type, where)
+        batch = make_batch(chunk, pad_id, task_type, where)
         batch.pop("labels")
         logits = model(**batch).float().cpu().numpy()
         for row, f in enumerate(chunk):
@@ -294,10 +199,10 @@ def _fit_and_score(
 
     def featurize(examples):
         if task.type == "qa":
-            return _qa_features(examples, tokenizer, task)
+            return qa_features(examples, tokenizer, task)
         if task.type == "token_classification":
-            return _token_features(examples, tokenizer, task, labels)
-        return _text_features(examples, tokenizer, task, labels), None
+            return token_features(examples, tokenizer, task, labels)
+        return text_features(examples, tokenizer, task, labels), None
 
     def score(model, examples) -> dict[str, float]:
         features, extra = featurize(examples)
@@ -324,7 +229,7 @@ def _fit_and_score(
         outputs = 2 if task.type == "qa" else 1 if task.type == "regression" else len(labels)
         head_dropout = task.dropout if task.dropout is not None else getattr(encoder.config, "hidden_dropout_prob", 0.1)
         features = Features(layers=task.layers, combine=task.combine, pooling=task.pooling)
-        model = TaskModel(encoder, task.type, outputs, head_dropout, features=features).to(device())
+        model = TaskModel(encoder, task.type, outputs, head_dropout, features=features, window_pool=task.window_pool).to(device())
         train_features, _ = featurize(train)
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "dropout"))
         order = torch.Generator().manual_seed(keyed_seed(seed, task.name, run_key, "order") % 2**63)
@@ -357,38 +262,53 @@ def _read(task: TaskConfig) -> tuple[object, list[str], dict[str, list], dict[st
     return train, labels, evaluate, skipped, problems
 
 
-def _fine_tune(task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, random_init: bool, keep: list | None = None) -> dict:
+def _fine_tune(
+    task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, random_init: bool, keep: list | None = None, fraction: float = 1.0, subset_seed: int = 0
+) -> dict:
     """The fine-tuning part of `run_task` (every type but word_similarity). `keep`: a list
-    that receives the model fine-tuned on the whole training file (with cross-validation
-    and no test file, one more run fits it)."""
+    that receives the model fine-tuned on the whole training file, or its `fraction` (with
+    cross-validation and no test file, one more run fits it). Each fit trains on
+    `fraction` of its training examples, a nested subset keyed by (subset_seed, task, fit)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     train, labels, evaluate, skipped, problems = _read(task)
     result: dict = {"baselines": {}}
+    fitted: list[int] = []
+
+    def fit(examples: list, run_key: str, scored: dict[str, list], keep_model: list | None = None):
+        subset = fraction_subset(examples, fraction, task, subset_seed, run_key)
+        fitted.append(len(subset))
+        scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, subset, scored, run_key, keep_model)
+        return scores, trained, {split: scoring.majority_scores(task, labels, subset, examples) for split, examples in scored.items()}
+
     if task.cross_validation_folds is None:
-        scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, evaluate, "full", keep)
+        scores, trained, majority = fit(train.examples, "full", evaluate, keep)
         result.update(scores)
-        for split, examples in evaluate.items():
-            result["baselines"][split] = scoring.majority_scores(task, labels, train.examples, examples)
+        result["baselines"].update(majority)
     else:
-        per_fold, majority = [], []
+        per_fold, fold_majority = [], []
         for k, (train_idx, held_idx) in enumerate(fold_splits(task, train.examples)):
-            fold_train = [train.examples[i] for i in train_idx]
             held = [train.examples[i] for i in held_idx]
-            scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, fold_train, {"validation": held}, f"fold{k}")
+            scores, trained, majority = fit([train.examples[i] for i in train_idx], f"fold{k}", {"validation": held})
             per_fold.append(scores["validation"])
-            majority.append(scoring.majority_scores(task, labels, fold_train, held))
+            fold_majority.append(majority["validation"])
         result["validation"] = {name: float(np.mean([f[name] for f in per_fold])) for name in per_fold[0]}
-        result["baselines"]["validation"] = None if majority[0] is None else {n: float(np.mean([m[n] for m in majority])) for n in majority[0]}
+        result["baselines"]["validation"] = None if fold_majority[0] is None else {n: float(np.mean([m[n] for m in fold_majority])) for n in fold_majority[0]}
         if "test" in evaluate:
-            scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {"test": evaluate["test"]}, "full", keep)
+            scores, trained, majority = fit(train.examples, "full", {"test": evaluate["test"]}, keep)
             result.update(scores)
-            result["baselines"]["test"] = scoring.majority_scores(task, labels, train.examples, evaluate["test"])
+            result["baselines"].update(majority)
         elif keep is not None:  # the folds' models each miss a fold: fit one on everything to keep
-            _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, train.examples, {}, "full", keep)
+            fit(train.examples, "full", {}, keep)
+            fitted.pop()  # kept for export, not scored
     result["baselines"] = {split: {"majority": scores} for split, scores in result["baselines"].items() if scores is not None}
+    if task.type in WINDOWED_TYPES:
+        read = {"train": train.examples, **({} if task.cross_validation_folds else evaluate)}
+        result["long_inputs"] = {split: long_input_counts(tokenizer, [e.text_a for e in ex], [e.text_b for e in ex], task) for split, ex in read.items()}
     result.update(
         labels=labels,
         train_examples=len(train.examples),
+        fraction=fraction,
+        fit_examples=fitted,
         skipped=skipped,
         skipped_problems=problems,
         final_train_loss=trained.final_train_loss,
@@ -424,13 +344,17 @@ def run_task(
     random_init: bool,
     num_threads: int = 1,
     keep: list | None = None,
+    fraction: float = 1.0,
+    subset_seed: int = 0,
 ) -> dict:
     """Fine-tunes on `task` with one seed (word_similarity: scores the encoder's word
     vectors) and returns its metrics: {"task", "seed", "random_init", "validation":
     {metric: value}, "test": {...} (when a test file is set), "baselines": {split:
     {"majority": {metric: value}}} (classification and tagging), "folds", "labels",
-    "train_examples", "skipped": {split: rows}, "skipped_problems", "final_train_loss",
-    "epochs_trained", "best_epoch", "pooler", "device", "seconds"}.
+    "train_examples", "fraction", "fit_examples" (examples each scored fit trained on),
+    "long_inputs" (classification, regression: {split: long_input_counts}), "skipped":
+    {split: rows}, "skipped_problems", "final_train_loss", "epochs_trained", "best_epoch",
+    "pooler", "device", "seconds"}.
 
     encoder_dir: the Hugging Face folder of the pretrained encoder; None (only with
     random_init) takes config.json from tokenizer_dir, for a baseline with no checkpoint.
@@ -439,6 +363,9 @@ def run_task(
     from a model fine-tuned on the whole training file.
     keep: a list that receives the TaskModel fine-tuned on the whole training file (not
     for word_similarity, which trains nothing); the evaluate stage saves it for export.
+    fraction: train on this share of the training examples (of each fold's, with
+    cross-validation), a nested subset drawn with `subset_seed` (the run seed) and the
+    task's name (bertcore/eval/fractions.py), the same for every seed and model.
     """
     if encoder_dir is None and not random_init:
         raise ValueError("encoder_dir is required unless random_init is true")
@@ -452,7 +379,7 @@ def run_task(
 
             result = run_word_similarity(task, encoder_dir, tokenizer_dir, seed, random_init=random_init)
         else:
-            result = _fine_tune(task, encoder_dir, tokenizer_dir, seed, random_init, keep)
+            result = _fine_tune(task, encoder_dir, tokenizer_dir, seed, random_init, keep, fraction, subset_seed)
     finally:
         torch.set_num_threads(threads)
     return {

@@ -5,9 +5,9 @@ One safetensors file per task and model: the whole `TaskModel` (the encoder as
 fine-tuning left it, and the head). Fine-tuning moves every encoder weight unless
 `freeze_encoder` is set, so a head alone on the original encoder would not give the
 fine-tuned predictions. The file's metadata (strings, as safetensors keeps them) says how
-to rebuild it: the task type, labels, what the head reads (layers, combine, pooling), the
-seed, what it was trained on, and the sha256 of the encoder weights fine-tuning started
-from, which export compares with the model it exports. No pickles: weights and JSON only.
+to rebuild it: the task type, labels, what the head reads (layers, combine, pooling), how
+long inputs were read, the seed, what it was trained on, and the sha256 of the encoder
+weights fine-tuning started from, which export compares with the model it exports. No pickles: weights and JSON only.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ class TaskHead:
     encoder_sha256: str
     """sha256 of the model.safetensors fine-tuning started from."""
     max_seq_length: int
+    long_inputs: dict | None = None
+    """How fine-tuning read inputs longer than max_seq_length: None, truncated; or in
+    windows, {"window_stride", "window_pool", "max_windows"} (bertcore/eval/windows.py).
+    The saved model scores one window; to score a long input as fine-tuning did, pool its
+    windows' head inputs the same way (with mean pooling, averaging the windows' logits
+    gives the same result, the head being linear)."""
 
 
 def save_task_model(path: str, model, head: TaskHead) -> None:
@@ -97,7 +103,7 @@ def load_task_model(path: str, encoder_dir: str):
     encoder = load_encoder(encoder_dir, random_init=True)  # architecture only: every weight is replaced below
     layers = head.layers if isinstance(head.layers, str) else tuple(head.layers)
     features = Features(layers=layers, combine=head.combine, pooling=head.pooling)
-    model = TaskModel(encoder, head.type, head.num_outputs, features=features)
+    model = TaskModel(encoder, head.type, head.num_outputs, features=features, window_pool=(head.long_inputs or {}).get("window_pool", "mean"))
     state = safetensors.torch.load_file(path)
     try:
         model.load_state_dict(state, strict=True)

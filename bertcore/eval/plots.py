@@ -111,3 +111,41 @@ def plot_tasks(tasks: Mapping[str, dict], path: str) -> bool:
     ax.legend()
     _save(fig, path)
     return True
+
+
+def plot_learning_curves(tasks: Mapping[str, dict], path: str) -> bool:
+    """Per task with a learning curve (train_fractions), its primary validation metric
+    against the share of training examples (log axis): each model's median over seeds as a
+    line, its min-max over seeds as a band, the majority-class floor dotted. False (and
+    nothing written) when no task has one."""
+    curves = {name: t["learning_curve"] for name, t in tasks.items() if t.get("learning_curve")}
+    if not curves:
+        return False
+    fig = Figure(figsize=(4.6 * len(curves), 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(curves)))
+    for ax, (name, curve) in zip(axes, curves.items()):
+        points, factor = curve["points"], scale(curve["metric"])
+        fractions = np.array([p["fraction"] for p in points])
+        for model in ("teacher", tasks[name].get("subject", "pretrained"), "random_init"):
+            if not all(model in p for p in points):
+                continue
+            median, low, high = (np.array([_number(p[model].get(k)) * factor for p in points]) for k in ("median", "min", "max"))
+            (line,) = ax.plot(fractions, median, "o-", linewidth=1.4, markersize=4, label=model.replace("_", " "))
+            ax.fill_between(fractions, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        floors = [p["majority"] for p in points if p.get("majority") is not None]
+        if floors:
+            ax.axhline(floors[-1] * factor, color="grey", linestyle=":", linewidth=1.0, label="majority class")
+        ax.set_xscale("log")
+        ax.set_xticks(fractions, [f"{100 * f:g}%" for f in fractions])
+        ax.minorticks_off()
+        ax.set_xlabel("share of the training examples")
+        ax.set_ylabel(f"validation {curve['metric']} x 100\nmedian over seeds, band: min-max")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else np.nan

@@ -19,9 +19,14 @@ scored beside it; `subject` names it, "pretrained" when absent):
                       {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ...,
                       "gain": {metric: float}, "baselines": {"chance": {metric: value},
                       "validation": {"majority": {metric: value}}}, "verdict": {"text", ...},
-                      "pooler", "pooling", "skipped": {split: rows}, "skipped_problems"}}
+                      "pooler", "pooling", "skipped": {split: rows}, "skipped_problems",
+                      "train_fraction", "fit_examples", "long_inputs": {"mode", "max_seq_length",
+                      "window_stride", "window_pool", "max_windows", "splits": {split: {"inputs",
+                      "longer", "cut"}}} (classification, regression), "learning_curve" (with
+                      several train_fractions: bertcore/eval/learning_curve.py)}}
     verdicts:        [str], one line per pretraining objective and task
-    embeddings:      {"sentences", "sts_pairs", SUBJECT: {pooling: {...}}, "random_init": ..., "teacher": ...} or None
+    embeddings:      {"sentences", "sts_pairs", "long_inputs": {"mode", "max_seq_length", "inputs", "longer", "cut"}, SUBJECT: {pooling: {...}},
+                      "random_init": ..., "teacher": ...} or None
     speed, distillation: after distillation, bertcore/eval/speed.py's and bertcore/eval/distillation.py's
     skipped_rows:    {"total", "files": {uri: rows}}
     notes:           [str]
@@ -37,7 +42,7 @@ from typing import Any
 
 from bertcore import figures
 from bertcore.train import metrics_log
-from bertcore.eval import distillation
+from bertcore.eval import distillation, learning_curve
 from bertcore.eval.config import TRAINED_TYPES
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -374,6 +379,9 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     out += _table(["task", "type", "metric", subject, "random init", "gain (points)", "majority", "chance", "seeds", "scored on"], rows)
     out.append("")
     out += [f"- {name}: {task['verdict']['text']}" for name, task in tasks.items() if task.get("verdict")] + [""]
+    long_inputs = [f"- {name}: {_long_inputs(task['long_inputs'])}" for name, task in tasks.items() if task.get("long_inputs")]
+    if long_inputs:
+        out += ["Inputs longer than the window:", "", *long_inputs, ""]
     if "tasks" in plots:
         out += [f"![task scores]({plots['tasks']})", ""]
     out += ["### All metrics", ""]
@@ -390,12 +398,27 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     return out
 
 
+def _long_inputs(long: Mapping[str, Any]) -> str:
+    """How many of a task's inputs were longer than its window, and what was done with them."""
+    splits = long.get("splits") or {}
+    counts = ", ".join(f"{c['longer']:,} of {c['inputs']:,} {split}" for split, c in splits.items())
+    text = f"{counts} inputs longer than {long['max_seq_length']} tokens"
+    if long.get("mode") != "windows":
+        return text + "; truncated to it (long_inputs: windows reads them whole)"
+    apart = f"{long['window_stride']} tokens" if long.get("window_stride") else "half a window"
+    cut = sum(c.get("cut", 0) for c in splits.values())
+    cut_text = f"{cut:,} still cut after {long['max_windows']} windows" if cut else "none cut"
+    return text + f"; read in windows {apart} apart, {long['window_pool']}-pooled ({cut_text})"
+
+
 def _how(task: Mapping[str, Any]) -> str:
     """How a task was scored, for the summary table."""
     if task["type"] == "word_similarity":
         pairs = task.get("word_pairs") or {}
         return f"{pairs.get('pairs', '?')} word pairs, no training"
     how = f"{task['folds']}-fold CV" if task.get("folds") else "validation file"
+    if task.get("train_fraction", 1.0) < 1.0:
+        how += f", {100 * task['train_fraction']:g}% of the training examples"
     if task.get("freeze_encoder"):
         how += ", frozen encoder"
     if task.get("pooling"):
@@ -415,6 +438,7 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
             if embeddings.get("sts_pairs")
             else "No STS file was given."
         )
+        + _long_sentences(embeddings.get("long_inputs"))
     )
     out.append("")
     rows = []
@@ -424,6 +448,14 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
     out += _table(["model", "pooling", "anisotropy", "STS Spearman x100"], rows)
     out.append("")
     return out
+
+
+def _long_sentences(long: Mapping[str, Any] | None) -> str:
+    if not long:
+        return ""
+    how = "read in windows" if long.get("mode") == "windows" else "truncated"
+    cut = f", {long['cut']:,} still cut after the last window" if long.get("cut") else ""
+    return f" {long['longer']:,} of the {long['inputs']:,} sentences (STS included) were longer than {long.get('max_seq_length', '?')} tokens: {how}{cut}."
 
 
 def _skipped_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
@@ -450,6 +482,7 @@ _SECTIONS = (
     ("intrinsic", _intrinsic_section),
     ("fill_mask", _fill_mask_section),
     ("tasks", _tasks_section),
+    ("tasks", learning_curve.report_section),
     ("embeddings", _embeddings_section),
     ("skipped_rows", _skipped_section),
 )

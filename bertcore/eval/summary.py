@@ -76,6 +76,8 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: st
         "pooling": task.pooling if task.type in ("classification", "regression") else None,
         "labels": first["labels"],
         "train_examples": first["train_examples"],
+        "train_fraction": first.get("fraction", 1.0),
+        "fit_examples": first.get("fit_examples"),
         "pooler": {model: model_runs[0].get("pooler") for model, model_runs in runs.items()},
     }
     summaries = {model: finetune.summarize_seeds(model_runs) for model, model_runs in runs.items()}
@@ -87,6 +89,11 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: st
     entry["baselines"] = {"chance": baselines.chance(task.type, first["labels"]), **(first.get("baselines") or {})}
     if "word_pairs" in first:
         entry["word_pairs"] = first["word_pairs"]
+    if first.get("long_inputs") is not None:
+        entry["long_inputs"] = {
+            "mode": task.long_inputs, "max_seq_length": task.max_seq_length, "window_stride": task.window_stride,
+            "window_pool": task.window_pool, "max_windows": task.max_windows, "splits": first["long_inputs"],
+        }
     entry["skipped"] = first["skipped"]
     entry["skipped_problems"] = first["skipped_problems"]
     entry["verdict"] = task_verdict(entry)

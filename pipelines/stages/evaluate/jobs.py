@@ -155,18 +155,22 @@ def fill_mask_job(model: Model, sentences: list[str], count: int, seed: int, sto
 @ray.remote(max_retries=1)
 def finetune_job(
     task: TaskConfig, model: Model, tokenizer: Model, task_seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int,
-    keep_in: StageDir | None = None,
+    keep_in: StageDir | None = None, fraction: float = 1.0, subset_seed: int = 0,
 ) -> dict:
-    """One fine-tuning run (all folds of one seed); file names in messages are the task's URIs.
-    `tokenizer`: the model whose folder holds the tokenizer files (every model shares the
-    vocabulary). With `keep_in` (the stage directory), the model fine-tuned on the whole
-    training file is saved there for `bertpipe export --task`; the result's "saved" is its
-    shard record."""
+    """One fine-tuning run (all folds of one seed, on `fraction` of the training examples,
+    the subset drawn with `subset_seed`, the run seed); file names in messages are the
+    task's URIs. `tokenizer`: the model whose folder holds the tokenizer files (every model
+    shares the vocabulary). With `keep_in` (the stage directory), the model fine-tuned on
+    the whole training file (or that fraction of it) is saved there for `bertpipe export
+    --task`; the result's "saved" is its shard record."""
     model_dir = model.local(storage)
     local, back = local_task(task, storage, file_keys)
     kept: list | None = [] if keep_in is not None else None
     try:
-        result = finetune.run_task(local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept)
+        result = finetune.run_task(
+            local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept,
+            fraction=fraction, subset_seed=subset_seed,
+        )
     except BertpipeError as exc:
         raise type(exc)(original_paths(str(exc), back)) from None
     result["skipped_problems"] = [original_paths(p, back) for p in result["skipped_problems"]]
@@ -185,18 +189,32 @@ def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_
     head = TaskHead(
         task=task.name, type=task.type, labels=list(result["labels"]), num_outputs=model.head.out_features,
         layers=task.layers if isinstance(task.layers, str) else list(task.layers), combine=task.combine, pooling=task.pooling,
-        seed=seed, trained_on=f"the whole training file ({result['train_examples']} examples)",
+        seed=seed, trained_on=_trained_on(result),
         encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)), max_seq_length=task.max_seq_length,
+        long_inputs={"window_stride": task.window_stride, "window_pool": task.window_pool, "max_windows": task.max_windows} if task.long_inputs == "windows" else None,
     )
     return stage.publish(head_path(name, task.name), lambda path: save_task_model(path, model, head), rows=0)
+
+
+def _trained_on(result: dict) -> str:
+    """What the kept model was fine-tuned on, in words."""
+    whole = result["train_examples"]
+    if result.get("fraction", 1.0) >= 1.0:
+        return f"the whole training file ({whole} examples)"
+    from bertcore.eval.fractions import subset_size
+
+    return f"a seeded {result['fraction']:g} of the training file ({subset_size(result['fraction'], whole)} of {whole} examples)"
 
 
 @ray.remote(max_retries=1)
 def embeddings_job(
     model: Model, tokenizer: Model, sentences: list[str], cfg: EmbeddingsConfig, seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int
 ) -> dict:
-    """Anisotropy (and STS Spearman) for [CLS] and mean pooling."""
+    """Anisotropy (and STS Spearman) for [CLS] and mean pooling, and how many of the
+    sentences were longer than the window."""
     from bertcore.eval.embeddings import embedding_report, read_sts
+    from bertcore.eval.encoder import load_tokenizer
+    from bertcore.eval.windows import Windowing, long_input_counts
 
     pairs, skipped, problems = None, 0, []
     if cfg.sts is not None:
@@ -207,11 +225,14 @@ def embeddings_job(
             raise type(exc)(original_paths(str(exc), {path: cfg.sts.file})) from None
         pairs, skipped = read.examples, read.skipped
         problems = [original_paths(p, {path: cfg.sts.file}) for p in read.problems]
+    tokenizer_dir = tokenizer.local(storage)
     scores = embedding_report(
-        model.local(storage), tokenizer.local(storage), sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
-        max_seq_length=cfg.max_seq_length, random_init=model.random_init, num_threads=num_threads,
+        model.local(storage), tokenizer_dir, sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
+        max_seq_length=cfg.max_seq_length, random_init=model.random_init, num_threads=num_threads, windowing=Windowing.of(cfg),
     )
-    return {"scores": scores, "sts_pairs": len(pairs or []), "skipped": skipped, "skipped_problems": problems}
+    texts = list(sentences) + [text for p in pairs or [] for text in (p.text_a, p.text_b or "")]
+    long_inputs = {"mode": cfg.long_inputs, "max_seq_length": cfg.max_seq_length, **long_input_counts(load_tokenizer(tokenizer_dir), texts, None, cfg)}
+    return {"scores": scores, "sts_pairs": len(pairs or []), "skipped": skipped, "skipped_problems": problems, "long_inputs": long_inputs}
 
 
 @ray.remote(max_retries=1)

@@ -14,14 +14,17 @@ Ray shape: one task per job, all submitted together (at most `parallelism` in fl
 `evaluate.num_gpus` of a GPU each when set):
 - intrinsic: one per (examples phase, subject | random init), over the phase's
   validation shards (and its training shards, for the unigram baseline);
-- tasks: one per (task, seed, model); cross-validation folds run inside the job; the job
-  of a task's first seed on the subject also keeps the model fine-tuned on the whole
-  training file, `heads/<subject>/<task>.safetensors` (bertcore/eval/heads.py), which
-  `bertpipe export --task` puts on the exported encoder;
+- tasks: one per (task, train fraction, seed, model); cross-validation folds run inside
+  the job, each on its fraction of the fold's training part (bertcore/eval/fractions.py);
+  the job of a task's first seed on the subject at its largest fraction (the whole file
+  by default) also keeps the model it fine-tuned on everything, `heads/<subject>/<task>.safetensors`
+  (bertcore/eval/heads.py), which `bertpipe export --task` puts on the exported encoder;
 - embeddings: one per model; fill-mask: one, the subject; speed (after distillation): one,
   after the others, alone.
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
-crashed, re-run with the same fingerprint, computes only the jobs still missing. Remote
+crashed, re-run with the same fingerprint, computes only the jobs still missing. A job's
+result does not depend on which worker ran it or when: every random choice, the training
+subsets of a fraction included, is keyed by the run seed, the task and the fit. Remote
 files (model, task files) are copied to a per-content local cache in the worker that reads
 them, because transformers and the task readers read local folders.
 
@@ -50,8 +53,10 @@ import ray
 from bertcore.train import metrics_log
 from bertcore.errors import ConfigError, InputDataError
 from bertcore.eval import distillation, report, summary
-from bertcore.eval.plots import plot_pretraining, plot_tasks
+from bertcore.eval.plots import plot_learning_curves, plot_pretraining, plot_tasks
 from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
+from bertcore.eval.fractions import check_fractions
+from bertcore.eval.learning_curve import learning_curve
 from bertcore.eval.tasks import check_task_files
 from bertcore.examples.config import ExamplesConfig
 from bertcore.train.export import HF_FILES, MODEL_DIR
@@ -83,12 +88,19 @@ class _Job:
     phase: str | None = None
     task: TaskConfig | None = None
     task_seed: int = 0
+    fraction: float = 1.0
+    """finetune: the share of the training examples it fine-tunes on."""
     keep_model: bool = False
     """finetune: save the model fine-tuned on the whole training file (heads/)."""
     shards: list[str] = field(default_factory=list)
     train_shards: list[str] = field(default_factory=list)
 
 
+def _finetune_key(task: str, model: str, fraction: float, seed: int) -> str:
+    """A fine-tuning job's marker name (a fraction as Python writes it, so two fractions
+    never share one); on the whole training file, the name it had before train_fractions."""
+    share = "" if fraction >= 1.0 else f"__fraction{float(fraction)!r}"
+    return f"finetune__{task}__{model}{share}__seed{seed}"
 
 
 def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
@@ -236,11 +248,13 @@ def run(r: StageRun) -> Output:
     )
 
 
-def _check_files(task: TaskConfig, storage, signatures: dict[str, str]) -> None:
-    """`check_task_files` on local copies of the task's files; messages name the recipe's URIs."""
+def _check_files(task: TaskConfig, key: str, storage, signatures: dict[str, str]) -> None:
+    """`check_task_files` and `check_fractions` on local copies of the task's files;
+    messages name the recipe's URIs and `key`, the task's place in the recipe."""
     local, back = local_task(task, storage, signatures)
     try:
         check_task_files(local)
+        check_fractions(local, f"{key}.train_fractions")
     except InputDataError as exc:
         raise type(exc)(original_paths(str(exc), back)) from None
 
@@ -265,12 +279,15 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
             for model in plan.models:
                 if model.name != "teacher":  # the masked-LM skill of the subject against random init
                     plan.jobs.append(_Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
-    for task in cfg.tasks:
-        _check_files(task, r.storage, plan.signatures)  # an empty or unusable file is one line naming it, before any job starts
-        for model in plan.models:
-            for task_seed in summary.seeds_of(task, model.random_init):
-                keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0]
-                plan.jobs.append(_Job(f"finetune__{task.name}__{model.name}__seed{task_seed}", "finetune", model, task=task, task_seed=task_seed, keep_model=keep))
+    for i, task in enumerate(cfg.tasks):
+        _check_files(task, f"evaluate.tasks[{i}]", r.storage, plan.signatures)  # an unusable file or fraction is one line, before any job starts
+        for fraction in task.train_fractions:
+            for model in plan.models:
+                for task_seed in summary.seeds_of(task, model.random_init):
+                    # the kept model: the subject's first seed on the largest fraction (the whole file by default)
+                    keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0] and fraction == task.train_fractions[-1]
+                    key = _finetune_key(task.name, model.name, fraction, task_seed)
+                    plan.jobs.append(_Job(key, "finetune", model, task=task, task_seed=task_seed, fraction=fraction, keep_model=keep))
     fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
@@ -305,6 +322,7 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         if job.kind == "finetune":
             return finetune_job.options(**options).remote(
                 job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads, r.dir if job.keep_model else None,
+                job.fraction, seed,
             )
         if job.kind == "speed":
             return speed_job.options(num_cpus=cfg.num_threads).remote(plan.models, cfg.speed, seed, storage, cfg.num_threads)
@@ -371,8 +389,14 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
 
     files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
-        runs = {m.name: [results[f"finetune__{task.name}__{m.name}__seed{s}"] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
-        entry = summary.task_entry(task, runs, subject)
+        by_fraction = {
+            f: {m.name: [results[_finetune_key(task.name, m.name, f, s)] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
+            for f in task.train_fractions
+        }
+        entries = {f: summary.task_entry(task, runs, subject) for f, runs in by_fraction.items()}
+        runs, entry = by_fraction[task.train_fractions[-1]], entries[task.train_fractions[-1]]  # the headline: the largest fraction
+        if len(entries) > 1:
+            entry["learning_curve"] = learning_curve(entries)
         entry["saved_model"] = next((run["saved"]["path"] for run in runs[subject] if run.get("saved")), None)
         for split, n in entry["skipped"].items():
             if n:
@@ -382,7 +406,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
     embedding_jobs = [job for job in jobs if job.kind == "embeddings"]
     if embedding_jobs:
         first = results[embedding_jobs[0].key]
-        metrics["embeddings"] = {"sentences": len(plan.sentences), "sts_pairs": first["sts_pairs"]}
+        metrics["embeddings"] = {"sentences": len(plan.sentences), "sts_pairs": first["sts_pairs"], "long_inputs": first.get("long_inputs")}
         for job in embedding_jobs:
             metrics["embeddings"][job.model.name] = results[job.key]["scores"]
         if first["skipped"]:
@@ -452,6 +476,7 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validati
                 records, validations, (metrics.get("pretraining_log") or {}).get("log_every", 1), _unigram(metrics), os.path.join(tmp, "pretraining.png")
             ),
             "tasks": plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
+            "label_fractions": plot_learning_curves(metrics["tasks"], os.path.join(tmp, "label_fractions.png")),
         }
         for name, ok in drawn.items():
             if ok:
