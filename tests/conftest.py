@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -144,10 +145,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every other session leaves the GPU tests out (deselected, not skipped)."""
-    if _gpu_session(config):
-        return
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu:
-        config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+    """Every other session leaves the GPU tests out (deselected, not skipped). The longest
+    test files go first (tests/durations.json), so that the two workers of `make test`
+    (pytest-xdist, a file per worker at a time) start the long ones early and end
+    together instead of one waiting on the last long file."""
+    if not _gpu_session(config):
+        gpu = [item for item in items if item.get_closest_marker("gpu")]
+        if gpu:
+            config.hook.pytest_deselected(items=gpu)
+            items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+    seconds = json.loads((Path(__file__).parent / "durations.json").read_text())
+    root = Path(__file__).resolve().parents[1]
+    items.sort(key=lambda item: -seconds.get(item.path.relative_to(root).as_posix(), 0))  # stable: a file's tests keep their order

@@ -141,11 +141,11 @@ NOISE = (
 )
 
 
-@pytest.mark.slow
-def test_demo_flow_end_to_end(tmp_path):
-    """All five stages through the CLI with the demo recipe, shortened: a report at the end,
-    a model transformers loads, then a second run that is cached throughout. The same
-    figures read the same wherever they appear: see `figures_agree`."""
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """All five stages through the CLI with the demo recipe, shortened; one run that the
+    tests below read: (run root, the finished process, the --set arguments it was given)."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     overrides = [
         f"run.root={tmp_path}",
         "vocab.vocab_size=3000",
@@ -164,6 +164,14 @@ def test_demo_flow_end_to_end(tmp_path):
     sets = [arg for item in overrides for arg in ("--set", item)]
     out = bertpipe("run", "--config", "configs/demo.yaml", *sets, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
+    return tmp_path, out, sets
+
+
+@pytest.mark.slow
+def test_demo_flow_end_to_end(demo_run):
+    """A report at the end, a model transformers loads, then a second run that is cached
+    throughout. The same figures read the same wherever they appear: see `figures_agree`."""
+    tmp_path, out, sets = demo_run
     stages = ["corpus", "vocab", "examples", "pretrain", "evaluate"]
     lines = [line.split() for line in out.stdout.splitlines() if line.split()[:1] in [[s] for s in stages]]
     assert [(l[0], l[1]) for l in lines] == [(s, "computed") for s in stages]
@@ -197,6 +205,34 @@ def test_demo_flow_end_to_end(tmp_path):
     again = bertpipe("run", "--config", "configs/demo.yaml", *sets, timeout=600)
     assert again.returncode == 0
     assert "computed" not in again.stdout and again.stdout.count("cached") == 5
+
+
+@pytest.mark.slow
+def test_a_run_writes_the_consoles_lines_and_its_summary_under_the_root(demo_run):
+    """The flow run's own log under run.root (flows/run_log.py): the console's lines, in
+    order, from where the flow's code starts, then the summary and how the run ended."""
+    root, out, _ = demo_run
+    path = sorted((root / "_logs").glob("flow-run-*.log"))[0]  # the first run's (names start with its creation time)
+    everything = path.read_text(encoding="utf-8").splitlines()
+    lines = [line for line in everything if line.split(" ", 2)[1:2] != ["DEBUG"]]
+    console = out.stderr.splitlines()
+    assert any("DEBUG (TrainController" in line for line in everything)  # Ray's relayed lines, kept for the record (the console shows them with -v)
+
+    # the file starts where the flow's code starts, and from there holds the console's lines
+    first = next(i for i, line in enumerate(console) if "attempt 1 on" in line and str(path) in line)
+    ended = next(i for i, line in enumerate(lines) if line.endswith("run ended: Completed"))
+    stages = ("corpus", "vocab", "examples", "pretrain", "evaluate")
+    # what `bertpipe run` printed before its `next:` commands: the table (a row per stage, its
+    # figures wrapped onto indented lines) and the verdicts
+    table = [line for line in out.stdout.split("\nnext:\n")[0].splitlines()[1:] if line.strip()]
+    logged = lines[: ended - len(table)]
+    assert logged == console[first : first + len(logged)]
+    assert any("evaluate: done in" in line for line in logged) and any("Task run 'corpus' - Finished in state Completed" in line for line in logged)
+    # then the summary `bertpipe run` printed, and how the run ended
+    assert [line.split(" ", 1)[1] for line in lines[ended - len(table) : ended]] == table
+    rows = [row.split()[0] for row in table[1:] if not row.startswith(" ")]
+    assert table[0].startswith("stage") and rows[: len(stages)] == list(stages) and all(r == "evaluate:" for r in rows[len(stages):])
+    assert lines[-1] == lines[ended]
 
 
 def tensorboard_scalars(folder: Path) -> dict[str, dict[int, float]]:
