@@ -28,7 +28,7 @@ demo: install
 	$(BIN)/bertpipe run --config configs/demo.yaml
 
 test: install
-	$(BIN)/pytest -q --durations=30
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=30
 
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"

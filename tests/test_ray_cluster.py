@@ -356,7 +356,13 @@ def test_ray_train_on_the_cluster_asks_its_own_dashboard(two_node_cluster, ray_c
     result = json.loads(results[-1].removeprefix("RESULT "))
     assert result["instances"] >= 2  # the situation in which Ray would have to guess
     output = out.stdout + out.stderr
-    assert "Found multiple active Ray instances" not in output and "Traceback" not in output, output[-4000:]
+    assert "Found multiple active Ray instances" not in output, output[-4000:]
+    # Ray Train's controller prints one traceback of its own, that it calls safe to ignore, when
+    # a CPU-starved machine delays its resource request: that one is not ours to judge
+    lines = output.splitlines()
+    ours = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line
+            and not (i and "Failed to send resource request" in lines[i - 1])]
+    assert not ours, output[-4000:]
     assert result["ray_address"] == [cluster.address] * 2  # what each training worker was given
 
 
