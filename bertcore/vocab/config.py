@@ -70,7 +70,8 @@ ADOPTED_OPTIONS = ("lowercase", "strip_accents", "tokenize_chinese_chars", "max_
 """The fields an adopted vocabulary brings from its own files (source: pretrained)."""
 WORDPIECE_ONLY = ("strip_accents", "tokenize_chinese_chars", "limit_alphabet", "max_input_chars_per_word", "bert_layout", "recompose_nfc")
 """Fields a byte-level BPE vocabulary has no use for (its alphabet is the 256 bytes, it
-never makes [UNK], its specials are RoBERTa's); setting one with it is an error."""
+never makes [UNK], its specials are RoBERTa's); setting one to another value than its
+default with it is an error."""
 
 
 class VocabConfig(Section):
@@ -140,7 +141,8 @@ class VocabConfig(Section):
         if self.pretrained is not None and self.source != "pretrained":
             raise ValueError("vocab.pretrained is set but vocab.source is train; set vocab.source: pretrained to adopt it")
         if self.byte_level:
-            wordpiece_only = [k for k in WORDPIECE_ONLY if k in self.model_fields_set]
+            # a value other than the default (a manifest's dump of the section sets them all)
+            wordpiece_only = [k for k in WORDPIECE_ONLY if getattr(self, k) != type(self).model_fields[k].default]
             if wordpiece_only:
                 raise ValueError(f"vocab.{wordpiece_only[0]} applies to WordPiece only; remove it (vocab.model is byte_level_bpe)")
             if self.lowercase:
