@@ -40,12 +40,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from bertcore.examples.vocab_tables import (  # noqa: F401 - masking's callers import them from here too
-    ROBERTA_SPECIAL_TOKENS,
-    SPECIAL_TOKENS,
-    SpecialIds,
-    VocabTables,
-)
+from bertcore.examples.vocab_tables import VocabTables
 
 MASKED, KEPT, RANDOM = 0, 1, 2
 """Replacement kinds of a masked position: [MASK], original token kept, random token."""

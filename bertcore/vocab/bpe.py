@@ -29,6 +29,7 @@ give the same vocabulary in any process.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -119,8 +120,6 @@ def _batches(sentences: Iterable[str]) -> Iterator[list[str]]:
 def train_byte_level_bpe(sentences: Iterable[str], cfg: VocabConfig) -> Tokenizer:
     """Train a byte-level BPE of cfg.vocab_size entries on the first cfg.max_sentences
     sentences (each after a space, `with_space`) and return the finished tokenizer."""
-    import itertools
-
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
         min_frequency=cfg.min_frequency,

@@ -26,8 +26,6 @@ PLAIN_LAYOUT = SPECIAL_TOKENS
 # this order (RoBERTa itself has 0-3 and <mask> last; adopted vocabularies keep their ids).
 BOS, BPE_PAD, EOS, BPE_UNK, BPE_MASK = "<s>", "<pad>", "</s>", "<unk>", "<mask>"
 BPE_SPECIAL_TOKENS = (BOS, BPE_PAD, EOS, BPE_UNK, BPE_MASK)
-WORD_START = "\u0120"
-"""`Ġ`: the byte-level alphabet's form of a space; a piece that begins with it begins a word."""
 
 BYTE_ALPHABET = 256
 """Pieces of one byte each that every byte-level BPE vocabulary holds, so any text is spellable."""
@@ -118,11 +116,6 @@ class VocabConfig(Section):
     def byte_level(self) -> bool:
         """Whether this is a byte-level BPE (RoBERTa) vocabulary."""
         return self.model == "byte_level_bpe"
-
-    @property
-    def files(self) -> tuple[str, ...]:
-        """The files the vocab stage writes for this kind of vocabulary."""
-        return BPE_FILES if self.byte_level else TOKENIZER_FILES
 
     @property
     def strip_accents_effective(self) -> bool:
