@@ -224,7 +224,8 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     train = [s for s in corpus_manifest.shards if s.path.startswith("train/")]
     uris = [str(root / "examples" / "_tokens" / s.path) for s in train]
     index = examples.DocumentIndex(uris, np.concatenate([[0], np.cumsum([s.rows for s in train], dtype=np.int64)]))
-    vocab = examples.VocabSource(str(root / "vocab"), json.loads((root / "vocab" / "_manifest.json").read_text())["fingerprint"])
+    vocab_manifest = json.loads((root / "vocab" / "_manifest.json").read_text())
+    vocab = examples.VocabSource(str(root / "vocab"), vocab_manifest["fingerprint"], tuple(s["path"] for s in vocab_manifest["shards"]))
     tokenizer = load_tokenizer(str(root / "vocab"))
     shard_sentences = [s for doc in corpus_sentences(root)[: train[0].rows] for s in doc]
     report = [f"train shard 0: {train[0].rows} documents, {len(shard_sentences)} sentences; least of {repeats} plain runs, then one cProfile run"]

@@ -28,7 +28,8 @@ from bertcore.errors import ConfigError
 from bertcore.eval.report import score_rows
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.train.metrics_log import METRICS
-from bertcore.vocab.tokenizer import PREFIX, SPECIAL_TOKENS, TOKENIZER_FILES, UNK, load_tokenizer, vocab_list
+from bertcore.vocab.config import BPE_SPECIAL_TOKENS, tokenizer_files
+from bertcore.vocab.tokenizer import PREFIX, SPECIAL_TOKENS, UNK, load_tokenizer, vocab_list
 from pipelines.progress import count, duration, size
 from pipelines.registry import REGISTRY
 from pipelines.shards import local_folder, read_batches
@@ -108,19 +109,21 @@ def render_corpus(data: dict[str, Any]) -> list[str]:
 
 
 def _tokenizer(directory: StageDir, manifest: Manifest):
-    return load_tokenizer(local_folder(directory.storage, directory.uri, TOKENIZER_FILES, f"inspect-{manifest.fingerprint}"))
+    files = tokenizer_files(s.path for s in manifest.shards)  # WordPiece's or byte-level BPE's
+    return load_tokenizer(local_folder(directory.storage, directory.uri, files, f"inspect-{manifest.fingerprint}"))
 
 
 def vocab(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
     tokenizer = _tokenizer(directory, manifest)
     pieces = vocab_list(tokenizer)
-    learned = [p for p in pieces if p not in SPECIAL_TOKENS and not p.startswith("[unused")]
+    specials = {*SPECIAL_TOKENS, *BPE_SPECIAL_TOKENS}
+    learned = [p for p in pieces if p not in specials and not p.startswith("[unused")]
     stats = manifest.stats
     data: dict[str, Any] = {
         "stage": "vocab",
         "uri": directory.uri,
         "vocab_size": len(pieces),
-        "special_tokens": [p for p in pieces if p in SPECIAL_TOKENS],
+        "special_tokens": [p for p in pieces if p in specials],
         "alphabet": sorted(p for p in learned if len(p) == 1),
         "continuations": sum(p.startswith(PREFIX) for p in learned),
         "top_pieces": stats.get("top_pieces", []),

@@ -23,7 +23,7 @@ from bertcore.model.hf_files import (
 )
 from bertcore.model.folder import bin_refusal
 from bertcore.vocab.config import CONFIG_FILE as TOKENIZER_CONFIG
-from bertcore.vocab.config import TOKENIZER_FILE, VOCAB_FILE
+from bertcore.vocab.config import MERGES_FILE, TOKENIZER_FILE, VOCAB_FILE, VOCAB_JSON
 from pipelines.shards import local_copy, local_folder
 from pipelines.storage import Storage, join
 
@@ -73,17 +73,32 @@ def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
     return external_folder(storage, uri, files)
 
 
-def vocabulary_files(storage: Storage, uri: str, key: str) -> ExternalFolder:
+def vocabulary_files(storage: Storage, uri: str, key: str, *, byte_level: bool = False) -> ExternalFolder:
     """A vocabulary: one file (a vocab.txt, or a tokenizer.json when it ends in .json), or
     a folder's vocab.txt and/or tokenizer.json with its tokenizer_config.json when there.
-    Anything else is a ConfigError naming `key`."""
+    A byte-level BPE: a folder's vocab.json + merges.txt and/or tokenizer.json, a vocab.json
+    (with merges.txt beside it) or a tokenizer.json. Anything else is a ConfigError naming `key`."""
     uri = uri.rstrip("/")
     fs, path = storage.fs(uri)
     if fs.isfile(path):
-        return external_folder(storage, posixpath.dirname(uri), [posixpath.basename(uri)])
+        folder, name = posixpath.dirname(uri), posixpath.basename(uri)
+        if byte_level and name == VOCAB_JSON:
+            if MERGES_FILE not in storage.listdir(folder):
+                raise ConfigError(f"{key}: {uri} is a vocab.json without the merges.txt a byte-level BPE needs beside it; put them in one folder")
+            return external_folder(storage, folder, [VOCAB_JSON, MERGES_FILE])
+        return external_folder(storage, folder, [name])
     names = storage.listdir(uri)
+    bpe_pair = VOCAB_JSON in names and MERGES_FILE in names
+    if byte_level:
+        if not bpe_pair and TOKENIZER_FILE not in names:
+            raise ConfigError(
+                f"{key}: {uri} holds neither vocab.json + merges.txt nor a tokenizer.json; point it at a RoBERTa model's folder "
+                "(vocab.model is byte_level_bpe)"
+            )
+        return external_folder(storage, uri, [n for n in (VOCAB_JSON, MERGES_FILE, TOKENIZER_FILE) if n in names])
     if VOCAB_FILE not in names and TOKENIZER_FILE not in names:
+        hint = "; it holds a byte-level BPE (vocab.json + merges.txt): set vocab.model: byte_level_bpe" if bpe_pair else ""
         raise ConfigError(
-            f"{key}: {uri} is neither a vocab.txt, a tokenizer.json nor a folder holding one; point it at a BERT model's folder or file"
+            f"{key}: {uri} is neither a vocab.txt, a tokenizer.json nor a folder holding one; point it at a BERT model's folder or file{hint}"
         )
     return external_folder(storage, uri, [n for n in (VOCAB_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG) if n in names])

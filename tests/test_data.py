@@ -64,6 +64,20 @@ def dynamic_shards(news, tmp_path_factory):
     return write_shards(news, tmp_path_factory.mktemp("dynamic"), masking="dynamic")
 
 
+
+def test_without_token_types_every_type_is_zero_and_the_rest_is_the_same(news, static_shards):
+    # RoBERTa has one token type: pairs keep their segment_b_start, the model sees type 0 only
+    docs, vocab = news
+    _, records, paths = static_shards
+    typed = ExamplesLoader(paths, 16, seed=1, length_bins=BINS, pad_id=vocab.special.pad)
+    untyped = ExamplesLoader(paths, 16, seed=1, length_bins=BINS, pad_id=vocab.special.pad, token_types=False)
+    some_ones = False
+    for a, b in zip(typed, untyped):
+        some_ones |= bool(a["token_type_ids"].any())
+        assert not b["token_type_ids"].any()
+        assert all(torch.equal(a[k], b[k]) for k in a if k != "token_type_ids")
+    assert some_ones
+
 def rows(batch):
     """(input_ids without padding) per row, as tuples."""
     lengths = batch["attention_mask"].sum(1).tolist()

@@ -216,6 +216,29 @@ def test_roberta_examples_pack_sentences_without_nsp(wiki, doc_sentences):
     assert all(r["masked_positions"] == [] == r["masked_ids"] for r in dynamic)
 
 
+def test_roberta_vocabulary_lays_out_its_own_special_tokens():
+    # a byte-level BPE vocabulary: <s> A </s></s> B </s> for pairs, <s> ... </s> packed
+    tokens = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", *(f"\u0120w{i}" for i in range(40)), *(f"p{i}" for i in range(20))]
+    vocab = VocabTables.from_tokens(tokens)
+    rng = np.random.default_rng(0)
+    docs = [[rng.integers(5, len(tokens), rng.integers(3, 20)).tolist() for _ in range(rng.integers(2, 8))] for _ in range(40)]
+    pairs = list(examples_for_shard(range(40), InMemoryDocs(docs), ExamplesConfig(max_seq_length=32, masking="dynamic"),
+                                    ExamplesConfig(max_seq_length=32).phases[0], SEED, vocab, None, [0]))
+    assert pairs and all(r["length"] <= 32 for r in pairs)
+    for r in pairs:
+        ids, b = r["input_ids"], r["segment_b_start"]
+        assert ids[0] == 0 and ids[b - 2 : b] == [2, 2] and ids[-1] == 2 and 0 not in ids[1:] and ids.count(2) == 3
+        assert 1 <= b - 3 and b < r["length"] - 1  # A and B both hold tokens
+    longest = max(r["length"] for r in pairs)
+    assert longest == 32  # the four specials fit beside A and B: max_num_tokens is 32 - 4
+    packed = list(examples_for_shard(range(40), InMemoryDocs(docs), ExamplesConfig(objective="roberta", max_seq_length=32),
+                                     ExamplesConfig(objective="roberta", max_seq_length=32).phases[0], SEED, vocab, None, [0]))
+    assert all(r["input_ids"][0] == 0 and r["input_ids"][-1] == 2 and r["segment_b_start"] == r["length"] for r in packed)
+    static = ExamplesConfig(objective="roberta", max_seq_length=32, masking="static", whole_word_mask=True)
+    masked = list(examples_for_shard(range(40), InMemoryDocs(docs), static, static.phases[0], SEED, vocab, None, [0]))
+    assert any(4 in r["input_ids"] for r in masked) and not any(2 in r["masked_ids"] or 0 in r["masked_ids"] for r in masked)
+
+
 def test_records_round_trip_through_an_arrow_shard(wiki, tmp_path):
     docs, vocab = wiki
     cfg = ExamplesConfig(max_seq_length=128)

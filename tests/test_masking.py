@@ -357,3 +357,82 @@ def test_mask_sequences_refuses_spans_and_takes_empty_input():
         mask_flat([[CLS, WORD_IDS[0], SEP]], cfg(span=True), 0)
     masked = mask_sequences(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), MaskDraws.draw(np.random.default_rng(0), 0, VOCAB), cfg())
     assert len(masked.input_ids) == len(masked.counts) == len(masked.positions) == 0
+
+
+# --- RoBERTa's byte-level BPE vocabulary: `Ġ` marks a word start ---------------------------
+
+BPE_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", *(f"Ġw{i}" for i in range(30)), *(f"p{i}" for i in range(20)), ".", ","]
+BPE_VOCAB = VocabTables.from_tokens(BPE_TOKENS)
+BOS, BPE_PAD, EOS, BPE_MASK = (BPE_TOKENS.index(t) for t in ("<s>", "<pad>", "</s>", "<mask>"))
+STARTS = [i for i, t in enumerate(BPE_TOKENS) if t.startswith("Ġ")]
+REST = [i for i, t in enumerate(BPE_TOKENS) if t[0] in "p.,"]
+
+
+def bpe_words(tokens):
+    """Whole words as lists of positions: a `Ġ` piece starts one, any other piece continues
+    the word before it; a special token ends it."""
+    words, open_word = [], False
+    for i, t in enumerate(tokens):
+        if t in (BOS, EOS, BPE_PAD, BPE_MASK):
+            open_word = False
+            continue
+        if open_word and not BPE_TOKENS[t].startswith("Ġ"):
+            words[-1].append(i)
+        else:
+            words.append([i])
+        open_word = True
+    return words
+
+
+def bpe_row(rng: random.Random) -> list[int]:
+    """<s> A </s></s> B </s>, each segment starting mid-word now and then (a piece without Ġ)."""
+
+    def segment():
+        out = [rng.choice(REST)] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 12)):
+            out += [rng.choice(STARTS)] + [rng.choice(REST) for _ in range(rng.choice([0, 0, 1, 2, 3]))]
+        return out
+
+    return [BOS, *segment(), EOS, EOS, *segment(), EOS]
+
+
+def test_roberta_vocabulary_masks_whole_words_marked_by_their_word_start():
+    assert BPE_VOCAB.special.layout == "roberta" and BPE_VOCAB.special.separators == 2
+    assert (BPE_VOCAB.special.cls, BPE_VOCAB.special.sep, BPE_VOCAB.special.pad, BPE_VOCAB.special.mask) == (BOS, EOS, BPE_PAD, BPE_MASK)
+    continues = {BPE_TOKENS[i] for i in np.flatnonzero(BPE_VOCAB.is_continuation)}
+    assert continues == {t for t in BPE_TOKENS if t[0] in "p.,"}  # specials and Ġ pieces start words
+    assert not set(BPE_VOCAB.replacement_ids.tolist()) & {BOS, BPE_PAD, EOS, 3, BPE_MASK}
+    config = MaskConfig(vocab=BPE_VOCAB, masked_lm_prob=0.3, max_predictions_per_seq=40, whole_word_mask=True)
+    rng = random.Random(7)
+    rows = [bpe_row(rng) for _ in range(300)]
+    multi_piece = 0
+    # static (one sequence, and a block at once) and dynamic masking follow the same words
+    flat = np.asarray([t for row in rows for t in row])
+    offsets = np.cumsum([0, *map(len, rows)])
+    block = mask_sequences(flat, offsets, MaskDraws.draw(np.random.default_rng(3), len(flat), BPE_VOCAB), config)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), BPE_PAD)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row)
+    never = torch.isin(ids, torch.tensor([BOS, EOS, BPE_PAD, BPE_MASK]))
+    cont = torch.from_numpy(BPE_VOCAB.is_continuation[ids.numpy()]) & (ids != BPE_PAD)
+    _, labels = mask_batch(ids, never, cont, torch.Generator().manual_seed(4), config)
+    at = 0
+    for b, row in enumerate(rows):
+        n = int(block.counts[b])
+        masked = {
+            "static": mask_tokens(row, BPE_VOCAB.is_continuation[np.asarray(row)].tolist(), random.Random(b), config).masked_positions,
+            "block": block.positions[at : at + n].tolist(),
+            "dynamic": torch.nonzero(labels[b] != -100).flatten().tolist(),
+        }
+        at += n
+        for how, positions in masked.items():
+            chosen = set(positions)
+            assert chosen and not {row[p] for p in chosen} & {BOS, EOS, BPE_PAD}, how
+            assert len(chosen) <= num_to_predict(len(row), config), how
+            for word in bpe_words(row):
+                assert set(word) <= chosen or not set(word) & chosen, (how, word, positions)
+                multi_piece += len(word) > 1 and set(word) <= chosen
+    assert multi_piece > 100  # words of several pieces were masked whole
+    out = mask_tokens(rows[0], BPE_VOCAB.is_continuation[np.asarray(rows[0])].tolist(), random.Random(0), config)
+    assert all(out.input_ids[p] == BPE_MASK for p, k in zip(out.masked_positions, out.kinds) if k == MASKED)

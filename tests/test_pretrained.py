@@ -116,8 +116,8 @@ def test_checkpoints_that_do_not_fit_are_refused_naming_what_is_wrong(tmp_path):
         load_into(small, state)
 
     config = json.loads((tmp_path / "mlm" / "config.json").read_text())
-    (tmp_path / "mlm" / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
-    with pytest.raises(InputDataError, match=r"config\.json: model_type 'roberta' is not a BERT model"):
+    (tmp_path / "mlm" / "config.json").write_text(json.dumps({**config, "model_type": "distilbert"}))
+    with pytest.raises(InputDataError, match=r"config\.json: model_type 'distilbert' is not a BERT model"):
         model_config(folder)
     (tmp_path / "mlm" / "config.json").write_text(json.dumps({**config, "position_embedding_type": "relative_key"}))
     with pytest.raises(InputDataError, match=r"position_embedding_type 'relative_key' is not absolute"):

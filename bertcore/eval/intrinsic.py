@@ -25,7 +25,7 @@ from bertcore.eval.config import IntrinsicConfig
 from bertcore.eval.metrics import PretrainingMeter
 from bertcore.examples.config import ExamplesConfig, PhaseConfig
 from bertcore.model.bert import IGNORE_INDEX, BertForPreTraining, ModelConfig
-from bertcore.model.pretrained import load_into
+from bertcore.model.pretrained import canonical_names, load_into
 from bertcore.rng import keyed_numpy, keyed_seed
 
 
@@ -37,8 +37,8 @@ def model_config_of(model_dir: str) -> ModelConfig:
             data = json.load(handle)
     except (OSError, json.JSONDecodeError) as exc:
         raise InputDataError(f"{path}: cannot read the model config ({exc})") from None
-    if data.get("model_type", "bert") != "bert":
-        raise InputDataError(f"{path}: model_type {data['model_type']!r} is not a BERT model")
+    if data.get("model_type", "bert") not in ("bert", "roberta"):
+        raise InputDataError(f"{path}: model_type {data['model_type']!r} is not a BERT or RoBERTa model")
     return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields})
 
 
@@ -54,7 +54,7 @@ def load_pretraining_model(model_dir: str, *, random_init: bool = False, seed: i
             state = safetensors.torch.load_file(path)
         except (OSError, safetensors.SafetensorError) as exc:
             raise InputDataError(f"{path}: cannot read the weights ({exc})") from None
-        load_into(model, state, where=path)  # a masked-LM export has no NSP head or pooler: those stay seeded
+        load_into(model, canonical_names(state), where=path)  # a masked-LM export has no NSP head or pooler: those stay seeded
     return model.eval()
 
 
@@ -119,11 +119,18 @@ def held_out_scores(
 
 def _maskable(tokens: Sequence[str], specials: set[str]) -> list[int]:
     """Positions of whole words of three or more letters (one piece, not continued by a
-    ## piece): the words a reader can judge a guess for."""
+    ## piece; in a byte-level BPE, a `Ġ` piece followed by another word's start): the
+    words a reader can judge a guess for."""
+    byte_level = any(t.startswith("\u0120") for t in tokens)
+
+    def starts_word(token: str) -> bool:
+        return token in specials or (token.startswith("\u0120") if byte_level else not token.startswith("##"))
+
     out = []
     for i, token in enumerate(tokens):
-        following = tokens[i + 1] if i + 1 < len(tokens) else ""
-        if token not in specials and not token.startswith("##") and not following.startswith("##") and token.isalpha() and len(token) >= 3:
+        following = tokens[i + 1] if i + 1 < len(tokens) else None
+        word = token.removeprefix("\u0120") if byte_level else token
+        if token not in specials and starts_word(token) and (following is None or starts_word(following)) and word.isalpha() and len(word) >= 3:
             out.append(i)
     return out
 
@@ -154,11 +161,15 @@ def fill_mask(model: BertForPreTraining, tokenizer, sentences: Sequence[str], *,
         probabilities = torch.softmax(logits[0, position].float(), dim=-1)
         top = torch.topk(probabilities, top_k)
         guesses = tokenizer.convert_ids_to_tokens(top.indices.tolist())
-        shown = tokens[1:-1]
-        shown[position - 1] = tokenizer.mask_token
+        if answer.startswith("\u0120"):  # a byte-level piece carries the space before it: the mask gets it back
+            text = f"{tokenizer.convert_tokens_to_string(tokens[1:position])} {tokenizer.mask_token}{tokenizer.convert_tokens_to_string(tokens[position + 1 : -1])}"
+        else:
+            shown = tokens[1:-1]
+            shown[position - 1] = tokenizer.mask_token
+            text = tokenizer.convert_tokens_to_string(shown)
         out.append(
             {
-                "text": tokenizer.convert_tokens_to_string(shown),
+                "text": text,
                 "answer": answer,
                 "predictions": [[g, round(float(p), 4)] for g, p in zip(guesses, top.values.tolist())],
                 "answer_rank": guesses.index(answer) + 1 if answer in guesses else None,

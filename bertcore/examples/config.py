@@ -153,7 +153,9 @@ class ExamplesConfig(Section):
                 return p
         raise KeyError(f"examples.phases has no phase {name!r} (have {[p.name for p in self.phases]})")
 
-    def pair_config(self, phase: PhaseConfig) -> PairConfig:
+    def pair_config(self, phase: PhaseConfig, separators: int = 1) -> PairConfig:
+        """How the phase's sequences are built; `separators` between A and B: 1 ([SEP]), 2
+        (RoBERTa's </s></s>, SpecialIds.separators)."""
         from bertcore.examples.pairs import PairConfig
 
         return PairConfig(
@@ -161,6 +163,7 @@ class ExamplesConfig(Section):
             short_seq_prob=self.short_seq_prob,
             objective=self.objective,
             doc_sentences=self.doc_sentences,
+            separators=separators,
         )
 
     def mask_config(self, phase: PhaseConfig, vocab: VocabTables) -> MaskConfig:

@@ -72,8 +72,11 @@ class DecodedExample:
         return lines
 
 
-def decode_example(record: dict, vocab: Sequence[str], mask_token: str = "[MASK]") -> DecodedExample:
-    """The record's tokens and masked positions as vocabulary pieces."""
+def decode_example(record: dict, vocab: Sequence[str], mask_token: str | None = None) -> DecodedExample:
+    """The record's tokens and masked positions as vocabulary pieces; `mask_token` defaults
+    to [MASK], or RoBERTa's <mask> in a vocabulary without [MASK]."""
+    if mask_token is None:
+        mask_token = "[MASK]" if "[MASK]" in vocab else "<mask>"
     ids = [int(i) for i in record["input_ids"]]
     tokens = [vocab[i] for i in ids]
     masked = []

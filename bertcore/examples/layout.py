@@ -3,7 +3,8 @@
 bertcore/examples/config.py.
 
 Record (one per training sequence, nothing padded; the layout of every examples shard):
-    input_ids           list<uint16>  [CLS] A [SEP] B [SEP] (int32 when vocab > 65,535)
+    input_ids           list<uint16>  [CLS] A [SEP] B [SEP] (int32 when vocab > 65,535);
+                                      RoBERTa's vocabulary: <s> A </s></s> B </s>
     segment_b_start     uint16        index of B's first token (== length without B)
     masked_positions    list<uint16>  sorted; empty with dynamic masking
     masked_ids          list<uint16>  original ids there; empty with dynamic masking
@@ -217,14 +218,15 @@ class _Block:
         self._added(len(tokens), segment_b_start, label, rng)
 
     def add_pair(self, tokens_a: list[int], tokens_b: list[int], label: int, rng: random.Random) -> None:
-        """Add [CLS] A [SEP] B [SEP]."""
+        """Add [CLS] A [SEP] B [SEP] (RoBERTa's layout: <s> A </s></s> B </s>)."""
         special, tokens = self.vocab.special, self.tokens
+        between = special.separators
         tokens.append(special.cls)
         tokens.extend(tokens_a)
-        tokens.append(special.sep)
+        tokens.extend([special.sep] * between)
         tokens.extend(tokens_b)
         tokens.append(special.sep)
-        self._added(len(tokens_a) + len(tokens_b) + 3, len(tokens_a) + 2, label, rng)
+        self._added(len(tokens_a) + len(tokens_b) + 2 + between, len(tokens_a) + 1 + between, label, rng)
 
     def _added(self, length: int, segment_b_start: int, label: int, rng: random.Random) -> None:
         self.lengths.append(length)
@@ -287,7 +289,7 @@ def _document_sequences(
     block: _Block,
 ) -> None:
     """Add one document's pairs for one pass (objectives bert and sop) to `block`."""
-    pairs = build_pairs(docs.get(doc_index), rng, cfg.pair_config(phase), docs, doc_index)
+    pairs = build_pairs(docs.get(doc_index), rng, cfg.pair_config(phase, block.vocab.special.separators), docs, doc_index)
     if block.stats is not None and pairs:
         block.stats.add_document(pairs[0].target_was_short)
     for pair in pairs:

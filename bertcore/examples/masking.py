@@ -8,6 +8,9 @@ masking, drawn by the data loader each epoch).
 The rules (Google's create_masked_lm_predictions):
 - candidates are all positions except [CLS]/[SEP] (and [PAD]/[MASK]); with whole-word
   masking a `##` piece joins the word before it;
+- in a byte-level BPE vocabulary (RoBERTa's `<s> </s> <pad> <mask>` in the roles of [CLS]
+  [SEP] [PAD] [MASK]) a piece that begins with `Ġ` (a space) starts a word and any other
+  piece continues the word before it, so whole-word masking joins `Ġun` `believ` `able`;
 - num_to_predict = min(max_predictions_per_seq, max(1, round(len(tokens) * masked_lm_prob))),
   len counting the specials, `round` halving to even like Python's;
 - candidate words in random order; a word that would overflow the quota is skipped;
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import bisect
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,59 +40,10 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from bertcore.examples.vocab_tables import VocabTables
+
 MASKED, KEPT, RANDOM = 0, 1, 2
 """Replacement kinds of a masked position: [MASK], original token kept, random token."""
-
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-_UNUSED = re.compile(r"\[unused\d+\]")
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    pad: int
-    unk: int
-    cls: int
-    sep: int
-    mask: int
-
-    @classmethod
-    def from_vocab(cls, tokens: Sequence[str]) -> SpecialIds:
-        index = {token: i for i, token in enumerate(tokens)}
-        missing = [t for t in SPECIAL_TOKENS if t not in index]
-        if missing:
-            raise ValueError(f"the vocabulary lacks the special token(s) {', '.join(missing)}")
-        return cls(*(index[t] for t in SPECIAL_TOKENS))
-
-    @property
-    def never_masked(self) -> frozenset[int]:
-        """Ids that are never prediction targets. [UNK] stays maskable, as in Google's code."""
-        return frozenset({self.pad, self.cls, self.sep, self.mask})
-
-
-@dataclass(frozen=True, eq=False)
-class VocabTables:
-    """What masking needs to know about a WordPiece vocabulary, as id-indexed arrays."""
-
-    special: SpecialIds
-    is_continuation: np.ndarray
-    """(V,) bool: the token is a `##` piece."""
-    replacement_ids: np.ndarray
-    """(R,) int64: ids eligible as random replacements (everything but specials and [unused*])."""
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.is_continuation)
-
-    @classmethod
-    def from_tokens(cls, tokens: Sequence[str], extra_special: Sequence[str] = ()) -> VocabTables:
-        """From the vocabulary in id order (the lines of vocab.txt)."""
-        special = SpecialIds.from_vocab(tokens)
-        excluded = set(SPECIAL_TOKENS) | set(extra_special)
-        is_continuation = np.fromiter((t.startswith("##") for t in tokens), dtype=bool, count=len(tokens))
-        eligible = [i for i, t in enumerate(tokens) if t not in excluded and not _UNUSED.fullmatch(t)]
-        if not eligible:
-            raise ValueError("the vocabulary has no ordinary tokens to use as random replacements")
-        return cls(special, is_continuation, np.asarray(eligible, dtype=np.int64))
 
 
 @dataclass(frozen=True, eq=False)

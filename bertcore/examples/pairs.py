@@ -76,9 +76,11 @@ class PairConfig:
     objective: Literal["bert", "sop", "roberta"] = "bert"
     doc_sentences: bool = False
     """roberta only: True = DOC-SENTENCES (never cross a document boundary)."""
+    separators: int = 1
+    """Separator tokens between A and B: 1 ([SEP]), or 2 (RoBERTa's </s></s>)."""
 
     def __post_init__(self):
-        least = 3 if self.objective == "roberta" else 5
+        least = 3 if self.objective == "roberta" else 4 + self.separators
         if self.max_seq_length < least:
             # [CLS] A [SEP] B [SEP] needs one token each for A and B.
             raise ValueError(f"max_seq_length must be at least {least} for objective {self.objective}")
@@ -86,6 +88,11 @@ class PairConfig:
             raise ValueError("short_seq_prob must be in [0, 1]")
         if self.doc_sentences and self.objective != "roberta":
             raise ValueError("doc_sentences applies to objective roberta only")
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Tokens of A and B together: [CLS] A [SEP] B [SEP] (or <s> A </s></s> B </s>) fits max_seq_length."""
+        return self.max_seq_length - 2 - self.separators
 
 
 @dataclass(frozen=True)
@@ -256,7 +263,7 @@ def build_pairs(
     n = len(starts) - 1
     if n == 0:
         return []
-    max_num_tokens = cfg.max_seq_length - 3  # [CLS] A [SEP] B [SEP]
+    max_num_tokens = cfg.max_num_tokens
     target, short = draw_target_length(max_num_tokens, cfg.short_seq_prob, rng)
     pairs: list[Pair] = []
     first = 0  # the chunk is segments first..i
@@ -281,7 +288,7 @@ def _flat(doc: Document) -> tuple[list[int], list[int]]:
 
 def _pair_from_chunk(tokens, starts, first, end, target, short, rng, cfg, random_docs, doc_index) -> tuple[Pair | None, int]:
     """The pair made of segments first..end-1 (Google's chunk) and how many of them go back."""
-    max_num_tokens = cfg.max_seq_length - 3
+    max_num_tokens = cfg.max_num_tokens
     segments = end - first
     a_end = first + (rng.randint(1, segments - 1) if segments >= 2 else 1)
     single = segments == 1

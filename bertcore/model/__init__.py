@@ -1,8 +1,8 @@
 """The encoder and the model folders it is read from and written to.
 
 Owns: `bert.py` (the BERT encoder and its pretraining heads, parameter names as
-transformers has them), `config.py` (`ModelConfig`, the published sizes and their bounds;
-pydantic only, no torch), `folder.py` (a Hugging Face folder from outside the run judged on
+transformers has them; RoBERTa's positions as a config choice), `config.py` (`ModelConfig`,
+the published sizes and their bounds, RoBERTa's shape and names; pydantic only, no torch), `folder.py` (a Hugging Face folder from outside the run judged on
 the driver from its config and the safetensors header, no tensors loaded), `pretrained.py`
 (its weights mapped onto ours) and `hf_files.py` (the file names of such a folder).
 

@@ -13,6 +13,9 @@ Two departures from HF that change speed, not results:
   projection costs more than a small encoder, so this is the largest saving.
 - Attention is `F.scaled_dot_product_attention` on one fused QKV projection.
 
+`model_type="roberta"` gives RoBERTa's position ids (bertcore/model/config.py): the same
+modules, exported under transformers' RobertaForMaskedLM names (`roberta_name`).
+
 `pre_layer_norm=True` gives the pre-LN variant (Xiong et al. 2020: LayerNorm before each
 sublayer, one final LayerNorm). It reuses the post-LN parameter names (the "output"
 LayerNorms act on the sublayer input instead) and adds `bert.encoder.LayerNorm`; HF's
@@ -55,10 +58,17 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.roberta_positions = cfg.model_type == "roberta"
+        self.pad_token_id = cfg.pad_token_id
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
-        positions = torch.arange(t, device=input_ids.device)  # (T,), broadcast over the batch
+        if self.roberta_positions:
+            # RoBERTa: real tokens count up from pad + 1, padding sits at pad (B, T)
+            real = (input_ids != self.pad_token_id).long()
+            positions = torch.cumsum(real, dim=1) * real + self.pad_token_id
+        else:
+            positions = torch.arange(t, device=input_ids.device)  # (T,), broadcast over the batch
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
@@ -210,9 +220,10 @@ class BertModel(nn.Module):
     def _embed(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The embeddings' output (B, T, H) and the key mask (B, 1, 1, T), True = real token."""
         t = input_ids.shape[1]
-        if t > self.cfg.max_position_embeddings:
+        if t > self.cfg.max_sequence_length:
             raise ValueError(
-                f"sequence length {t} exceeds max_position_embeddings ({self.cfg.max_position_embeddings})"
+                f"sequence length {t} exceeds the {self.cfg.max_sequence_length} tokens max_position_embeddings "
+                f"({self.cfg.max_position_embeddings}) covers"
             )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)

@@ -1,6 +1,12 @@
 """The shape of a BERT encoder (`ModelConfig`, the named sizes) and the constants its
 state dict follows, without torch: recipes, `bertpipe status` and the config reference
 read them, and importing torch takes seconds. bertcore/model/bert.py builds the model from them.
+
+RoBERTa (`model_type: roberta`, Liu et al. 2019) is the same encoder with three
+differences of data, not of architecture: its position ids start after the padding id
+(real tokens at pad_token_id + 1, + 2, ..., padding at pad_token_id: 514 positions for 512
+tokens with <pad> = 1), one token type, and LayerNorm epsilon 1e-5. `roberta_shape` gives
+them; `roberta_name` maps the state dict onto transformers' RobertaForMaskedLM names.
 """
 
 from __future__ import annotations
@@ -27,6 +33,36 @@ TIED = {
 them). Whatever rebuilds a full state dict from stored tensors fills these in from here."""
 
 TIED_KEYS = tuple(TIED)
+
+ROBERTA_NAMES = (
+    ("bert.", "roberta."),
+    ("cls.predictions.transform.dense.", "lm_head.dense."),
+    ("cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."),
+    ("cls.predictions.decoder.", "lm_head.decoder."),
+    ("cls.predictions.bias", "lm_head.bias"),
+)
+"""bertcore's (BertForPreTraining's) name prefix -> transformers' RobertaForMaskedLM's."""
+ROBERTA_UNEXPORTED = ("bert.pooler.", "cls.seq_relationship.")
+"""Entries RobertaForMaskedLM has no place for (it has neither a pooler nor an NSP head)."""
+
+
+def roberta_name(key: str) -> str | None:
+    """transformers' RobertaForMaskedLM name of a bertcore state-dict entry; None for the
+    pooler and the NSP head, which it does not hold."""
+    if key.startswith(ROBERTA_UNEXPORTED):
+        return None
+    for ours, theirs in ROBERTA_NAMES:
+        if key.startswith(ours):
+            return theirs + key[len(ours):]
+    raise ValueError(f"{key} has no RobertaForMaskedLM name")
+
+
+def from_roberta_name(key: str) -> str:
+    """bertcore's name of a transformers RoBERTa entry (`roberta.*`, `lm_head.*`); other names unchanged."""
+    for ours, theirs in ROBERTA_NAMES:
+        if key.startswith(theirs):
+            return ours + key[len(theirs):]
+    return key
 """Files that store each tensor once (safetensors, transformers' `save_pretrained`) leave
 these out; load such files with strict=False and expect exactly these keys missing."""
 
@@ -58,6 +94,20 @@ vocabularies are about 250,000). Above them a config.json is damaged or hostile,
 building its model would exhaust memory before anything said so."""
 MAX_PARAMETERS = 20_000_000_000
 """The most parameters a config may describe (80 GB of fp32 weights)."""
+
+ModelType = Literal["bert", "roberta"]
+
+
+def roberta_shape(pad_token_id: int, max_length: int = 512) -> dict[str, Any]:
+    """RoBERTa's departures from a named BERT shape, for a vocabulary whose <pad> has id
+    `pad_token_id` and sequences of up to `max_length` tokens (roberta-base: 514 positions)."""
+    return {
+        "model_type": "roberta",
+        "type_vocab_size": 1,
+        "layer_norm_eps": 1e-5,
+        "pad_token_id": pad_token_id,
+        "max_position_embeddings": max_length + pad_token_id + 1,
+    }
 
 
 def parameter_count(vocab: int, hidden: int, layers: int, intermediate: int, positions: int, types: int = 2) -> int:
@@ -103,6 +153,18 @@ class ModelConfig(Section):
     pre_layer_norm: bool = False
     """LayerNorm before each sublayer (pre-LN) instead of after the residual (post-LN, as in
     the BERT paper). Pre-LN models do not export to transformers."""
+    model_type: ModelType = "bert"
+    """bert: positions 0..T-1, exported as BERT; roberta: RoBERTa's position ids (real tokens from pad_token_id + 1 on, padding at pad_token_id, so max_position_embeddings is the longest sequence + pad_token_id + 1), exported as RobertaForMaskedLM. A byte-level BPE vocabulary makes the pretrain stage build one (roberta_shape)."""
+
+    @property
+    def position_offset(self) -> int:
+        """Position id of a sequence's first token: 0, RoBERTa's pad_token_id + 1."""
+        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest sequence the position embeddings cover (RoBERTa: 2 fewer than its 514)."""
+        return self.max_position_embeddings - self.position_offset
 
     @model_validator(mode="before")
     @classmethod
@@ -128,6 +190,11 @@ class ModelConfig(Section):
             )
         if self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id ({self.pad_token_id}) must be below vocab_size ({self.vocab_size})")
+        if self.max_sequence_length < 1:
+            raise ValueError(
+                f"max_position_embeddings ({self.max_position_embeddings}) leaves no position: RoBERTa's start after pad_token_id + 1 "
+                f"= {self.position_offset}; give at least {self.position_offset + 1}"
+            )
         return self
 
     @classmethod
@@ -142,12 +209,15 @@ class ModelConfig(Section):
 
     def to_hf_config_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
         """A `config.json` body that `transformers.BertConfig(**d)` accepts and that loads our
-        state dict into `transformers.BertForPreTraining` (or the `architecture` named)."""
+        state dict into `transformers.BertForPreTraining` (or the `architecture` named). A
+        roberta model's is a RobertaConfig of a RobertaForMaskedLM (names: `roberta_name`)."""
         if self.pre_layer_norm:
             raise ValueError(
                 "pre_layer_norm models have no transformers BERT equivalent; export needs pre_layer_norm: false"
             )
-        hf = self.model_dump(exclude={"pre_layer_norm"})
+        hf = self.model_dump(exclude={"pre_layer_norm", "model_type"})
+        if self.model_type == "roberta":
+            return {"architectures": ["RobertaForMaskedLM"], "model_type": "roberta", **hf, "tie_word_embeddings": True}
         return {
             "architectures": [architecture],
             "model_type": "bert",

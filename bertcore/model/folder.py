@@ -1,4 +1,4 @@
-"""A Hugging Face BERT folder from outside the run, judged on the driver before anything is
+"""A Hugging Face BERT (or RoBERTa) folder from outside the run, judged on the driver before anything is
 built from it: `pretrain.init_from`, `distill.teacher` (and evaluate's teacher), and
 `bertpipe export`'s model folder all go through `check_model_folder`. No torch, no
 tensors loaded:
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from bertcore.errors import InputDataError
 from bertcore.model.hf_files import CONFIG_FILE, PYTORCH_BIN, SAFETENSORS_INDEX, WEIGHT_FILES, WEIGHTS_FILE, weight_files
-from bertcore.model.config import ModelConfig
+from bertcore.model.config import ModelConfig, from_roberta_name
 
 MAX_CONFIG_BYTES = 1 << 20
 """A config.json larger than this is not a model config (BERT-large's is under 1 kB)."""
@@ -67,15 +67,15 @@ def _bounded_json(path: str, limit: int, what: str):
 
 
 def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
-    """The ModelConfig of `folder`/config.json (a BERT encoder; keys bertcore does not use
-    are ignored). Models bertcore.model.bert cannot reproduce, and sizes above ModelConfig's
-    bounds, are refused naming the file and the key."""
+    """The ModelConfig of `folder`/config.json (a BERT or RoBERTa encoder; keys bertcore
+    does not use are ignored). Models bertcore.model.bert cannot reproduce, and sizes above
+    ModelConfig's bounds, are refused naming the file and the key."""
     path = os.path.join(folder, CONFIG_FILE)
     data = _bounded_json(path, MAX_CONFIG_BYTES, "model config")
     if not isinstance(data, dict):
         raise InputDataError(f"{path}: a JSON {type(data).__name__}, not a model config")
     refusals = {
-        "model_type": (data.get("model_type", "bert") == "bert", "is not a BERT model (bertcore reads model_type bert)"),
+        "model_type": (data.get("model_type", "bert") in ("bert", "roberta"), "is not a BERT model (bertcore reads model_type bert and roberta)"),
         "position_embedding_type": (data.get("position_embedding_type", "absolute") == "absolute", "is not absolute"),
         "is_decoder": (not data.get("is_decoder", False), "makes a decoder"),
         "hidden_act": (data.get("hidden_act", "gelu") in ("gelu", "gelu_new", "relu"), "is not gelu, gelu_new or relu"),
@@ -87,7 +87,8 @@ def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
     if missing:
         raise InputDataError(f"{path}: {', '.join(missing)} missing; not a BERT config.json")
     try:
-        return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"})
+        return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"}
+                                          | {"model_type": data.get("model_type", "bert")})
     except ValidationError as exc:
         problems = "; ".join(
             (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()[:3]
@@ -143,17 +144,18 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def canonical_key(key: str, prefixed: bool) -> str:
-    """transformers' name for a stored tensor: LayerNorm gamma/beta -> weight/bias, and (in
-    a file whose names have no `bert.`/`cls.` prefix, a BertModel's) `embeddings.*`,
-    `encoder.*`, `pooler.*` -> `bert.*`."""
+    """bertcore's (transformers' BERT) name for a stored tensor: LayerNorm gamma/beta ->
+    weight/bias, RoBERTa's `roberta.*` / `lm_head.*` -> `bert.*` / `cls.predictions.*`, and
+    (in a file whose names have no such prefix, a BertModel's or RobertaModel's)
+    `embeddings.*`, `encoder.*`, `pooler.*` -> `bert.*`."""
     key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
     if not prefixed and key.startswith(("embeddings.", "encoder.", "pooler.")):
         key = f"bert.{key}"
-    return key
+    return from_roberta_name(key)
 
 
 def is_prefixed(names) -> bool:
-    return any(k.startswith(("bert.", "cls.")) for k in names)
+    return any(k.startswith(("bert.", "cls.", "roberta.", "lm_head.")) for k in names)
 
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from bertcore.config import describe_errors
-from bertcore.model.config import ModelConfig, SizeName
+from bertcore.model.config import ModelConfig, SizeName, roberta_shape
 from bertcore.section import Name, Section
 from bertcore.train.tracking import TrackingConfig
 
@@ -264,6 +264,8 @@ class PretrainConfig(TrainingConfig):
     def _consistent_model(self) -> PretrainConfig:
         if "vocab_size" in self.model_overrides:
             raise ValueError("pretrain.model_overrides.vocab_size: the vocabulary size comes from the vocab stage")
+        if "model_type" in self.model_overrides:
+            raise ValueError("pretrain.model_overrides.model_type: the vocabulary decides it (vocab.model byte_level_bpe makes a RoBERTa)")
         if self.init_from is not None:
             fixed = sorted(set(self.model_overrides) - set(INIT_OVERRIDABLE))
             if fixed:
@@ -293,12 +295,14 @@ class PretrainConfig(TrainingConfig):
             return None
         return self.build_model_config(30522).max_position_embeddings
 
-    def build_model_config(self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None) -> ModelConfig:
+    def build_model_config(self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None, roberta: bool = False) -> ModelConfig:
         """The model: model_size (or `base`, the config of init_from's model) with the
-        vocabulary size, pad id and model_overrides."""
+        vocabulary size, pad id and model_overrides; `roberta` (a byte-level BPE vocabulary):
+        RoBERTa's positions, one token type and LayerNorm epsilon (roberta_shape)."""
         if base is not None:
             return ModelConfig.model_validate({**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides})
-        return ModelConfig.named(self.model_size, vocab_size, **{"pad_token_id": pad_token_id, **self.model_overrides})
+        shape = roberta_shape(pad_token_id) if roberta else {"pad_token_id": pad_token_id}
+        return ModelConfig.named(self.model_size, vocab_size, **{**shape, **self.model_overrides})
 
 
 def _one_line(exc: Exception) -> str:

@@ -1,13 +1,19 @@
 """Checkpoint -> the Hugging Face folder that `transformers` loads.
 
     config.json              BertConfig of the model (architectures: BertForPreTraining, or
-                             BertForMaskedLM for objectives without NSP)
+                             BertForMaskedLM for objectives without NSP); a RobertaConfig of a
+                             RobertaForMaskedLM for a roberta model (model_type roberta)
     model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does);
                              without NSP, neither the NSP head nor the pooler (which only NSP
-                             trains), exactly what transformers' BertForMaskedLM holds
+                             trains), exactly what transformers' BertForMaskedLM holds; a
+                             roberta model's under RobertaForMaskedLM's names (`roberta.*`,
+                             `lm_head.*`), never with an NSP head (transformers has no
+                             RoBERTa class that holds one)
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
-                             the vocab stage's files (model_max_length set to the model's
-                             max_position_embeddings, so pipelines truncate where it ends)
+                             the vocab stage's files (model_max_length set to the longest
+                             sequence the model's positions cover, so pipelines truncate where
+                             it ends); a byte-level BPE's vocab.json and merges.txt instead of
+                             vocab.txt
 
 `consolidate_checkpoint` turns one DeepSpeed checkpoint folder (checkpoints/step-NNNNNNN/,
 any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model.bert's
@@ -31,10 +37,13 @@ from bertcore.train.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
 from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
 from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
+from bertcore.model.config import roberta_name
 from bertcore.train.optim import parameter_group_names
+from bertcore.vocab.config import BPE_FILES, VOCAB_JSON
 from bertcore.vocab.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
 
 HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
+ROBERTA_HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *BPE_FILES)
 
 
 def _expected_keys(model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None) -> tuple[list[str], list[list[str]]]:
@@ -110,15 +119,24 @@ def export_checkpoint(
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
     bertcore.model.bert names, the model config and the vocab stage's folder; returns the file
     names written. Tied entries, if present, must equal the tensors they alias. nsp=False
-    (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler."""
+    (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler.
+    A roberta model (model_config.model_type) writes a RobertaForMaskedLM whatever `nsp` says."""
+    roberta = model_config.model_type == "roberta"
     hf_config = model_config.to_hf_config_dict("BertForPreTraining" if nsp else "BertForMaskedLM")  # refuses pre-LN models
-    for name in TOKENIZER_FILES:
+    byte_level = os.path.isfile(os.path.join(tokenizer_dir, VOCAB_JSON))
+    files = ROBERTA_HF_FILES if byte_level else HF_FILES
+    for name in files[2:]:
         if not os.path.isfile(os.path.join(tokenizer_dir, name)):
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
-    size = len(vocab_list(load_tokenizer(tokenizer_dir)))  # load_tokenizer also refuses a vocab.txt that disagrees with tokenizer.json
+    if roberta != byte_level:
+        raise InputDataError(
+            f"{tokenizer_dir}: a {'byte-level BPE' if byte_level else 'WordPiece'} vocabulary for a {model_config.model_type} model; "
+            "export with the vocabulary the model was trained with"
+        )
+    size = len(vocab_list(load_tokenizer(tokenizer_dir)))  # load_tokenizer also refuses a vocab.txt (vocab.json) that disagrees with tokenizer.json
     if size != model_config.vocab_size:
         raise InputDataError(
-            f"{tokenizer_dir}/vocab.txt has {size} entries but the model's vocab_size is {model_config.vocab_size}; "
+            f"{tokenizer_dir}/{files[2]} has {size} entries but the model's vocab_size is {model_config.vocab_size}; "
             "export with the vocabulary the model was trained with"
         )
     tensors = {}
@@ -128,20 +146,23 @@ def export_checkpoint(
             if source is not None and not torch.equal(tensor, source):
                 raise ValueError(f"{name} must equal {TIED[name]} (they are one tied parameter)")
             continue
-        if nsp or not name.startswith(NSP_ONLY):
+        if roberta:
+            if (exported := roberta_name(name)) is not None:
+                tensors[exported] = tensor.detach().cpu().contiguous()
+        elif nsp or not name.startswith(NSP_ONLY):
             tensors[name] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as handle:
         json.dump(hf_config, handle, indent=2)
         handle.write("\n")
-    for name in TOKENIZER_FILES:
+    for name in files[2:]:
         shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
     config_path = os.path.join(out_dir, "tokenizer_config.json")
     with open(config_path, encoding="utf-8") as handle:
         tokenizer_config = json.load(handle)
-    tokenizer_config["model_max_length"] = model_config.max_position_embeddings
+    tokenizer_config["model_max_length"] = model_config.max_sequence_length
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump(tokenizer_config, handle, indent=2, ensure_ascii=False)
         handle.write("\n")
-    return list(HF_FILES)
+    return list(files)

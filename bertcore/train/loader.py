@@ -9,6 +9,7 @@ a batch never mixes length bins, so padding stays small.
 A batch is a dict of tensors:
     input_ids           (B, T) long   padded with [PAD] to a multiple of 8
     token_type_ids      (B, T) long   0 before segment_b_start, 1 from there to the end
+                                      (all 0 with token_types=False: RoBERTa has one type)
     attention_mask      (B, T) long   1 on real tokens
     labels              (B, T) long   original id at masked positions, -100 elsewhere
     next_sentence_label (B,)   long   0/1; -100 where the record has no NSP label (-1 stored)
@@ -175,6 +176,7 @@ class Collator:
         pad_id: int | None = None,
         pad_to_multiple_of: int = 8,
         max_length: int | None = None,
+        token_types: bool = True,
     ):
         if masking == "dynamic" and mask_config is None:
             raise ValueError("dynamic masking needs a mask_config")
@@ -184,6 +186,7 @@ class Collator:
             pad_id = mask_config.vocab.special.pad
         self.seed, self.masking, self.mask_config = seed, masking, mask_config
         self.pad_id, self.multiple, self.max_length = pad_id, pad_to_multiple_of, max_length
+        self.token_types = token_types
         if mask_config is not None:
             self._never = np.zeros(mask_config.vocab_size, dtype=bool)  # (V,) never a target
             self._never[sorted(mask_config.never_masked)] = True
@@ -205,7 +208,7 @@ class Collator:
                 # Static records always have at least one target (the quota is >= 1).
                 raise ValueError("these examples carry no stored masks (written with dynamic masking): use masking='dynamic'")
             labels[np.repeat(np.arange(B), rows.mask_counts), rows.positions] = rows.masked_ids
-        token_type_ids = (position >= rows.segment_b_start[:, None]) & real
+        token_type_ids = (position >= rows.segment_b_start[:, None]) & real & self.token_types
         nsp = rows.next_sentence_label.astype(np.int64)
         nsp[nsp < 0] = IGNORE_INDEX
         out = {
@@ -265,6 +268,7 @@ class ExamplesLoader:
         pad_id: int | None = None,
         pad_to_multiple_of: int = 8,
         max_length: int | None = None,
+        token_types: bool = True,
         shuffle: bool = True,
         drop_last: bool = False,
         even_batches: bool = True,
@@ -285,6 +289,7 @@ class ExamplesLoader:
             pad_id=pad_id,
             pad_to_multiple_of=pad_to_multiple_of,
             max_length=max_length,
+            token_types=token_types,
         )
         if length_bins is None:
             self._group = self.dataset.file_of

@@ -85,6 +85,8 @@ class PhaseData:
     pad_id: int = 0
     length_bins: list[int] | None = None
     validation_paths: list[str] = field(default_factory=list)
+    token_types: bool = True
+    """Segment B gets token type 1; False: every token type is 0 (RoBERTa has one type)."""
 
 
 @dataclass
@@ -115,6 +117,7 @@ def _loader(cfg: TrainingConfig, data: PhaseData, phase: TrainingPhase, seed: in
         masking=data.masking,
         mask_config=data.mask_config,
         pad_id=data.pad_id,
+        token_types=data.token_types,
         max_length=phase.max_seq_length,
         # validation: the first batches of one keyed shuffle are the same sample at every
         # call, drawn from every length bin

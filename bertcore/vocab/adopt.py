@@ -16,6 +16,13 @@ The entries are kept as they are, one for one; the tokenizer is the one bertcore
 for a trained vocabulary (bertcore.vocab.tokenizer.tokenizer_from_vocab) over them, with the
 adopted options, so later stages read both kinds of vocabulary the same way. An option
 the recipe sets explicitly and the files contradict is an error naming both.
+
+A byte-level BPE (RoBERTa's, `vocab.model: byte_level_bpe`, `read_bpe_vocabulary`) is read
+from vocab.json + merges.txt, or from a tokenizer.json whose model is a BPE under the
+ByteLevel pre-tokenizer; with both, they must hold the same entries and merges. Entries
+keep their ids (RoBERTa's <mask> is its last entry) and merges their order; the tokenizer
+is bertcore.vocab.bpe's over them, so it splits text as a trained one does (no prefix
+space, as RoBERTa's own).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError, InputDataError
+from bertcore.vocab import bpe
 from bertcore.vocab.tokenizer import (
     read_vocab,
     tokenizer_from_vocab,
@@ -112,7 +120,8 @@ def _from_tokenizer_json(path: str) -> AdoptedVocabulary:
     ]
     for bad, what in problems:
         if bad:
-            raise InputDataError(f"{path}: {what}; only BERT (WordPiece) vocabularies can be adopted")
+            hint = "; set vocab.model: byte_level_bpe to adopt a RoBERTa vocabulary" if kind == "BPE" else ""
+            raise InputDataError(f"{path}: {what}; only BERT (WordPiece) vocabularies can be adopted with vocab.model wordpiece{hint}")
     found = {key: options[key] for key in ADOPTED_OPTIONS if options.get(key) is not None}
     try:
         tokens = vocab_list(tokenizer)
@@ -142,3 +151,51 @@ def _config_flags(path: str) -> dict[str, Any]:
         "strip_accents": lowercase if strip is None else bool(strip),
         "tokenize_chinese_chars": bool(data.get("tokenize_chinese_chars", True)),
     }
+
+
+def read_bpe_vocabulary(*, vocab_json: str | None = None, merges_txt: str | None = None, tokenizer_json: str | None = None) -> Tokenizer:
+    """The byte-level BPE tokenizer of these local files: vocab.json + merges.txt, or a
+    tokenizer.json, or all three (which must agree); see the module docstring."""
+    if (vocab_json is None) != (merges_txt is None):
+        have, lack = (vocab_json, "merges.txt") if merges_txt is None else (merges_txt, "vocab.json")
+        raise InputDataError(f"{have}: a byte-level BPE needs vocab.json and merges.txt together; {lack} is missing beside it")
+    if vocab_json is None and tokenizer_json is None:
+        raise ValueError("read_bpe_vocabulary needs vocab.json + merges.txt or a tokenizer.json")
+    vocab = merges = None
+    if vocab_json is not None:
+        vocab = _read(vocab_json, bpe.read_vocab_json)
+        merges = _read(merges_txt, bpe.read_merges)
+    if tokenizer_json is not None:
+        state = _read(tokenizer_json, _json_state)
+        model, pre = state.get("model") or {}, state.get("pre_tokenizer") or {}
+        if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
+            raise InputDataError(
+                f"{tokenizer_json}: a {model.get('type')} model under the {pre.get('type')} pre-tokenizer, not a byte-level BPE; "
+                "vocab.model: byte_level_bpe adopts RoBERTa/GPT-2 vocabularies (use vocab.model: wordpiece for a BERT one)"
+            )
+        theirs = bpe.vocab_and_merges(Tokenizer.from_str(json.dumps(state)))
+        if vocab is None:
+            vocab, merges = theirs
+        elif theirs != (vocab, merges):
+            what = "entries" if theirs[0] != vocab else "merges"
+            raise InputDataError(f"{tokenizer_json} and {vocab_json} + {merges_txt} hold different {what}; the files are of different vocabularies")
+    where = vocab_json or tokenizer_json
+    try:
+        return bpe.bpe_tokenizer(vocab, merges)
+    except ValueError as exc:
+        raise InputDataError(f"{where}: {exc}; only RoBERTa-style vocabularies with <s> <pad> </s> <unk> <mask> can be adopted") from None
+
+
+def _read(path: str, reader):
+    try:
+        return reader(path)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InputDataError(f"{path}: cannot read it ({' '.join(str(exc).split())[:200]})") from None
+
+
+def _json_state(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        state = json.load(handle)
+    if not isinstance(state, dict):
+        raise ValueError("not a tokenizers JSON object")
+    return state

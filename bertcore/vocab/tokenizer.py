@@ -1,4 +1,4 @@
-# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one format whose parts must agree.
+# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one format whose parts must agree (the byte-level BPE is bpe.py).
 """BERT WordPiece vocabulary: train, lay out, save, load, measure.
 
 The output is what Google's BERT and `transformers` expect: a `vocab.txt` (one entry per
@@ -46,7 +46,9 @@ from tokenizers import (
 )
 
 from bertcore.errors import InputDataError
+from bertcore.vocab import bpe
 from bertcore.vocab.config import (
+    BPE_UNK,
     CLS,
     MASK,
     PAD,
@@ -62,6 +64,7 @@ from bertcore.vocab.config import (  # noqa: F401 - the file names live with the
     TOKENIZER_FILE,
     TOKENIZER_FILES,
     VOCAB_FILE,
+    VOCAB_JSON,
 )
 
 
@@ -309,6 +312,11 @@ def save_tokenizer(
     return list(TOKENIZER_FILES)
 
 
+def read_entries(path: str) -> list[str]:
+    """The entries in id order of a vocab.txt, or of a byte-level BPE's vocab.json."""
+    return bpe.entries(bpe.read_vocab_json(path)) if path.endswith(".json") else read_vocab(path)
+
+
 def read_vocab(path: str) -> list[str]:
     """The entries of a vocab.txt, in id order: the file's final newline ends the last
     entry, it does not start an empty one."""
@@ -397,9 +405,12 @@ def encode_sentences(tok: Tokenizer, sentences: list[str], bounds) -> tuple:
     words on its own; the ids are then cut at the [SEP] ids (about 10% less CPU than one
     encoding per sentence). A document's ASCII sentences go the `_AsciiPath` (about half
     the CPU again). Everything is encoded sentence by sentence when the tokenizer truncates
-    or pads."""
+    or pads. A byte-level BPE (RoBERTa) encodes each sentence after a space but a document's
+    first (bertcore.vocab.bpe.encode_sentences)."""
     import numpy as np
 
+    if bpe.is_byte_level(tok):
+        return bpe.encode_sentences(tok, sentences, bounds)
     sep = tok.token_to_id(SEP)
     if sep is None or tok.truncation is not None or tok.padding is not None:
         each = [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
@@ -444,9 +455,12 @@ def _in_sentence_order(parts: list, n: int) -> tuple:
 
 
 def load_tokenizer(directory: str) -> Tokenizer:
-    """Load tokenizer.json from `directory`; if vocab.txt is there too, check that its
-    lines are the tokenizer's vocabulary in id order."""
+    """Load tokenizer.json from `directory`; if vocab.txt (or a BPE's vocab.json) is there
+    too, check that it holds the tokenizer's vocabulary in id order."""
     tok = Tokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
+    path = os.path.join(directory, VOCAB_JSON)
+    if os.path.exists(path) and bpe.read_vocab_json(path) != tok.get_vocab(with_added_tokens=True):
+        raise VocabFilesMismatchError(f"{path} and {TOKENIZER_FILE} hold different vocabularies; rerun the vocab stage")
     path = os.path.join(directory, VOCAB_FILE)
     if os.path.exists(path):
         lines = read_vocab(path)
@@ -492,19 +506,25 @@ def tokenizer_options(state: dict) -> dict:
         max_input_chars_per_word=model.get("max_input_chars_per_word"),
         continuing_subword_prefix=model.get("continuing_subword_prefix"),
     )
+    if pre.get("type") == "ByteLevel":
+        opts["add_prefix_space"] = pre.get("add_prefix_space")
     return opts
 
 
 def vocab_fingerprint(source: str | Tokenizer) -> str:
     """16 hex digits identifying a vocabulary: its entries in id order (the bytes of
     vocab.txt) plus the options that decide which entry a text maps to (lowercase, accent
-    stripping, CJK spacing, the word limit). `source` is a vocabulary directory or a
-    Tokenizer; both give the same value for the same vocabulary."""
+    stripping, CJK spacing, the word limit; a BPE's merges). `source` is a vocabulary
+    directory or a Tokenizer; both give the same value for the same vocabulary."""
     tok = load_tokenizer(source) if isinstance(source, str) else source
+    state = json.loads(tok.to_str())
     h = hashlib.sha256()
     h.update("".join(p + "\n" for p in vocab_list(tok)).encode())
     h.update(b"\x00")
-    h.update(json.dumps(tokenizer_options(json.loads(tok.to_str())), sort_keys=True).encode())
+    h.update(json.dumps(tokenizer_options(state), sort_keys=True).encode())
+    if (state.get("model") or {}).get("type") == "BPE":
+        h.update(b"\x00")
+        h.update(json.dumps(state["model"].get("merges", []), ensure_ascii=False).encode())
     return h.hexdigest()[:16]
 
 
@@ -517,7 +537,7 @@ def tokenization_stats(tok: Tokenizer, sentences: Iterable[str], top_k: int = 20
     most frequent pieces as [piece, count] (ties in id order), vocabulary size and
     alphabet size (single characters, no ##). Special tokens are not added."""
     vocab = vocab_list(tok)
-    unk_id = tok.token_to_id(UNK)
+    unk_id = tok.token_to_id(UNK) if tok.token_to_id(UNK) is not None else tok.token_to_id(BPE_UNK)
     piece_counts: Counter = Counter()
     n_sentences = n_words = 0
     batch: list[str] = []

@@ -72,7 +72,8 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
     the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
-    from bertcore.vocab.tokenizer import VOCAB_FILE, read_vocab
+    from bertcore.vocab.config import entries_file
+    from bertcore.vocab.tokenizer import read_entries
     from pipelines.shards import local_copy
 
     examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
@@ -91,7 +92,8 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
                 f"{cfg.SECTION}.phases[{i}].batch_size ({phase.batch_size}) needs {cfg.micro_batch_size(phase)} sequences per worker "
                 f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
             )
-    tokens = read_vocab(local_copy(storage, vocab.path(VOCAB_FILE), f"{cfg.SECTION}-{vocab.fingerprint}"))
+    listed = entries_file(s.path for s in vocab.manifest.shards)  # vocab.txt, or a byte-level BPE's vocab.json
+    tokens = read_entries(local_copy(storage, vocab.path(listed), f"{cfg.SECTION}-{vocab.fingerprint}"))
     inputs = Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation)
     return cfg.model_copy(update={"phases": phases}), inputs
 
@@ -150,6 +152,7 @@ class WorkerJob:
                     mask_config=self.inputs.examples.mask_config(examples_phase, vocab) if masking == "dynamic" else None,
                     pad_id=vocab.special.pad,
                     length_bins=list(self.inputs.examples.length_bins),
+                    token_types=vocab.special.layout == "bert",  # RoBERTa has one token type
                 )
             )
         return out
@@ -377,17 +380,17 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
 # -- export ---------------------------------------------------------------------------------------
 
 
-def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
+def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_files: list[str], vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
     """Consolidate the checkpoint of `marker` and publish the Hugging Face folder at
     `out_uri` (a BertForMaskedLM when not `spec.nsp`; with NSP a BertForPreTraining, and its
     BertForMaskedLM twin at `out_uri`-mlm, which AutoModelForMaskedLM loads without
-    unexpected keys); returns [{uri, folder, name, bytes, sha256, stamp}] of the files written."""
+    unexpected keys; a roberta model: one RobertaForMaskedLM); returns [{uri, folder, name,
+    bytes, sha256, stamp}] of the files written."""
     from pipelines.stage_files import stage_files
 
     from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag
     from bertcore.train.export import export_checkpoint
     from bertcore.model.bert import ModelConfig
-    from bertcore.vocab.tokenizer import TOKENIZER_FILES
     from pipelines.shards import local_folder
 
     storage = stage.storage
@@ -398,8 +401,9 @@ def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_key
         state = spec.exportable(files.local_path(f"{CHECKPOINTS}/{tag}"), marker)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
         model_cfg = ModelConfig.model_validate(marker["model_config"])
-        vocab_dir = local_folder(storage, vocab_uri, TOKENIZER_FILES, vocab_key)
-        folders = [(out_uri.rstrip("/"), spec.nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if spec.nsp else [])
+        vocab_dir = local_folder(storage, vocab_uri, vocab_files, vocab_key)
+        twin = spec.nsp and model_cfg.model_type == "bert"  # transformers has no RoBERTa class with an NSP head
+        folders = [(out_uri.rstrip("/"), spec.nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if twin else [])
         written = []
         for uri, with_nsp in folders:
             out_local = os.path.join(tmp, posixpath.basename(uri))
@@ -421,6 +425,7 @@ def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step:
     import ray
 
     from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
+    from bertcore.vocab.config import tokenizer_files
     from pipelines.ray_runtime import unwrap
 
     files = stage_files(stage.storage, stage.uri, "driver")
@@ -431,7 +436,8 @@ def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step:
         what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
         raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the {stage.directory} stage first")
     task = ray.remote(num_cpus=1, max_retries=1)(_export_task)
-    ref = task.remote(stage, spec, vocab.dir.uri, f"{stage.directory}-{vocab.fingerprint}", markers[-1], out or stage.path(MODEL_DIR))
+    files = tokenizer_files(s.path for s in vocab.manifest.shards)  # WordPiece's or byte-level BPE's
+    ref = task.remote(stage, spec, vocab.dir.uri, files, f"{stage.directory}-{vocab.fingerprint}", markers[-1], out or stage.path(MODEL_DIR))
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:

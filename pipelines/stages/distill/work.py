@@ -75,20 +75,23 @@ def _teacher(r: StageRun, vocab_size: int) -> Teacher:
 
 
 def _check_vocabulary(r: StageRun, teacher: Teacher) -> None:
-    """The teacher folder's vocab.txt, when it has one, equals the vocab stage's entry for entry."""
-    from bertcore.vocab.tokenizer import VOCAB_FILE, read_vocab
+    """The teacher folder's vocab.txt (a byte-level BPE's vocab.json), when it has one,
+    equals the vocab stage's entry for entry."""
+    from bertcore.vocab.config import entries_file
+    from bertcore.vocab.tokenizer import read_entries
     from pipelines.shards import local_copy
 
-    theirs_uri = join(teacher.folder.uri, VOCAB_FILE)
+    vocab: Upstream = r.inputs["vocab"]
+    listed = entries_file(s.path for s in vocab.manifest.shards)
+    theirs_uri = join(teacher.folder.uri, listed)
     if not r.storage.exists(theirs_uri):
         return
-    vocab: Upstream = r.inputs["vocab"]
-    ours = read_vocab(local_copy(r.storage, vocab.path(VOCAB_FILE), f"distill-{vocab.fingerprint}"))
-    theirs = read_vocab(local_copy(r.storage, theirs_uri, f"distill-teacher-{r.storage.signature(theirs_uri)}"))
+    ours = read_entries(local_copy(r.storage, vocab.path(listed), f"distill-{vocab.fingerprint}"))
+    theirs = read_entries(local_copy(r.storage, theirs_uri, f"distill-teacher-{r.storage.signature(theirs_uri)}"))
     if ours != theirs:
         first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         raise ConfigError(
-            f"distill.teacher: {theirs_uri} and {vocab.path(VOCAB_FILE)} (the examples' vocabulary) differ from entry {first} on; "
+            f"distill.teacher: {theirs_uri} and {vocab.path(listed)} (the examples' vocabulary) differ from entry {first} on; "
             "the student uses the teacher's vocabulary: build the examples with it (vocab.source: pretrained)"
         )
 

@@ -102,11 +102,12 @@ def intrinsic_job(
     from bertcore.eval.finetune import device
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
     from bertcore.examples.masking import VocabTables
-    from bertcore.vocab.tokenizer import VOCAB_FILE, read_vocab
+    from bertcore.vocab.config import entries_file
+    from bertcore.vocab.tokenizer import read_entries
 
     _threads(num_threads)
     model_dir = model.local(storage)
-    tokens = read_vocab(os.path.join(model_dir, VOCAB_FILE))
+    tokens = read_entries(os.path.join(model_dir, entries_file(os.listdir(model_dir))))
     model = load_pretraining_model(model_dir, random_init=model.random_init, seed=seed).to(device())
     mask_config = None
     if examples_cfg.masking == "dynamic":
@@ -119,6 +120,7 @@ def intrinsic_job(
         masking=examples_cfg.masking,
         mask_config=mask_config,
         pad_id=model.cfg.pad_token_id,
+        token_types=model.cfg.type_vocab_size > 1,  # RoBERTa has one token type
         shuffle=False,
         even_batches=False,
     )

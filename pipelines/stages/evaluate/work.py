@@ -178,11 +178,11 @@ def _models(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream]:
     the student's architecture; otherwise the pretrained model and its random init."""
     if "distill" in r.inputs:
         distill = r.inputs["distill"]
-        subject = Model("student", distill.path(MODEL_DIR), HF_FILES, f"eval-{distill.fingerprint}")
+        subject = Model("student", distill.path(MODEL_DIR), _model_files(distill), f"eval-{distill.fingerprint}")
         models, trained = [_teacher(r, distill), subject], distill
     else:
         pretrain = r.inputs["pretrain"]
-        subject = Model("pretrained", pretrain.path(MODEL_DIR), HF_FILES, f"eval-{pretrain.fingerprint}")
+        subject = Model("pretrained", pretrain.path(MODEL_DIR), _model_files(pretrain), f"eval-{pretrain.fingerprint}")
         models, trained = [subject], pretrain
     if not r.storage.exists(f"{subject.uri}/config.json"):
         stage = trained.dir.directory
@@ -190,6 +190,13 @@ def _models(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream]:
     if baseline:
         models.append(Model("random_init", subject.uri, subject.files, subject.cache_key, random_init=True))
     return models, subject, trained
+
+
+def _model_files(trained: Upstream) -> tuple[str, ...]:
+    """The files of the stage's model/ folder as its manifest lists them (a RoBERTa export
+    has vocab.json and merges.txt where a BERT one has vocab.txt)."""
+    listed = tuple(s.path.removeprefix(MODEL_DIR + "/") for s in trained.manifest.shards_under(MODEL_DIR + "/"))
+    return listed or HF_FILES
 
 
 def _teacher(r: StageRun, distill: Upstream) -> Model:
@@ -220,9 +227,9 @@ def run(r: StageRun) -> Output:
     from bertcore.eval.intrinsic import model_config_of
 
     configs = {m.name: model_config_of(os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key))) for m in models}
-    check_lengths(resolved, configs[subject.name].max_position_embeddings, f"{subject.uri}/config.json", ConfigError)
+    check_lengths(resolved, configs[subject.name].max_sequence_length, f"{subject.uri}/config.json", ConfigError)
     plan = _Plan(resolved, signatures, models, subject, trained)
-    _plan_jobs(plan, r, configs[subject.name].max_position_embeddings)
+    _plan_jobs(plan, r, configs[subject.name].max_sequence_length)
 
     t0 = time.perf_counter()
     results, reused = _run_jobs(plan, r)

@@ -41,8 +41,8 @@ from bertcore.examples.config import ExamplesConfig, PhaseConfig, length_bin
 from bertcore.examples.masking import VocabTables
 from bertcore.examples.pairs import FlatDocument
 from bertcore.text.lengths import Lengths
+from bertcore.vocab.config import tokenizer_files
 from bertcore.vocab.tokenizer import (
-    TOKENIZER_FILES,
     encode_sentences,
     load_tokenizer,
     vocab_fingerprint,
@@ -69,9 +69,11 @@ class VocabSource:
 
     uri: str
     key: str
+    files: tuple[str, ...]
+    """The vocabulary's files (WordPiece's or byte-level BPE's), as the vocab manifest lists them."""
 
     def local(self, storage: Storage) -> str:
-        return local_folder(storage, self.uri, TOKENIZER_FILES, self.key)
+        return local_folder(storage, self.uri, self.files, self.key)
 
 
 # -- corpus-wide document access ----------------------------------------------------------------
@@ -289,7 +291,7 @@ def build_shard(
 def run(r: StageRun) -> Output:
     cfg: ExamplesConfig = r.section
     corpus, vocab_stage = r.inputs["corpus"], r.inputs["vocab"]
-    vocab = VocabSource(vocab_stage.dir.uri, vocab_stage.fingerprint)
+    vocab = VocabSource(vocab_stage.dir.uri, vocab_stage.fingerprint, tuple(tokenizer_files(s.path for s in vocab_stage.manifest.shards)))
     actual = _checked_vocab_fingerprint(r.storage, vocab_stage, vocab)
 
     # step 1: tokens, keyed by corpus and vocab only (changing masking settings reuses them)

@@ -22,7 +22,9 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
             "(vocab.pretrained then defaults to pretrain.init_from)"
         )
     if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
-        cfg.check_positions(lengths, cfg.max_position_embeddings, "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
+        roberta = reads["vocab"].byte_level  # a byte-level BPE vocabulary makes a RoBERTa (its positions start after <pad>)
+        positions = cfg.build_model_config(30522, 1 if roberta else 0, roberta=roberta).max_sequence_length
+        cfg.check_positions(lengths, positions, "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
 
 
 def identify(cfg: PretrainConfig, storage: Storage) -> External | None:

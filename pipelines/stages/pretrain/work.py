@@ -1,7 +1,7 @@
 """Pretrain stage's work (its declaration is pipelines/stages/pretrain/__init__.py): examples +
 vocab -> DeepSpeed checkpoints, `model/` (Hugging Face layout; with NSP its
-BertForMaskedLM twin `model-mlm/` beside it) and `metrics.jsonl` under
-`<run.root>/pretrain/`.
+BertForMaskedLM twin `model-mlm/` beside it; with a byte-level BPE vocabulary a RoBERTa,
+exported as a RobertaForMaskedLM) and `metrics.jsonl` under `<run.root>/pretrain/`.
 
 Ray shape: the training stages' shared launch (pipelines/training/launch.py): a Ray Train
 TorchTrainer whose workers each run bertcore.train.trainer.Trainer with the pretraining
@@ -47,13 +47,19 @@ def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs
     from bertcore.model.folder import check_model_folder
 
     base = check_model_folder(init.local(storage), "pretrain.init_from").config  # config against the weights' header, before any worker
+    layout = inputs.vocab.special.layout
+    if base.model_type != layout:
+        raise ConfigError(
+            f"pretrain.init_from: the model at {init.uri} is a {base.model_type} model but the vocabulary is {layout}'s "
+            f"({'byte-level BPE' if layout == 'roberta' else 'WordPiece'}); adopt the model's own vocabulary with the matching vocab.model"
+        )
     if base.vocab_size != inputs.vocab.vocab_size:
         raise ConfigError(
             f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the vocab stage's vocabulary "
             f"has {inputs.vocab.vocab_size} entries; adopt the model's vocabulary (vocab.source: pretrained, vocab.pretrained unset)"
         )
     try:
-        cfg.check_positions([p.max_seq_length for p in cfg.phases], base.max_position_embeddings, "shorten the phase")
+        cfg.check_positions([p.max_seq_length for p in cfg.phases], base.max_sequence_length, "shorten the phase")
     except ValueError as exc:
         raise ConfigError(f"{exc} (pretrain.init_from: {init.uri})") from None
     return cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad, base=base)
@@ -68,7 +74,7 @@ class PretrainSpec:
 
     model_config: dict
     nsp: bool
-    """Whether the examples carry NSP labels: the export is then a BertForPreTraining (and its BertForMaskedLM twin), else a BertForMaskedLM."""
+    """Whether the examples carry NSP labels: the export is then a BertForPreTraining (and its BertForMaskedLM twin), else a BertForMaskedLM (a RoBERTa model: a RobertaForMaskedLM either way)."""
     init: ExternalFolder | None = None
 
     def objective(self, storage: Storage):
@@ -112,7 +118,11 @@ def run(r: StageRun) -> Output:
     if init is not None:
         model_cfg = _init_model_config(cfg, init, inputs, r.storage)
     else:
-        model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad)
+        model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad, roberta=inputs.vocab.special.layout == "roberta")
+        try:
+            cfg.check_positions([p.max_seq_length for p in cfg.phases], model_cfg.max_sequence_length, "raise pretrain.model_overrides.max_position_embeddings")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
     spec = PretrainSpec(model_cfg.model_dump(mode="json"), inputs.examples.has_nsp, init)
     job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,

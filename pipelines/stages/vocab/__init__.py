@@ -17,7 +17,7 @@ def identify(cfg: VocabConfig, storage: Storage) -> External | None:
         return None
     if cfg.pretrained is None:
         raise ConfigError("vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json or a model folder (or set distill.teacher or pretrain.init_from)")
-    files = vocabulary_files(storage, cfg.pretrained, "vocab.pretrained")
+    files = vocabulary_files(storage, cfg.pretrained, "vocab.pretrained", byte_level=cfg.byte_level)
     return External(identity={"pretrained": files.identity}, value=files)
 
 
@@ -37,5 +37,6 @@ def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
 
 STAGE = Stage(
     "vocab", VocabConfig, "pipelines.stages.vocab.work:run", reads=("corpus",), resumable=False, identify=identify, inherit=inherit,
-    writes="WordPiece vocabulary: vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json",
+    writes="WordPiece vocabulary: vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json "
+    "(byte-level BPE: vocab.json and merges.txt instead of vocab.txt)",
 )

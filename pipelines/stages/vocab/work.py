@@ -1,16 +1,18 @@
-"""Vocabulary stage: train a WordPiece vocabulary on sentences sampled from the corpus, or
-adopt an existing one (vocab.source: pretrained).
+"""Vocabulary stage: train a WordPiece (BERT) or byte-level BPE (RoBERTa, vocab.model:
+byte_level_bpe) vocabulary on sentences sampled from the corpus, or adopt an existing one
+(vocab.source: pretrained).
 
 Ray shape: one task per train shard streams its record batches and keeps each sentence
 with probability p = min(1, max_sentences / corpus sentences), drawn from an RNG keyed by
 (seed, "vocab", shard), so the sample is uniform over the corpus and does not depend on
-the number of workers; one task on one node trains on the sample in shard order. The
-files a `transformers` tokenizer needs are written to the stage directory.
+the number of workers; one task on one node trains on the sample in shard order (WordPiece
+first chooses its alphabet from character counts made per shard). The files a
+`transformers` tokenizer needs are written to the stage directory.
 
 Adopting: the vocabulary files (vocab.pretrained, or pretrain.init_from's folder) are
 outside the run root, so their content identity is part of the fingerprint (`identify`);
-one task reads and checks them (bertcore.vocab.adopt), writes the same four files as
-training would, entry for entry, and measures how well they fit the corpus.
+one task reads and checks them (bertcore.vocab.adopt), writes the same files as training
+would, entry for entry, and measures how well they fit the corpus.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from bertcore.vocab.tokenizer import (
     train_wordpiece,
     vocab_fingerprint,
 )
-from bertcore.vocab.adopt import read_vocabulary
-from bertcore.vocab.config import ADOPTED_OPTIONS
+from bertcore.vocab.adopt import read_bpe_vocabulary, read_vocabulary
+from bertcore.vocab.bpe import save_bpe, train_byte_level_bpe
+from bertcore.vocab.config import ADOPTED_OPTIONS, MERGES_FILE, VOCAB_JSON
 from pipelines.external import ExternalFolder
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches
@@ -80,6 +83,8 @@ def train_and_save(sample_refs: list, alphabet_refs: list, validation: list[str]
         for ref in sample_refs:
             yield from ray.get(ref)
 
+    if cfg.byte_level:
+        return _publish(train_byte_level_bpe(sentences(), cfg), cfg, validation, stage)
     alphabet = AlphabetCounts()
     for ref in alphabet_refs:
         alphabet = alphabet.merge(ray.get(ref))
@@ -92,6 +97,15 @@ def adopt_and_save(source: ExternalFolder, validation: list[str], cfg: VocabConf
     """Read and check the adopted vocabulary, write its tokenizer files, compute statistics."""
     local = source.local(stage.storage)
     paths = {name: os.path.join(local, name) for name in source.files}
+    if cfg.byte_level:
+        tokenizer = read_bpe_vocabulary(
+            vocab_json=paths.get(VOCAB_JSON),
+            merges_txt=paths.get(MERGES_FILE),
+            tokenizer_json=next((p for n, p in paths.items() if n not in (CONFIG_FILE, VOCAB_JSON) and n.endswith(".json")), None),
+        )
+        shards, stats = _publish(tokenizer, cfg, validation, stage)
+        stats["adopted"] = {"from": source.uri, "files": source.files, "options": {}}
+        return shards, stats
     adopted = read_vocabulary(
         vocab_txt=next((p for n, p in paths.items() if n != CONFIG_FILE and not n.endswith(".json")), None),
         tokenizer_json=next((p for n, p in paths.items() if n != CONFIG_FILE and n.endswith(".json")), None),
@@ -108,11 +122,11 @@ def _publish(tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stag
     """Write the tokenizer files as the stage's shards; statistics on the validation sentences."""
     stats = tokenization_stats(tokenizer, validation)
     with tempfile.TemporaryDirectory() as tmp:
-        names = save_tokenizer(tokenizer, cfg, tmp)
+        names = save_bpe(tokenizer, tmp) if cfg.byte_level else save_tokenizer(tokenizer, cfg, tmp)
         stats["vocab_fingerprint"] = vocab_fingerprint(tmp)
         shards = []
         for name in names:
-            rows = stats["vocab_size"] if name == VOCAB_FILE else 0
+            rows = stats["vocab_size"] if name in (VOCAB_FILE, VOCAB_JSON) else 0
             shards.append(stage.publish_copy(name, os.path.join(tmp, name), rows))
     return shards, stats
 
@@ -135,11 +149,12 @@ def run(r: StageRun) -> Output:
         )
     probability = min(1.0, cfg.max_sentences / total)
     log.info(
-        "vocab: training a %d-entry WordPiece on %s of %d corpus sentences (%d train shards)",
-        cfg.vocab_size, "all" if probability >= 1.0 else f"{probability:.1%}", total, len(train),
+        "vocab: training a %d-entry %s on %s of %d corpus sentences (%d train shards)",
+        cfg.vocab_size, "byte-level BPE" if cfg.byte_level else "WordPiece", "all" if probability >= 1.0 else f"{probability:.1%}",
+        total, len(train),
     )
     sample_refs = [sample_shard.remote(r.storage, corpus.path(s.path), probability, r.seed, s.path) for s in train]
-    alphabet_refs = [shard_alphabet.remote(ref, cfg) for ref in sample_refs]
+    alphabet_refs = [] if cfg.byte_level else [shard_alphabet.remote(ref, cfg) for ref in sample_refs]
     validation = _validation_sentences(r.storage, corpus)
     shards, stats = run_tasks(
         lambda _: train_and_save.remote(sample_refs, alphabet_refs, validation, cfg, r.dir), [None], parallelism=1, desc="vocab: train"
