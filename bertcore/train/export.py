@@ -5,9 +5,17 @@
     model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does);
                              without NSP, neither the NSP head nor the pooler (which only NSP
                              trains), exactly what transformers' BertForMaskedLM holds
+                             (an embedding model, `sentence=`: the encoder alone, BertModel's
+                             names and pooler, no head)
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                              the vocab stage's files (model_max_length set to the model's
                              max_position_embeddings, so pipelines truncate where it ends)
+
+An embedding model (the student of a teacher without an MLM head, such as
+all-MiniLM-L6-v2) is written as such a teacher is published: a BertModel
+(config.json's architectures, unprefixed names, the pooler kept so that AutoModel loads it
+with nothing missing or unexpected) and the sentence-transformers files
+(bertcore/model/sentence_files.py).
 
 `consolidate_checkpoint` turns one DeepSpeed checkpoint folder (checkpoints/step-NNNNNNN/,
 any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model.bert's
@@ -30,6 +38,7 @@ import torch
 from bertcore.train.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
 from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
+from bertcore.model.sentence_files import SentenceLayout, write_layout
 from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
 from bertcore.train.optim import parameter_group_names
 from bertcore.vocab.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
@@ -102,16 +111,36 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
 
 NSP_ONLY = ("bert.pooler.", "cls.seq_relationship.")
 """Entries only the next-sentence objective trains: left out of a masked-LM export."""
+ENCODER = "bert."
+"""The encoder's entries (embeddings, layers, pooler): all an embedding model's folder holds, without this prefix."""
+
+
+def _architecture(nsp: bool, sentence: SentenceLayout | None) -> str:
+    if sentence is not None:
+        if nsp:
+            raise ValueError("an embedding model (sentence=) has no NSP head; export it with nsp=False")
+        return "BertModel"
+    return "BertForPreTraining" if nsp else "BertForMaskedLM"
+
+
+def _kept(name: str, nsp: bool, sentence: SentenceLayout | None) -> str | None:
+    """The name an entry is saved under, or None when the folder leaves it out."""
+    if sentence is not None:
+        return name.removeprefix(ENCODER) if name.startswith(ENCODER) else None
+    return name if nsp or not name.startswith(NSP_ONLY) else None
 
 
 def export_checkpoint(
-    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True
+    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True,
+    sentence: SentenceLayout | None = None,
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
     bertcore.model.bert names, the model config and the vocab stage's folder; returns the file
-    names written. Tied entries, if present, must equal the tensors they alias. nsp=False
-    (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler."""
-    hf_config = model_config.to_hf_config_dict("BertForPreTraining" if nsp else "BertForMaskedLM")  # refuses pre-LN models
+    names written (relative to `out_dir`). Tied entries, if present, must equal the tensors
+    they alias. nsp=False (an objective without NSP, e.g. roberta) writes a BertForMaskedLM:
+    no NSP head, no pooler. `sentence` writes an embedding model: the encoder as a BertModel
+    (pooler included, no head) and the sentence-transformers files of that layout."""
+    hf_config = model_config.to_hf_config_dict(_architecture(nsp, sentence))  # refuses pre-LN models
     for name in TOKENIZER_FILES:
         if not os.path.isfile(os.path.join(tokenizer_dir, name)):
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
@@ -128,8 +157,8 @@ def export_checkpoint(
             if source is not None and not torch.equal(tensor, source):
                 raise ValueError(f"{name} must equal {TIED[name]} (they are one tied parameter)")
             continue
-        if nsp or not name.startswith(NSP_ONLY):
-            tensors[name] = tensor.detach().cpu().contiguous()
+        if (saved := _kept(name, nsp, sentence)) is not None:
+            tensors[saved] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as handle:
@@ -144,4 +173,6 @@ def export_checkpoint(
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump(tokenizer_config, handle, indent=2, ensure_ascii=False)
         handle.write("\n")
-    return list(HF_FILES)
+    if sentence is None:
+        return list(HF_FILES)
+    return [*HF_FILES, *write_layout(out_dir, sentence, model_config.hidden_size, model_config.max_position_embeddings)]
