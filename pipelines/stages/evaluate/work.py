@@ -5,10 +5,14 @@ nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
 scores and verdicts also go to the trackers the training used (TensorBoard files under
 `eval/tensorboard/`, the MLflow and W&B runs; bertcore/train/tracking.py).
 
-After distillation (the distill stage ran) the models are three: the teacher, the student
-(the "subject", judged against random init as the pretrained model is otherwise) and a
-random init of the student's architecture; the report adds what the student keeps of the
-teacher's gain and the speed of each, measured here (bertcore/eval/distillation.py).
+After distillation (the distill stage ran) the models are four: the teacher, the student
+(the "subject", judged against random init as the pretrained model is otherwise), the
+student's start (distill/student-start/, before its first distillation step) and a random
+init of the student's architecture; the report adds what the student keeps of the
+teacher's gain, how much of its own gain the start already had and how much training
+added, and the speed of each, measured here (bertcore/eval/distillation.py). A subject
+without an MLM head (the student of an embedding teacher) gets no held-out MLM or
+fill-mask scores.
 
 Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
 `evaluate.num_gpus` of a GPU each when set):
@@ -19,7 +23,7 @@ Ray shape: one task per job, all submitted together (at most `parallelism` in fl
   training file, `heads/<subject>/<task>.safetensors` (bertcore/eval/heads.py), which
   `bertpipe export --task` puts on the exported encoder;
 - embeddings: one per model; fill-mask: one, the subject; speed (after distillation): one,
-  after the others, alone.
+  after the others, alone (the student's start is not timed: it has the student's shape).
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
 crashed, re-run with the same fingerprint, computes only the jobs still missing. Remote
 files (model, task files) are copied to a per-content local cache in the worker that reads
@@ -54,10 +58,22 @@ from bertcore.eval.plots import plot_pretraining, plot_tasks
 from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
 from bertcore.eval.tasks import check_task_files
 from bertcore.examples.config import ExamplesConfig
+from bertcore.eval.distillation import START
+from bertcore.model.hf_files import START_DIR
 from bertcore.train.export import HF_FILES, MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
 from bertcore.rng import keyed_numpy
-from pipelines.stages.evaluate.jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
+from pipelines.stages.evaluate.jobs import (
+    Model,
+    embeddings_job,
+    fill_mask_job,
+    finetune_job,
+    has_mlm_head,
+    intrinsic_job,
+    local_task,
+    original_paths,
+    speed_job,
+)
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, read_batches
 from pipelines.stage import Output, StageRun, Upstream
@@ -156,18 +172,23 @@ class _Plan:
     """The stage that trained the subject (pretrain or distill): its phases and training log."""
     jobs: list[_Job] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    masked_lm: bool = True
+    """Whether the subject's folder holds an MLM head (an embedding model, the student of one, has none)."""
     examples_cfg: ExamplesConfig | None = None
     sentences: list[str] = field(default_factory=list)
 
 
 def _models(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream]:
     """The models to score, the subject, and the stage that trained it. After distillation:
-    the teacher (the folder the distill stage recorded), the student and a random init of
-    the student's architecture; otherwise the pretrained model and its random init."""
+    the teacher (the folder the distill stage recorded), the student, the student's start
+    (distill/student-start/: before its first step) and a random init of the student's
+    architecture; otherwise the pretrained model and its random init."""
     if "distill" in r.inputs:
         distill = r.inputs["distill"]
         subject = Model("student", distill.path(MODEL_DIR), HF_FILES, f"eval-{distill.fingerprint}")
         models, trained = [_teacher(r, distill), subject], distill
+        if distill.manifest.shards_under(f"{START_DIR}/"):  # a distill stage of before the start was kept has none
+            models.append(Model(START, distill.path(START_DIR), HF_FILES, f"eval-start-{distill.fingerprint}"))
     else:
         pretrain = r.inputs["pretrain"]
         subject = Model("pretrained", pretrain.path(MODEL_DIR), HF_FILES, f"eval-{pretrain.fingerprint}")
@@ -189,7 +210,7 @@ def _teacher(r: StageRun, distill: Upstream) -> Model:
     uri = distill.manifest.inputs.get("teacher")
     if uri is None:
         raise ConfigError(f"{distill.dir.uri}: the distill manifest names no teacher; re-run the distill stage (`bertpipe run --only distill --force`)")
-    folder = model_folder(r.storage, uri, "distill.teacher")
+    folder = model_folder(r.storage, uri, "distill.teacher", sentence_files=True)
     learned = (distill.manifest.inputs.get("external") or {}).get("teacher")  # what the distill fingerprint covers
     if learned is not None and learned != folder.identity:
         changed = sorted(k for k in {*learned, *folder.identity} if learned.get(k) != folder.identity.get(k))
@@ -207,9 +228,10 @@ def run(r: StageRun) -> Output:
     models, subject, trained = _models(r, resolved.baseline)
     from bertcore.eval.intrinsic import model_config_of
 
-    configs = {m.name: model_config_of(os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key))) for m in models}
+    folders = {m.name: os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key)) for m in models}
+    configs = {name: model_config_of(folder) for name, folder in folders.items()}
     check_lengths(resolved, configs[subject.name].max_position_embeddings, f"{subject.uri}/config.json", ConfigError)
-    plan = _Plan(resolved, signatures, models, subject, trained)
+    plan = _Plan(resolved, signatures, models, subject, trained, masked_lm=has_mlm_head(folders[subject.name]))
     _plan_jobs(plan, r, configs[subject.name].max_position_embeddings)
 
     t0 = time.perf_counter()
@@ -221,7 +243,8 @@ def run(r: StageRun) -> Output:
     records, validations, log_summary = _training_log(r.storage, trained)
     metrics = _metrics(plan, results, configs, log_summary, r.seed, r.fingerprint)
     for model in metrics["models"].values():  # relative to run.root when a stage wrote it: the report survives a move
-        model["uri"] = next((f"{up.dir.directory}/{MODEL_DIR}" for up in r.inputs.values() if model["uri"] == up.path(MODEL_DIR)), model["uri"])
+        model["uri"] = next((f"{up.dir.directory}/{folder}" for up in r.inputs.values() for folder in (MODEL_DIR, START_DIR)
+                             if model["uri"] == up.path(folder)), model["uri"])
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
@@ -249,7 +272,10 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
     """One job per (intrinsic phase | task and seed | embeddings) and model; one speed job
     for the three models of a distillation."""
     cfg = plan.cfg
-    if cfg.intrinsic.enabled:
+    masked_lm = cfg.intrinsic.enabled and plan.masked_lm
+    if cfg.intrinsic.enabled and not plan.masked_lm:
+        plan.notes.append(f"intrinsic: the {plan.subject.name} has no MLM head (an embedding model, as its teacher), so held-out MLM and fill-mask are not scored")
+    if masked_lm:
         examples = r.inputs["examples"]
         from bertcore.eval.intrinsic import phases_to_score
 
@@ -263,7 +289,7 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
                 continue
             train = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/train/") if s.rows]
             for model in plan.models:
-                if model.name != "teacher":  # the masked-LM skill of the subject against random init
+                if model is plan.subject or model.random_init:  # the masked-LM skill of the subject against random init
                     plan.jobs.append(_Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
     for task in cfg.tasks:
         _check_files(task, r.storage, plan.signatures)  # an empty or unusable file is one line naming it, before any job starts
@@ -271,7 +297,7 @@ def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
             for task_seed in summary.seeds_of(task, model.random_init):
                 keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0]
                 plan.jobs.append(_Job(f"finetune__{task.name}__{model.name}__seed{task_seed}", "finetune", model, task=task, task_seed=task_seed, keep_model=keep))
-    fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
+    fill_mask = masked_lm and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
     if plan.sentences and cfg.embeddings.enabled:
@@ -306,8 +332,9 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
             return finetune_job.options(**options).remote(
                 job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads, r.dir if job.keep_model else None,
             )
-        if job.kind == "speed":
-            return speed_job.options(num_cpus=cfg.num_threads).remote(plan.models, cfg.speed, seed, storage, cfg.num_threads)
+        if job.kind == "speed":  # the student's start has the student's architecture: its speed is the student's
+            timed = [m for m in plan.models if m.name != START]
+            return speed_job.options(num_cpus=cfg.num_threads).remote(timed, cfg.speed, seed, storage, cfg.num_threads)
         return embeddings_job.options(**options).remote(
             job.model, plan.subject, plan.sentences, cfg.embeddings, seed, storage, plan.signatures, cfg.num_threads
         )
