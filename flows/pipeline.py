@@ -23,6 +23,7 @@ from prefect.states import Completed, Failed
 
 from bertcore.errors import BertpipeError
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
+from bertcore.model.sentence_files import MODULES_FILE
 from bertcore.redact import mask_text, masked
 from flows import logs, run_log, supervise
 from flows.artifacts import publish_stage
@@ -97,6 +98,7 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     for folder in (MODEL_DIR + MLM_SUFFIX, MODEL_DIR):  # the folder AutoModelForMaskedLM loads without unexpected keys
         if manifest.shards_under(f"{folder}/"):
             summary["model"] = mask_text(directory.path(folder))
+            summary["model_kind"] = "sentence-transformers" if manifest.shards_under(f"{folder}/{MODULES_FILE}") else "masked-lm"
             break
     if manifest.stats.get("verdicts"):
         summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)

@@ -73,7 +73,11 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
     lines = []
     for stage, what in (("pretrain", "the model"), ("distill", "the student")):
         if "model" in by_stage.get(stage, {}):
-            lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{_shown(by_stage[stage]["model"])}")  (transformers)')
+            folder = _shown(by_stage[stage]["model"])
+            if by_stage[stage].get("model_kind") == "sentence-transformers":  # an embedding model, as its teacher is published
+                lines.append(f'{f"load {what}:":<16} SentenceTransformer("{folder}")  (sentence-transformers; its encoder alone: AutoModel)')
+            else:
+                lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{folder}")  (transformers)')
     if "report" in by_stage.get("evaluate", {}):
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:

@@ -12,7 +12,7 @@ import json
 import posixpath
 from dataclasses import dataclass
 
-from bertcore.errors import ConfigError
+from bertcore.errors import ConfigError, InputDataError
 from bertcore.model.hf_files import (
     CONFIG_FILE,
     PYTORCH_BIN,
@@ -22,6 +22,7 @@ from bertcore.model.hf_files import (
     weight_files,
 )
 from bertcore.model.folder import bin_refusal
+from bertcore.model.sentence_files import MAX_BYTES, MODULES_FILE, listed_files, parse_modules
 from bertcore.vocab.config import CONFIG_FILE as TOKENIZER_CONFIG
 from bertcore.vocab.config import MERGES_FILE, TOKENIZER_FILE, VOCAB_FILE, VOCAB_JSON
 from pipelines.shards import local_copy, local_folder
@@ -52,10 +53,11 @@ def external_folder(storage: Storage, uri: str, files: list[str]) -> ExternalFol
     return ExternalFolder(uri, files, {join(uri, name): storage.signature(join(uri, name)) for name in files})
 
 
-def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
+def model_folder(storage: Storage, uri: str, key: str, *, sentence_files: bool = False) -> ExternalFolder:
     """A Hugging Face model folder: config.json and its safetensors weights (shards
-    included). A folder without them, or with only a pytorch_model.bin, is a ConfigError
-    naming `key`."""
+    included), and with `sentence_files` the sentence-transformers files it has (a
+    teacher's: its student is exported with the same pooling). A folder without config.json
+    and weights, or with only a pytorch_model.bin, is a ConfigError naming `key`."""
     uri = uri.rstrip("/")
     names = storage.listdir(uri)
     weights = weight_files(names)
@@ -70,6 +72,16 @@ def model_folder(storage: Storage, uri: str, key: str) -> ExternalFolder:
     if weights[0] == SAFETENSORS_INDEX:
         index = join(uri, SAFETENSORS_INDEX)
         files += shard_names(local_copy(storage, index, f"external-index-{storage.signature(index)}"))
+    if sentence_files and MODULES_FILE in names:
+        modules = join(uri, MODULES_FILE)
+        local = local_copy(storage, modules, f"external-modules-{storage.signature(modules)}")
+        with open(local, "rb") as handle:
+            text = handle.read(MAX_BYTES + 1)
+        try:
+            listed = listed_files(parse_modules(json.loads(text), modules))
+        except (ValueError, InputDataError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ConfigError(f"{key}: {modules} is not a sentence-transformers modules.json ({' '.join(str(exc).split())[:160]}); fix or remove it") from None
+        files += [name for name in listed if name in names or "/" in name and storage.exists(join(uri, name))]
     return external_folder(storage, uri, files)
 
 

@@ -295,3 +295,16 @@ def test_an_external_teacher_leaves_the_pretrain_stage_out_and_status_says_why(t
     # the pretrain stage's model as the teacher: pretrain runs, distill reads it
     internal = load_config(DEMO, [f"run.root={tmp_path / 'internal'}", *DISTIL])
     assert internal.off == {} and Pipeline(internal).reads("distill") == ("pretrain", "examples", "vocab")
+
+
+def test_the_distill_recipe_trains_a_fixed_number_of_steps_and_the_time_budget_is_an_opt_in(minilm_or_stand_in):
+    from pipelines.registry import load_config
+
+    recipe = os.path.join(os.path.dirname(__file__), "..", "configs", "distill.yaml")
+    cfg = load_config(recipe).distill
+    # no wall-clock stop: the student is the one of the recipe's steps, whatever the machine's load
+    assert cfg.time_budget_s is None and cfg.total_steps == 150 and cfg.checkpoint_every == cfg.total_steps
+    capped = load_config(recipe, ["distill.time_budget_s=240"]).distill
+    assert capped.time_budget_s == 240
+    # a capped run's checkpoint resumes into the uncapped recipe: the budget does not shape the trajectory
+    assert capped.resume_key({"seed": 1}) == cfg.resume_key({"seed": 1})

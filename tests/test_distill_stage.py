@@ -1,9 +1,11 @@
 """The distill stage on a real local Ray (2 CPUs) with Ray Train workers running DeepSpeed on
 CPU: a 2-layer student distilled from a 4-layer teacher that transformers wrote from random
-weights (a BertModel, as all-MiniLM-L6-v2 is: no MLM head, so the soft targets are skipped
-and said so), exported as a Hugging Face folder that transformers loads, then evaluated
-beside its teacher and a random init of its size; and a run killed with SIGKILL, resumed,
-ends with the student weights of an uninterrupted run, bit for bit."""
+weights (a BertModel with sentence-transformers files, as all-MiniLM-L6-v2 is: no MLM head,
+so the soft targets are skipped and said so), exported as an embedding model that
+transformers and sentence-transformers load with the teacher's pooling, its start kept
+beside it, then evaluated beside its teacher, its start and a random init of its size; and
+a run killed with SIGKILL, resumed, ends with the student weights of an uninterrupted run,
+bit for bit."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
@@ -54,6 +57,15 @@ def inputs(tmp_path_factory, gensim_data) -> tuple[Path, Path]:
     transformers.BertModel(config).save_pretrained(str(teacher))
     for name in TOKENIZER_FILES:
         shutil.copyfile(root / "vocab" / name, teacher / name)
+    # published as an embedding model: [CLS] pooling (all-MiniLM-L6-v2 has mean), normalised vectors
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (teacher / "modules.json").write_text(json.dumps(modules))
+    (teacher / "1_Pooling").mkdir()
+    (teacher / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True,
+                                                                  "pooling_mode_mean_tokens": False}))
+    (teacher / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
     manifest = json.loads((root / "vocab" / "_manifest.json").read_text())
     manifest["config"] = VocabConfig.model_validate({**manifest["config"], "source": "pretrained", "pretrained": str(teacher)}).model_dump(mode="json")
     (root / "vocab" / "_manifest.json").write_text(json.dumps(manifest))
@@ -105,8 +117,29 @@ def _student(root: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(str(root / "distill" / "model" / "model.safetensors"))
 
 
+ST_FILES = ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json")
+
+
+def _loads_in_sentence_transformers(folder: str) -> None:
+    """SentenceTransformer loads the student with the teacher's modules ([CLS] pooling,
+    normalised) and its vectors are bertpipe's own."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertcore.eval.embeddings import embed
+    from bertcore.eval.encoder import load_encoder, load_tokenizer
+
+    sentences = ["the minister said the talks would go on", "fire crews fought the blaze", "oil prices rose again"]
+    model = SentenceTransformer(folder, device="cpu")
+    pooling = next(m for m in model if type(m).__name__ == "Pooling").get_config_dict()["pooling_mode"]
+    assert pooling == "cls" and [type(m).__name__ for m in model] == ["Transformer", "Pooling", "Normalize"]
+    theirs = model.encode(sentences, convert_to_numpy=True)
+    ours = embed(load_encoder(folder), load_tokenizer(folder), sentences, pooling="cls", max_seq_length=64)
+    cosines = (theirs * ours).sum(1) / (np.linalg.norm(theirs, axis=1) * np.linalg.norm(ours, axis=1))
+    assert cosines.min() >= 0.999
+
+
 @pytest.mark.slow
-def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_for_transformers(ray_cluster, inputs, tmp_path):
+def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_as_an_embedding_model_with_its_start(ray_cluster, inputs, tmp_path):
     _, teacher = inputs
     root = _fresh_root(inputs, tmp_path / "run")
     manifest, computed = run_stage("distill", section(teacher), root=str(root), storage=STORAGE, seed=SEED, reads=READS)
@@ -120,22 +153,31 @@ def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_for_transf
     assert [r["step"] for r in MetricsLog(str(root / "distill" / "validation.jsonl")).records()] == [10, 20, 30]
     assert manifest.headline["student"].startswith("2x32") and manifest.headline["teacher"].startswith("4x32")
 
-    # the export: pretrain/model/'s layout, a BertForMaskedLM that transformers loads and that computes what ours does
+    # the export: the teacher is an embedding model, and so is its student: a BertModel that transformers loads with no
+    # load report and that computes what ours does, with the teacher's sentence-transformers modules and pooling
     model_dir = root / "distill" / "model"
-    assert sorted(os.listdir(model_dir)) == sorted(HF_FILES)
-    assert json.loads((model_dir / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
-    theirs = transformers.BertForMaskedLM.from_pretrained(str(model_dir)).eval()
+    assert sorted(os.path.relpath(os.path.join(d, f), model_dir) for d, _, names in os.walk(model_dir) for f in names) == sorted(
+        [*HF_FILES, *ST_FILES])
+    assert json.loads((model_dir / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert stats["export"]["layout"] == "sentence-transformers" and stats["export"]["sentence"]["pooling"] == "cls"
+    theirs, info = transformers.AutoModel.from_pretrained(str(model_dir), output_loading_info=True)
+    assert info["missing_keys"] == info["unexpected_keys"] == set()
     ours = BertForPreTraining(model_config(str(model_dir)), torch.Generator().manual_seed(0)).eval()
     load_into(ours, read_weights(str(model_dir)))
     ids = torch.randint(5, 500, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected = theirs.bert(ids).last_hidden_state
+        expected = theirs.eval()(ids).last_hidden_state
         assert torch.allclose(ours.bert(ids), expected, atol=1e-5)
+    _loads_in_sentence_transformers(str(model_dir))
     # its second layer started as the teacher's fourth and then trained: moved, but nearer it than the teacher's third
     teacher_weights = read_weights(str(teacher))
-    trained = _student(root)["bert.encoder.layer.1.output.dense.weight"]
+    trained = _student(root)["encoder.layer.1.output.dense.weight"]
     start, other = teacher_weights["bert.encoder.layer.3.output.dense.weight"], teacher_weights["bert.encoder.layer.2.output.dense.weight"]
     assert not torch.equal(start, trained) and (trained - start).abs().mean() < (trained - other).abs().mean() / 2
+    # the start, kept beside it in the same layout and listed in the manifest: the teacher's layers 2 and 4, untrained
+    begun = safetensors.torch.load_file(str(root / "distill" / "student-start" / "model.safetensors"))
+    assert torch.equal(begun["encoder.layer.1.output.dense.weight"], start) and sorted(begun) == sorted(_student(root))
+    assert {s.path for s in manifest.shards_under("student-start/")} == {f"student-start/{name}" for name in (*HF_FILES, *ST_FILES)}
 
     again, computed = run_stage("distill", section(teacher), root=str(root), storage=STORAGE, seed=SEED, reads=READS)
     assert not computed and again.fingerprint == manifest.fingerprint
@@ -143,14 +185,14 @@ def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_for_transf
 
     data, lines = inspect(STORAGE, str(root), "distill", Options())
     assert lines[0].startswith("distill: 30 steps under") and [c["step"] for c in data["checkpoints"]] == [10, 20, 30]
-    assert {f["file"] for f in data["model"]["files"]} == set(HF_FILES)
+    assert {f["file"] for f in data["model"]["files"]} == {*HF_FILES, *ST_FILES}
     _evaluate_three_ways(root, teacher, tmp_path)
 
 
 def _evaluate_three_ways(root: Path, teacher: Path, tmp_path: Path) -> None:
-    """The evaluate stage after distillation: teacher, student and a student-sized random
-    init on a word-similarity task and an STS file, the speed of each, and the lines on what
-    the student keeps."""
+    """The evaluate stage after distillation: teacher, student, its start and a
+    student-sized random init on a word-similarity task and an STS file, the speed of each,
+    and the lines on what the student keeps and where its gain comes from."""
     from bertcore.eval.config import EvaluateConfig
     from bertcore.sample_data import gensim_data_dir
 
@@ -170,15 +212,20 @@ def _evaluate_three_ways(root: Path, teacher: Path, tmp_path: Path) -> None:
     assert computed and metrics["subject"] == "student"
     assert metrics["models"]["teacher"]["uri"] == str(teacher) and metrics["models"]["student"]["uri"].endswith("distill/model")
     assert metrics["models"]["random_init"]["random_init"] and metrics["models"]["random_init"]["config"]["num_hidden_layers"] == 2
+    assert metrics["models"]["student_start"]["uri"] == "distill/student-start"
     task = metrics["tasks"]["wordsim353"]
     assert task["student"]["runs"][0]["seed"] == 1 and len(task["random_init"]["runs"]) == 3 and len(task["teacher"]["runs"]) == 1
-    assert set(metrics["embeddings"]) >= {"teacher", "student", "random_init"} and metrics["embeddings"]["sts_pairs"] == 6
+    assert len(task["student_start"]["runs"]) == 1  # word similarity trains nothing: one score
+    assert set(metrics["embeddings"]) >= {"teacher", "student", "student_start", "random_init"} and metrics["embeddings"]["sts_pairs"] == 6
     assert set(metrics["speed"]) == {"teacher", "student", "random_init"} and all(s["sequences_per_s"] > 0 for s in metrics["speed"].values())
-    assert "nsp_accuracy" not in metrics["intrinsic"]["seq64"]["student"]  # exported without an NSP head
+    # an embedding model has no MLM head: no held-out MLM nor fill-mask, and a note says why
+    assert metrics["intrinsic"] == {} and any("no MLM head" in note for note in metrics["notes"])
     lines = [line for line in metrics["verdicts"] if "the teacher's gain" in line or "nothing to keep" in line]
     assert [line.split(" (")[0] for line in lines] == ["wordsim353", "STS", "STS"] and all("x its speed" in line for line in lines)
+    assert all("the start gave" in line and "and training" in line for line in lines)
     assert lines == manifest.stats["verdicts"][-3:]
-    assert "## Distillation: teacher, student, random init" in (root / "eval" / "report.md").read_text()
+    report_text = (root / "eval" / "report.md").read_text()
+    assert "## Distillation: teacher, student, student start, random init" in report_text and "| student start |" in report_text
 
 
 @pytest.mark.slow

@@ -320,7 +320,7 @@ def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming
 
     from bertcore.config import StorageConfig
     from bertcore.eval.config import EvaluateConfig
-    from pipelines.stages.evaluate.work import _Plan, _plan_jobs
+    from pipelines.stages.evaluate.plan import Plan, plan_jobs
     from pipelines.storage import Storage
 
     paths = {split: write(tmp_path / f"{split}.{task['format']}", text) for split, text in files.items()}
@@ -328,9 +328,9 @@ def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming
     cfg = EvaluateConfig.model_validate({"tasks": [{"name": "t", **task, **paths, **folds}], "intrinsic": {"enabled": False},
                                          "embeddings": {"enabled": False}, "speed": {"enabled": False}, "baseline": False})
     subject = SimpleNamespace(name="pretrained", random_init=False)
-    plan = _Plan(cfg, {}, [subject], subject, None)
+    plan = Plan(cfg, {}, [subject], subject, None)
     with pytest.raises(tasks.TaskDataError) as refused:
-        _plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
+        plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
     message = str(refused.value)
     assert message.startswith(f"{paths[bad]}: no examples for task 't' ({bad} file)") and expected in message and "\n" not in message
     assert plan.jobs == []
@@ -343,7 +343,7 @@ def test_a_classification_train_file_with_one_label_is_refused_when_the_task_is_
 
     from bertcore.config import StorageConfig
     from bertcore.eval.config import EvaluateConfig
-    from pipelines.stages.evaluate.work import _Plan, _plan_jobs
+    from pipelines.stages.evaluate.plan import Plan, plan_jobs
     from pipelines.storage import Storage
 
     train = write(tmp_path / "oneclass.ft", "".join(f"__label__pos good film {i}\n" for i in range(20)))
@@ -352,9 +352,9 @@ def test_a_classification_train_file_with_one_label_is_refused_when_the_task_is_
                                          "intrinsic": {"enabled": False}, "embeddings": {"enabled": False}, "speed": {"enabled": False},
                                          "baseline": False})
     subject = SimpleNamespace(name="pretrained", random_init=False)
-    plan = _Plan(cfg, {}, [subject], subject, None)
+    plan = Plan(cfg, {}, [subject], subject, None)
     with pytest.raises(tasks.TaskDataError) as refused:
-        _plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
+        plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
     assert str(refused.value) == (f"{train}: every one of its 20 examples has the label 'pos'; "
                                   "task 't' (classification) needs at least two labels in its train file")
     assert plan.jobs == []

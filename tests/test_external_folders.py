@@ -60,7 +60,7 @@ def _complete(pipeline: Pipeline, name: str) -> Manifest:
 
 
 def test_new_teacher_weights_make_distill_and_evaluate_stale_and_evaluate_refuses_them(tmp_path):
-    from pipelines.stages.evaluate.work import _teacher as evaluate_teacher
+    from pipelines.stages.evaluate.plan import _teacher as evaluate_teacher
 
     teacher = _teacher(tmp_path / "teacher")
     pipeline = Pipeline(_config(tmp_path, teacher))

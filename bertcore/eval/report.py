@@ -5,8 +5,9 @@ The plots are drawn in bertcore/eval/plots.py (matplotlib); this module needs ne
 numpy nor matplotlib, so `bertpipe inspect evaluate` reads metrics.json in an instant.
 
 The metrics dictionary, as far as the report reads it (SUBJECT is the model judged
-against random init, "pretrained", or "student" after distillation, where "teacher" is
-scored beside it; `subject` names it, "pretrained" when absent):
+against random init, "pretrained", or "student" after distillation, where "teacher" and
+"student_start" (the student before its first step) are scored beside it; `subject`
+names it, "pretrained" when absent):
     subject:         "pretrained" | "student"
     models:          {name: {"uri", "parameters", "config", "random_init"}}
     model:           models[subject]: {"uri", "parameters", "config": {num_hidden_layers, hidden_size, ...}}
@@ -16,7 +17,7 @@ scored beside it; `subject` names it, "pretrained" when absent):
                       "nsp_balance": {"is_next", "random", "majority_accuracy"}}
     fill_mask:       [{"text", "answer", "predictions": [[token, p], ...], "answer_rank"}]
     tasks:           {name: {"subject", "type", "primary_metric", "seeds", "folds", SUBJECT:
-                      {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ...,
+                      {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ..., "student_start": ...,
                       "gain": {metric: float}, "baselines": {"chance": {metric: value},
                       "validation": {"majority": {metric: value}}}, "verdict": {"text", ...},
                       "pooler", "pooling", "skipped": {split: rows}, "skipped_problems",
@@ -26,7 +27,7 @@ scored beside it; `subject` names it, "pretrained" when absent):
                       several train_fractions: bertcore/eval/learning_curve.py)}}
     verdicts:        [str], one line per pretraining objective and task
     embeddings:      {"sentences", "sts_pairs", "long_inputs": {"mode", "max_seq_length", "inputs", "longer", "cut"}, SUBJECT: {pooling: {...}},
-                      "random_init": ..., "teacher": ...} or None
+                      "random_init": ..., "teacher": ..., "student_start": ...} or None
     speed, distillation: after distillation, bertcore/eval/speed.py's and bertcore/eval/distillation.py's
     skipped_rows:    {"total", "files": {uri: rows}}
     notes:           [str]
@@ -246,9 +247,11 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         out.append("")
     if _subject(metrics) == "student":
         teacher = (metrics.get("models") or {}).get("teacher") or {}
+        start = (metrics.get("models") or {}).get("student_start")
         out.append(
-            f"This is the distilled student; its teacher `{teacher.get('uri', '?')}` is scored beside it, and the random init "
-            "has the student's architecture."
+            f"This is the distilled student; its teacher `{teacher.get('uri', '?')}` is scored beside it"
+            + (f", and so is its start `{start.get('uri', '?')}` (the student before its first distillation step)" if start else "")
+            + ", and the random init has the student's architecture."
         )
         out.append("")
     if metrics.get("baseline", True):
@@ -442,7 +445,7 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
     )
     out.append("")
     rows = []
-    for model_name in ("teacher", _subject(metrics), "random_init"):
+    for model_name in ("teacher", _subject(metrics), "student_start", "random_init"):
         for pooling, scores in (embeddings.get(model_name) or {}).items():
             rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
     out += _table(["model", "pooling", "anisotropy", "STS Spearman x100"], rows)

@@ -20,8 +20,9 @@ is judged against the unigram predictor (always the most frequent token), NSP ac
 against the share of the majority label among the held-out pairs.
 
 The model judged against random init is the "subject": "pretrained" in a plain
-evaluation; after distillation "student", with "teacher" scored beside it (what the
-student keeps of the teacher's gain is bertcore/eval/distillation.py's).
+evaluation; after distillation "student", with "teacher" and "student_start" scored beside
+it (what the student keeps of the teacher's gain, and how much of its own its start
+already had, is bertcore/eval/distillation.py's).
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def stats(metrics: Mapping[str, Any]) -> dict[str, Any]:
         stats["intrinsic"][phase] = {m: {k: s.get(k) for k in ("mlm_accuracy", "mlm_perplexity", "nsp_accuracy")} for m, s in by_model.items()}
     for name, task in metrics["tasks"].items():
         metric = task["primary_metric"]
-        models = (task.get("subject", "pretrained"), "random_init", "teacher")
+        models = (task.get("subject", "pretrained"), "random_init", "teacher", "student_start")
         stats["tasks"][name] = {"metric": metric, "measurable": bool((task.get("verdict") or {}).get("measurable"))} | {
             m: _median(task, m, metric) for m in models if m in task
         }

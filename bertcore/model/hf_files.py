@@ -15,6 +15,9 @@ WEIGHT_FILES = (WEIGHTS_FILE, SAFETENSORS_INDEX, PYTORCH_BIN)
 """Weight files in order of preference; a folder needs one of them."""
 MODEL_DIR = "model"
 """Where the pretrain stage puts the exported folder inside its directory."""
+START_DIR = "student-start"
+"""Where the distill stage puts its student as it was before the first training step (laid
+out as model/), which evaluate scores beside the trained student."""
 MLM_SUFFIX = "-mlm"
 """Beside a BertForPreTraining folder (model/), its BertForMaskedLM twin (model-mlm/): what
 AutoModelForMaskedLM and the fill-mask pipeline load without unexpected keys."""

@@ -8,12 +8,19 @@
                              trains), exactly what transformers' BertForMaskedLM holds; a
                              roberta model's under RobertaForMaskedLM's names (`roberta.*`,
                              `lm_head.*`), never with an NSP head (transformers has no
-                             RoBERTa class that holds one)
+                             RoBERTa class that holds one); an embedding model (`sentence=`):
+                             the encoder alone, BertModel's names and pooler, no head
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                              the vocab stage's files (model_max_length set to the longest
                              sequence the model's positions cover, so pipelines truncate where
                              it ends); a byte-level BPE's vocab.json and merges.txt instead of
                              vocab.txt
+
+An embedding model (the student of a teacher without an MLM head, such as
+all-MiniLM-L6-v2) is written as such a teacher is published: a BertModel
+(config.json's architectures, unprefixed names, the pooler kept so that AutoModel loads it
+with nothing missing or unexpected) and the sentence-transformers files
+(bertcore/model/sentence_files.py).
 
 `consolidate_checkpoint` turns one DeepSpeed checkpoint folder (checkpoints/step-NNNNNNN/,
 any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model.bert's
@@ -36,6 +43,7 @@ import torch
 from bertcore.train.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
 from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
+from bertcore.model.sentence_files import SentenceLayout, write_layout
 from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
 from bertcore.model.config import roberta_name
 from bertcore.train.optim import parameter_group_names
@@ -111,18 +119,43 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
 
 NSP_ONLY = ("bert.pooler.", "cls.seq_relationship.")
 """Entries only the next-sentence objective trains: left out of a masked-LM export."""
+ENCODER = "bert."
+"""The encoder's entries (embeddings, layers, pooler): all an embedding model's folder holds, without this prefix."""
+
+
+def _architecture(nsp: bool, sentence: SentenceLayout | None) -> str:
+    if sentence is not None:
+        if nsp:
+            raise ValueError("an embedding model (sentence=) has no NSP head; export it with nsp=False")
+        return "BertModel"
+    return "BertForPreTraining" if nsp else "BertForMaskedLM"
+
+
+def _kept(name: str, nsp: bool, sentence: SentenceLayout | None) -> str | None:
+    """The name an entry is saved under, or None when the folder leaves it out."""
+    if sentence is not None:
+        return name.removeprefix(ENCODER) if name.startswith(ENCODER) else None
+    return name if nsp or not name.startswith(NSP_ONLY) else None
 
 
 def export_checkpoint(
-    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True
+    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True,
+    sentence: SentenceLayout | None = None,
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
     bertcore.model.bert names, the model config and the vocab stage's folder; returns the file
-    names written. Tied entries, if present, must equal the tensors they alias. nsp=False
-    (an objective without NSP, e.g. roberta) writes a BertForMaskedLM: no NSP head, no pooler.
-    A roberta model (model_config.model_type) writes a RobertaForMaskedLM whatever `nsp` says."""
+    names written (relative to `out_dir`). Tied entries, if present, must equal the tensors
+    they alias. nsp=False (an objective without NSP, e.g. roberta) writes a BertForMaskedLM:
+    no NSP head, no pooler. A roberta model (model_config.model_type) writes a
+    RobertaForMaskedLM whatever `nsp` says. `sentence` writes an embedding model: the encoder
+    as a BertModel (pooler included, no head) and the sentence-transformers files of that layout."""
     roberta = model_config.model_type == "roberta"
-    hf_config = model_config.to_hf_config_dict("BertForPreTraining" if nsp else "BertForMaskedLM")  # refuses pre-LN models
+    if roberta and sentence is not None:
+        raise InputDataError(
+            f"{out_dir}: a RoBERTa student cannot be exported as an embedding model yet (only a BERT one); "
+            "distil from a BERT teacher, or from a teacher with a masked-LM head"
+        )
+    hf_config = model_config.to_hf_config_dict(_architecture(nsp, sentence))  # refuses pre-LN models
     byte_level = os.path.isfile(os.path.join(tokenizer_dir, VOCAB_JSON))
     files = ROBERTA_HF_FILES if byte_level else HF_FILES
     for name in files[2:]:
@@ -149,8 +182,8 @@ def export_checkpoint(
         if roberta:
             if (exported := roberta_name(name)) is not None:
                 tensors[exported] = tensor.detach().cpu().contiguous()
-        elif nsp or not name.startswith(NSP_ONLY):
-            tensors[name] = tensor.detach().cpu().contiguous()
+        elif (saved := _kept(name, nsp, sentence)) is not None:
+            tensors[saved] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as handle:
@@ -165,4 +198,6 @@ def export_checkpoint(
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump(tokenizer_config, handle, indent=2, ensure_ascii=False)
         handle.write("\n")
-    return list(files)
+    if sentence is None:
+        return list(files)
+    return [*files, *write_layout(out_dir, sentence, model_config.hidden_size, model_config.max_sequence_length)]

@@ -99,6 +99,12 @@ class WorkerContext:
     """e.g. cuda:0 (the launcher knows which GPU is this worker's)."""
 
 
+def init_generator(seed: int, section: str) -> torch.Generator:
+    """The generator a training stage's model is initialised from: keyed by the run seed
+    and the section, the same on every rank and for any world size."""
+    return torch.Generator().manual_seed(keyed_seed(seed, section, "init"))
+
+
 def _device(ctx: WorkerContext) -> torch.device:
     device = torch.device(ctx.device)
     if device.type == "cuda":
@@ -226,8 +232,7 @@ class Trainer:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self.device = _device(self.ctx)
         torch.manual_seed(keyed_seed(self.seed, self.key, "torch", self.ctx.rank))  # dropout
-        init = torch.Generator().manual_seed(keyed_seed(self.seed, self.key, "init"))
-        model = self.objective.build(init, self.device)
+        model = self.objective.build(init_generator(self.seed, self.key), self.device)
         groups = parameter_groups(model, self.cfg.weight_decay)
         optimizer = client_optimizer(self.cfg, groups)
         warmup, total = self.cfg.warmup, self.cfg.total_steps

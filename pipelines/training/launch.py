@@ -1,10 +1,11 @@
 """What the training stages (pretrain, distill) share around bertcore's one training loop
-(bertcore/train/trainer.py): their inputs (the examples and the vocabulary), the checks of their
-phases against the examples, the Ray Train launch of the workers with their progress
-lines, the checkpoints a run may resume, the export of the final checkpoint as a Hugging
-Face folder, and the stage's statistics. A stage module says only what differs: its
-objective (`ObjectiveSpec`) and its model. (The checks of a training section's phases
-against the examples are bertcore/train/config.py's, which the declarations call.)
+(bertcore/train/trainer.py): their inputs (the examples and the vocabulary), the checks of
+their phases against the examples, the Ray Train launch of the workers with their progress
+lines, the checkpoints a run may resume, and the stage's outputs (the final checkpoint's
+export, pipelines/training/export.py) and statistics. A stage module says only what
+differs: its objective (`ObjectiveSpec`, pipelines/training/export.py) and its model. (The
+checks of a training section's phases against the examples are bertcore/train/config.py's,
+which the declarations call.)
 
 Ray shape: a Ray Train TorchTrainer with `<section>.num_workers` workers (gloo on CPU with
 DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.train.trainer.Trainer, which owns the
@@ -27,27 +28,25 @@ import hashlib
 import json
 import logging
 import os
-import posixpath
 import shutil
 import signal
 import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
 from bertcore.train.config import TrainingConfig
 from pipelines.stage import Upstream, UpstreamMissing
 from pipelines.stage_dir import ShardInfo, StageDir
-from pipelines.storage import Storage, join
+from pipelines.storage import Storage
+from pipelines.training.export import ObjectiveSpec, export_model, model_shards
 
 if TYPE_CHECKING:
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
-    from bertcore.train.objectives import Objective
 
 log = logging.getLogger(__name__)
 
@@ -99,22 +98,6 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
 
 
 # -- workers --------------------------------------------------------------------------------------
-
-
-class ObjectiveSpec(Protocol):
-    """What a training stage trains, in a form that travels to the Ray workers (pickled):
-    it builds the objective inside each worker and the exportable weights in the export task."""
-
-    nsp: bool
-    """Whether the exported model keeps the NSP head and pooler (BertForPreTraining) or not (BertForMaskedLM)."""
-
-    def objective(self, storage: Storage) -> Objective:
-        """The objective, built in a worker (teacher and starting weights read there)."""
-        ...
-
-    def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
-        """The state dict (bertcore.model.bert names of BertForPreTraining) of a local checkpoint folder."""
-        ...
 
 
 @dataclass
@@ -377,74 +360,7 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
         clear_checkpoints(files)
 
 
-# -- export ---------------------------------------------------------------------------------------
-
-
-def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_files: list[str], vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
-    """Consolidate the checkpoint of `marker` and publish the Hugging Face folder at
-    `out_uri` (a BertForMaskedLM when not `spec.nsp`; with NSP a BertForPreTraining, and its
-    BertForMaskedLM twin at `out_uri`-mlm, which AutoModelForMaskedLM loads without
-    unexpected keys; a roberta model: one RobertaForMaskedLM); returns [{uri, folder, name,
-    bytes, sha256, stamp}] of the files written."""
-    from pipelines.stage_files import stage_files
-
-    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag
-    from bertcore.train.export import export_checkpoint
-    from bertcore.model.bert import ModelConfig
-    from pipelines.shards import local_folder
-
-    storage = stage.storage
-    tag = checkpoint_tag(marker["step"])
-    with tempfile.TemporaryDirectory(prefix="bertpipe-export-") as tmp:
-        files = stage_files(storage, stage.uri, f"export-{uuid.uuid4().hex[:8]}")
-        files.download(f"{CHECKPOINTS}/{tag}")
-        state = spec.exportable(files.local_path(f"{CHECKPOINTS}/{tag}"), marker)
-        files.drop_local(f"{CHECKPOINTS}/{tag}")
-        model_cfg = ModelConfig.model_validate(marker["model_config"])
-        vocab_dir = local_folder(storage, vocab_uri, vocab_files, vocab_key)
-        twin = spec.nsp and model_cfg.model_type == "bert"  # transformers has no RoBERTa class with an NSP head
-        folders = [(out_uri.rstrip("/"), spec.nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if twin else [])
-        written = []
-        for uri, with_nsp in folders:
-            out_local = os.path.join(tmp, posixpath.basename(uri))
-            for name in export_checkpoint(state, model_cfg, vocab_dir, out_local, nsp=with_nsp):
-                local = os.path.join(out_local, name)
-                info = storage.write_file(join(uri, name), lambda path, local=local: shutil.copyfile(local, path))
-                written.append({"uri": join(uri, name), "folder": posixpath.basename(uri), "name": name, "bytes": info.bytes,
-                                "sha256": info.sha256, "stamp": info.stamp})
-        return written
-
-
-def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
-    """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
-    one) to `out` (default: <stage>/model/), and with NSP its BertForMaskedLM twin beside it
-    (`out`-mlm); returns the files written. `vocab`: the vocabulary it was trained with.
-    Needs Ray (ensure_ray) for the one task that does the work."""
-    from pipelines.stage_files import stage_files
-
-    import ray
-
-    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
-    from bertcore.vocab.config import tokenizer_files
-    from pipelines.ray_runtime import unwrap
-
-    files = stage_files(stage.storage, stage.uri, "driver")
-    markers = complete_checkpoints(files)
-    if step is not None:
-        markers = [m for m in markers if m["step"] == step]
-    if not markers:
-        what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
-        raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the {stage.directory} stage first")
-    task = ray.remote(num_cpus=1, max_retries=1)(_export_task)
-    files = tokenizer_files(s.path for s in vocab.manifest.shards)  # WordPiece's or byte-level BPE's
-    ref = task.remote(stage, spec, vocab.dir.uri, files, f"{stage.directory}-{vocab.fingerprint}", markers[-1], out or stage.path(MODEL_DIR))
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:
-        error = unwrap(exc)
-        if isinstance(error, BertpipeError):
-            raise error from None
-        raise
+# -- the stage's outputs ---------------------------------------------------------------------------
 
 
 def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab: Upstream) -> tuple[dict, list[ShardInfo], dict]:
@@ -461,8 +377,7 @@ def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab
     marker = latest_checkpoint(files)
     if marker is None or (marker["step"] < cfg.total_steps and marker.get("stopped_by") is None):
         raise RuntimeError(f"{cfg.SECTION}: training ended without a final checkpoint under {stage.path(CHECKPOINTS)}")
-    exported = export_model(stage, job.spec, vocab, step=marker["step"])
-    shards = [ShardInfo(f"{f['folder']}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
+    shards = model_shards(export_model(stage, job.spec, vocab, step=marker["step"]))
     metrics_shard, records = log_shard(stage.storage, stage, METRICS)
     shards.append(metrics_shard)
     validations: list[dict] = []

@@ -45,12 +45,13 @@ def check(cfg: DistillConfig, reads: dict[str, Any]) -> None:
 
 
 def identify(cfg: DistillConfig, storage: Storage) -> External | None:
-    """The content identity of distill.teacher's config.json and weights (None: the pretrain stage's model)."""
+    """The content identity of distill.teacher's config.json, weights and sentence-transformers
+    files (None: the pretrain stage's model)."""
     if cfg.teacher is None:
         return None
     from pipelines.external import model_folder
 
-    teacher = model_folder(storage, cfg.teacher, "distill.teacher")
+    teacher = model_folder(storage, cfg.teacher, "distill.teacher", sentence_files=True)
     return External(identity={"teacher": teacher.identity}, value=teacher, summary=f"teacher {teacher.uri}")
 
 
@@ -58,5 +59,7 @@ def identify(cfg: DistillConfig, storage: Storage) -> External | None:
 STAGE = Stage(
     "distill", DistillConfig, "pipelines.stages.distill.work:run", reads=("pretrain", "examples", "vocab"), check=check, identify=identify, off=off,
     resumable=False, verify_inputs=True,
-    writes="(when distill.enabled) DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout: the student), metrics.jsonl",
+    code_version="2",  # 2: keeps the student's start (student-start/); the student of an embedding teacher is an embedding model
+    writes="(when distill.enabled) DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout: the student; with a teacher "
+           "without an MLM head an embedding model with sentence-transformers files), student-start/ (the student before its first step), metrics.jsonl",
 )

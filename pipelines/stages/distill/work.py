@@ -2,7 +2,12 @@
 pretrain stage's model, or `distill.teacher`, a Hugging Face folder outside the run root)
 + examples + vocab -> a smaller student under
 `<run.root>/distill/`: DeepSpeed checkpoints, `model/` (the same Hugging Face layout as
-`pretrain/model/`, a BertForMaskedLM), `metrics.jsonl`, `validation.jsonl`.
+`pretrain/model/`, a BertForMaskedLM; the student of a teacher without an MLM head, an
+embedding model such as all-MiniLM-L6-v2, is exported as the teacher is published: a
+BertModel with the sentence-transformers files, the teacher's pooling), `student-start/`
+(the student before its first training step, in the same layout: what evaluate scores to
+tell the start's part of the student's gain from training's), `metrics.jsonl`,
+`validation.jsonl`.
 
 Ray shape: the training stages' shared launch (pipelines/training/launch.py), with the
 distillation objective (bertcore/distill/objective.py): each Ray Train worker holds the
@@ -25,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from bertcore.distill.config import DistillConfig, DistillLoss
 from bertcore.errors import ConfigError
-from bertcore.model.hf_files import MODEL_DIR
+from bertcore.model.hf_files import MODEL_DIR, START_DIR
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
+from pipelines.training.export import export_start, model_shards
 from pipelines.training.launch import (
     WorkerJob,
     prepare_checkpoints,
@@ -39,6 +45,7 @@ from pipelines.training.stats import headline
 
 if TYPE_CHECKING:
     from bertcore.model.config import ModelConfig
+    from bertcore.model.sentence_files import SentenceLayout
     from pipelines.external import ExternalFolder
 
 log = logging.getLogger(__name__)
@@ -110,8 +117,10 @@ class DistillSpec:
     loss: DistillLoss
     init: str
     soft_targets: bool
+    sentence: SentenceLayout | None = None
+    """With a teacher without an MLM head: the export is an embedding model in this layout (the teacher's pooling)."""
     nsp: bool = False
-    """The export is a BertForMaskedLM: distillation trains no NSP head (nor the pooler it feeds)."""
+    """Distillation trains no NSP head (nor the pooler it feeds): the export is a BertForMaskedLM, or an embedding model."""
 
     def objective(self, storage: Storage):
         from bertcore.distill.objective import Distillation
@@ -132,6 +141,12 @@ class DistillSpec:
         teacher_hidden = marker["teacher_config"]["hidden_size"]
         state = consolidate_checkpoint(checkpoint_dir, student, build=lambda: DistillStudent(student, teacher_hidden, self.loss))
         return exportable_state(state)
+
+    def start_state(self, module_state: dict) -> dict:
+        """The student of a freshly built DistillStudent, its projections left out."""
+        from bertcore.distill.objective import exportable_state
+
+        return exportable_state(module_state)
 
 
 # -- the stage ----------------------------------------------------------------------------------
@@ -156,6 +171,12 @@ def run(r: StageRun) -> Output:
     except ValueError as exc:
         raise ConfigError(f"{exc} (distill.teacher: {teacher.folder.uri})") from None
     notes = _notes(cfg, teacher)
+    sentence = None
+    if not teacher.has_mlm_head:  # an embedding model: its student is one too
+        from bertcore.model.sentence_files import read_layout
+
+        sentence = read_layout(teacher.local)
+        notes += _layout_notes(sentence, teacher)
     for note in notes:
         log.warning("distill: %s", note)
     files = stage_files(r.storage, r.dir.uri, "driver")
@@ -163,7 +184,7 @@ def run(r: StageRun) -> Output:
                                  "teacher": teacher.folder.identity})
     prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
     spec = DistillSpec(student.model_dump(mode="json"), teacher.config.model_dump(mode="json"), teacher.folder, pairs, cfg.loss,
-                       cfg.student.init, teacher.has_mlm_head)
+                       cfg.student.init, teacher.has_mlm_head, sentence)
     job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,
                     inputs=inputs, env=worker_env(cfg))
     start = latest_checkpoint(files)
@@ -175,7 +196,10 @@ def run(r: StageRun) -> Output:
         f"resuming from step {start['step']}" if start else "from scratch",
     )
     marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
+    shards += model_shards(export_start(cfg, r.dir, spec, r.inputs["vocab"], r.seed, r.dir.path(START_DIR)))
     stats.update(_model_stats(teacher, student, pairs, marker, notes))
+    stats["export"] = {"model": MODEL_DIR, "start": START_DIR, "layout": "sentence-transformers" if sentence else "masked-lm",
+                       "sentence": sentence.to_json() if sentence else None}
     out_headline = headline(stats)
     out_headline["student"] = f"{student.num_hidden_layers}x{student.hidden_size}, {stats['student']['parameters'] / 1e6:.1f}M parameters"
     out_headline["teacher"] = f"{teacher.config.num_hidden_layers}x{teacher.config.hidden_size}, {stats['teacher']['parameters'] / 1e6:.1f}M parameters"
@@ -195,6 +219,18 @@ def _notes(cfg: DistillConfig, teacher: Teacher) -> list[str]:
                 f"distill.loss: only soft_targets has a weight, and the teacher at {teacher.folder.uri} has no MLM head; "
                 "give distill.loss.hidden, attention or mlm a weight"
             )
+    return notes
+
+
+def _layout_notes(layout: SentenceLayout, teacher: Teacher) -> list[str]:
+    """What the user should know about how the embedding student is exported."""
+    notes = []
+    if layout.source == "default":
+        notes.append(f"the teacher at {teacher.folder.uri} has no MLM head and no sentence-transformers files (modules.json); "
+                     "its student is exported as an embedding model with mean pooling")
+    if layout.left_out:
+        notes.append(f"the teacher's sentence-transformers modules {', '.join(layout.left_out)} hold weights that distillation does "
+                     "not train; the student is exported without them (Transformer, Pooling" + (", Normalize)" if layout.normalize else ")"))
     return notes
 
 

@@ -86,6 +86,6 @@ def check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[E
 STAGE = Stage(
     "evaluate", EvaluateConfig, "pipelines.stages.evaluate.work:run", reads=("pretrain", "distill", "examples", "corpus"), directory="eval",
     identify=identify, check=check, fingerprint_config=task_location_free,
-    code_version="3",  # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`; 3: long inputs in windows, learning curves over train_fractions
+    code_version="3",  # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`; 3: long inputs in windows, learning curves over train_fractions, the distilled student's start
     writes="metrics.json, report.md, plots/*.png, tensorboard/, heads/<model>/<task>.safetensors",
 )

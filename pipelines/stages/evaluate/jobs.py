@@ -135,12 +135,23 @@ def intrinsic_job(
     return scores
 
 
-def _has_nsp_head(model_dir: str) -> bool:
-    """Whether the folder's model was exported with its next-sentence head (BertForPreTraining)."""
+def _architectures(model_dir: str) -> list[str]:
+    """config.json's architectures (BertForPreTraining when it names none, as the pretrain stage's first exports)."""
     import json
 
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
-        return "BertForPreTraining" in (json.load(handle).get("architectures") or ["BertForPreTraining"])
+        return json.load(handle).get("architectures") or ["BertForPreTraining"]
+
+
+def _has_nsp_head(model_dir: str) -> bool:
+    """Whether the folder's model was exported with its next-sentence head (BertForPreTraining)."""
+    return "BertForPreTraining" in _architectures(model_dir)
+
+
+def has_mlm_head(model_dir: str) -> bool:
+    """Whether the folder's model was exported with its masked-LM head (BertForPreTraining,
+    BertForMaskedLM), not as an encoder alone (BertModel: an embedding model)."""
+    return any(a in ("BertForPreTraining", "BertForMaskedLM") for a in _architectures(model_dir))
 
 
 @ray.remote(max_retries=1)

@@ -5,10 +5,14 @@ nothing scores, with a verdict per task (bertcore/eval/summary.py), written as
 scores and verdicts also go to the trackers the training used (TensorBoard files under
 `eval/tensorboard/`, the MLflow and W&B runs; bertcore/train/tracking.py).
 
-After distillation (the distill stage ran) the models are three: the teacher, the student
-(the "subject", judged against random init as the pretrained model is otherwise) and a
-random init of the student's architecture; the report adds what the student keeps of the
-teacher's gain and the speed of each, measured here (bertcore/eval/distillation.py).
+After distillation (the distill stage ran) the models are four: the teacher, the student
+(the "subject", judged against random init as the pretrained model is otherwise), the
+student's start (distill/student-start/, before its first distillation step) and a random
+init of the student's architecture; the report adds what the student keeps of the
+teacher's gain, how much of its own gain the start already had and how much training
+added, and the speed of each, measured here (bertcore/eval/distillation.py). A subject
+without an MLM head (the student of an embedding teacher) gets no held-out MLM or
+fill-mask scores.
 
 Ray shape: one task per job, all submitted together (at most `parallelism` in flight,
 `evaluate.num_gpus` of a GPU each when set):
@@ -20,7 +24,7 @@ Ray shape: one task per job, all submitted together (at most `parallelism` in fl
   by default) also keeps the model it fine-tuned on everything, `heads/<subject>/<task>.safetensors`
   (bertcore/eval/heads.py), which `bertpipe export --task` puts on the exported encoder;
 - embeddings: one per model; fill-mask: one, the subject; speed (after distillation): one,
-  after the others, alone.
+  after the others, alone (the student's start is not timed: it has the student's shape).
 Each finished job leaves `_progress/<job>.json` with its result, so an evaluation that
 crashed, re-run with the same fingerprint, computes only the jobs still missing. A job's
 result does not depend on which worker ran it or when: every random choice, the training
@@ -32,10 +36,10 @@ fingerprint = hash(code version + evaluate section without its file paths + pret
 distill), examples and corpus fingerprints + run seed + the content signature of every task file),
 so editing a task file in place re-runs the evaluation and moving it does not.
 
-This module turns the section and the models (two, or three after distillation) into
-jobs, runs them on Ray and folds their results into metrics; the jobs themselves are in
-pipelines/stages/evaluate/jobs.py, and the scoring, floors, verdicts, three-way comparisons and
-report in bertcore/eval.
+This module runs the plan (pipelines/stages/evaluate/plan.py: the models and the jobs on
+them) on Ray and folds the results into metrics; the jobs themselves are in
+pipelines/stages/evaluate/jobs.py, and the scoring, floors, verdicts, distillation
+comparisons and report in bertcore/eval.
 """
 
 from __future__ import annotations
@@ -45,83 +49,44 @@ import os
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from bertcore.train import metrics_log
-from bertcore.errors import ConfigError, InputDataError
+from bertcore.errors import ConfigError
 from bertcore.eval import distillation, report, summary
 from bertcore.eval.plots import plot_learning_curves, plot_pretraining, plot_tasks
-from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
-from bertcore.eval.fractions import check_fractions
 from bertcore.eval.learning_curve import learning_curve
-from bertcore.eval.tasks import check_task_files
-from bertcore.examples.config import ExamplesConfig
-from bertcore.train.export import HF_FILES, MODEL_DIR
+from bertcore.eval.distillation import START
+from bertcore.model.hf_files import START_DIR
+from bertcore.train.export import MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
-from bertcore.rng import keyed_numpy
-from pipelines.stages.evaluate.jobs import Model, embeddings_job, fill_mask_job, finetune_job, intrinsic_job, local_task, original_paths, speed_job
+from pipelines.stages.evaluate.jobs import (
+    Model,
+    embeddings_job,
+    fill_mask_job,
+    finetune_job,
+    has_mlm_head,
+    intrinsic_job,
+    speed_job,
+)
 from pipelines.ray_runtime import run_tasks
-from pipelines.shards import local_copy, read_batches
+from pipelines.shards import local_copy
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.stages.evaluate import check_lengths
+from pipelines.stages.evaluate.plan import Job, Plan, finetune_key, models_of, plan_jobs
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
 
-SENTENCE_POOL = 50
-"""Embedding sentences are sampled from at most this many times `embeddings.sentences` corpus sentences."""
 
 
-# -- planning -----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Job:
-    key: str
-    """Name of the job's progress marker, e.g. finetune__sst2__pretrained__seed1."""
-    kind: str
-    model: Model
-    phase: str | None = None
-    task: TaskConfig | None = None
-    task_seed: int = 0
-    fraction: float = 1.0
-    """finetune: the share of the training examples it fine-tunes on."""
-    keep_model: bool = False
-    """finetune: save the model fine-tuned on the whole training file (heads/)."""
-    shards: list[str] = field(default_factory=list)
-    train_shards: list[str] = field(default_factory=list)
 
 
-def _finetune_key(task: str, model: str, fraction: float, seed: int) -> str:
-    """A fine-tuning job's marker name (a fraction as Python writes it, so two fractions
-    never share one); on the whole training file, the name it had before train_fractions."""
-    share = "" if fraction >= 1.0 else f"__fraction{float(fraction)!r}"
-    return f"finetune__{task}__{model}{share}__seed{seed}"
-
-
-def _sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
-    """Up to cfg.sentences held-out corpus sentences, sampled with a keyed RNG from the first
-    SENTENCE_POOL x that many of the validation split (in shard order)."""
-    pool: list[str] = []
-    limit = SENTENCE_POOL * cfg.sentences
-    for shard in corpus.manifest.shards_under("validation/"):
-        for batch in read_batches(storage, corpus.path(shard.path)):
-            pool.extend(s for doc in batch.column("sentences").to_pylist() for s in doc if s.strip())
-            if len(pool) >= limit:
-                break
-        if len(pool) >= limit:
-            break
-    pool = pool[:limit]
-    if len(pool) < 2:
-        notes.append("embeddings: the corpus validation split has fewer than 2 sentences; skipped")
-        return []
-    rng = keyed_numpy(seed, "evaluate", "embedding-sentences")
-    chosen = sorted(rng.choice(len(pool), size=min(cfg.sentences, len(pool)), replace=False))
-    return [pool[i] for i in chosen]
 
 
 def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], list[dict], dict | None]:
@@ -152,84 +117,26 @@ def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], lis
 # -- the stage ----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Plan:
-    """The jobs of one evaluation and what they share."""
-
-    cfg: EvaluateConfig
-    """The section with local absolute file paths."""
-    signatures: dict[str, str]
-    models: list[Model]
-    """pretrained (or teacher and student), then random_init when the baseline runs."""
-    subject: Model
-    """The model judged against random init: pretrained, or the student after distillation.
-    Its folder holds the tokenizer files every model shares."""
-    trained: Upstream
-    """The stage that trained the subject (pretrain or distill): its phases and training log."""
-    jobs: list[_Job] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    examples_cfg: ExamplesConfig | None = None
-    sentences: list[str] = field(default_factory=list)
 
 
-def _models(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream]:
-    """The models to score, the subject, and the stage that trained it. After distillation:
-    the teacher (the folder the distill stage recorded), the student and a random init of
-    the student's architecture; otherwise the pretrained model and its random init."""
-    if "distill" in r.inputs:
-        distill = r.inputs["distill"]
-        subject = Model("student", distill.path(MODEL_DIR), _model_files(distill), f"eval-{distill.fingerprint}")
-        models, trained = [_teacher(r, distill), subject], distill
-    else:
-        pretrain = r.inputs["pretrain"]
-        subject = Model("pretrained", pretrain.path(MODEL_DIR), _model_files(pretrain), f"eval-{pretrain.fingerprint}")
-        models, trained = [subject], pretrain
-    if not r.storage.exists(f"{subject.uri}/config.json"):
-        stage = trained.dir.directory
-        raise ConfigError(f"{subject.uri}: no exported model (config.json missing); re-run the {stage} stage (`bertpipe run --only {stage} --force`)")
-    if baseline:
-        models.append(Model("random_init", subject.uri, subject.files, subject.cache_key, random_init=True))
-    return models, subject, trained
 
 
-def _model_files(trained: Upstream) -> tuple[str, ...]:
-    """The files of the stage's model/ folder as its manifest lists them (a RoBERTa export
-    has vocab.json and merges.txt where a BERT one has vocab.txt)."""
-    listed = tuple(s.path.removeprefix(MODEL_DIR + "/") for s in trained.manifest.shards_under(MODEL_DIR + "/"))
-    return listed or HF_FILES
 
 
-def _teacher(r: StageRun, distill: Upstream) -> Model:
-    """The distill stage's teacher: its config.json and weights (the tokenizer is the student's),
-    as the distill stage read them: evaluate's fingerprint covers the teacher's content
-    through the distill stage's, so a teacher changed since is refused, not scored."""
-    from pipelines.external import model_folder
-
-    uri = distill.manifest.inputs.get("teacher")
-    if uri is None:
-        raise ConfigError(f"{distill.dir.uri}: the distill manifest names no teacher; re-run the distill stage (`bertpipe run --only distill --force`)")
-    folder = model_folder(r.storage, uri, "distill.teacher")
-    learned = (distill.manifest.inputs.get("external") or {}).get("teacher")  # what the distill fingerprint covers
-    if learned is not None and learned != folder.identity:
-        changed = sorted(k for k in {*learned, *folder.identity} if learned.get(k) != folder.identity.get(k))
-        raise ConfigError(
-            f"distill.teacher: {', '.join(changed)} changed since the distill stage ran, so its student learned from other weights; "
-            "run `bertpipe run --only distill,evaluate` (evaluate compares a student with the teacher it learned from)"
-        )
-    return Model("teacher", folder.uri, tuple(folder.files), folder.cache_key)
 
 
 def run(r: StageRun) -> Output:
     """Evaluate pretrain/model/ (after distillation: the teacher, distill/model/ and a
     student-sized random init) and write eval/. Needs a running Ray (pipelines.ray_runtime.ensure_ray)."""
     resolved, signatures = r.external
-    models, subject, trained = _models(r, resolved.baseline)
+    models, subject, trained = models_of(r, resolved.baseline)
     from bertcore.eval.intrinsic import model_config_of
 
-    configs = {m.name: model_config_of(os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key))) for m in models}
+    folders = {m.name: os.path.dirname(local_copy(r.storage, f"{m.uri}/config.json", m.cache_key)) for m in models}
+    configs = {name: model_config_of(folder) for name, folder in folders.items()}
     check_lengths(resolved, configs[subject.name].max_sequence_length, f"{subject.uri}/config.json", ConfigError)
-    plan = _Plan(resolved, signatures, models, subject, trained)
-    _plan_jobs(plan, r, configs[subject.name].max_sequence_length)
+    plan = Plan(resolved, signatures, models, subject, trained, masked_lm=has_mlm_head(folders[subject.name]))
+    plan_jobs(plan, r, configs[subject.name].max_sequence_length)
 
     t0 = time.perf_counter()
     results, reused = _run_jobs(plan, r)
@@ -240,7 +147,8 @@ def run(r: StageRun) -> Output:
     records, validations, log_summary = _training_log(r.storage, trained)
     metrics = _metrics(plan, results, configs, log_summary, r.seed, r.fingerprint)
     for model in metrics["models"].values():  # relative to run.root when a stage wrote it: the report survives a move
-        model["uri"] = next((f"{up.dir.directory}/{MODEL_DIR}" for up in r.inputs.values() if model["uri"] == up.path(MODEL_DIR)), model["uri"])
+        model["uri"] = next((f"{up.dir.directory}/{folder}" for up in r.inputs.values() for folder in (MODEL_DIR, START_DIR)
+                             if model["uri"] == up.path(folder)), model["uri"])
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
     skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
     stats = summary.stats(metrics)
@@ -255,56 +163,8 @@ def run(r: StageRun) -> Output:
     )
 
 
-def _check_files(task: TaskConfig, key: str, storage, signatures: dict[str, str]) -> None:
-    """`check_task_files` and `check_fractions` on local copies of the task's files;
-    messages name the recipe's URIs and `key`, the task's place in the recipe."""
-    local, back = local_task(task, storage, signatures)
-    try:
-        check_task_files(local)
-        check_fractions(local, f"{key}.train_fractions")
-    except InputDataError as exc:
-        raise type(exc)(original_paths(str(exc), back)) from None
 
 
-def _plan_jobs(plan: _Plan, r: StageRun, max_positions: int) -> None:
-    """One job per (intrinsic phase | task and seed | embeddings) and model; one speed job
-    for the three models of a distillation."""
-    cfg = plan.cfg
-    if cfg.intrinsic.enabled:
-        examples = r.inputs["examples"]
-        from bertcore.eval.intrinsic import phases_to_score
-
-        plan.examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
-        trained = [p.get("name") for p in (plan.trained.manifest.config or {}).get("phases", []) if isinstance(p, dict)]
-        phases = phases_to_score(cfg.intrinsic, plan.examples_cfg, trained, max_positions, plan.notes)
-        for phase in phases:
-            shards = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
-            if not shards:
-                plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
-                continue
-            train = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/train/") if s.rows]
-            for model in plan.models:
-                if model.name != "teacher":  # the masked-LM skill of the subject against random init
-                    plan.jobs.append(_Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
-    for i, task in enumerate(cfg.tasks):
-        _check_files(task, f"evaluate.tasks[{i}]", r.storage, plan.signatures)  # an unusable file or fraction is one line, before any job starts
-        for fraction in task.train_fractions:
-            for model in plan.models:
-                for task_seed in summary.seeds_of(task, model.random_init):
-                    # the kept model: the subject's first seed on the largest fraction (the whole file by default)
-                    keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0] and fraction == task.train_fractions[-1]
-                    key = _finetune_key(task.name, model.name, fraction, task_seed)
-                    plan.jobs.append(_Job(key, "finetune", model, task=task, task_seed=task_seed, fraction=fraction, keep_model=keep))
-    fill_mask = cfg.intrinsic.enabled and cfg.intrinsic.fill_mask > 0
-    if cfg.embeddings.enabled or fill_mask:
-        plan.sentences = _sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
-    if plan.sentences and cfg.embeddings.enabled:
-        for model in plan.models:
-            plan.jobs.append(_Job(f"embeddings__{model.name}", "embeddings", model))
-    if plan.sentences and fill_mask:
-        plan.jobs.append(_Job(f"fill_mask__{plan.subject.name}", "fill_mask", plan.subject))
-    if plan.subject.name == "student" and cfg.speed.enabled:
-        plan.jobs.append(_Job("speed", "speed", plan.subject))
 
 
 def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
@@ -312,12 +172,12 @@ def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
     return [ShardInfo(**result["saved"]) for result in results.values() if isinstance(result, dict) and result.get("saved")]
 
 
-def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
+def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
     """Every job's result, and how many were read back from an interrupted attempt. The
     speed job runs last, alone, so no other job shares the machine while it times."""
     cfg, storage, seed = plan.cfg, r.storage, r.seed
 
-    def submit(job: _Job) -> ray.ObjectRef:
+    def submit(job: Job) -> ray.ObjectRef:
         options = {"num_cpus": cfg.num_threads} | ({"num_gpus": cfg.num_gpus} if cfg.num_gpus else {})
         if job.kind == "intrinsic":
             return intrinsic_job.options(**options).remote(
@@ -331,8 +191,9 @@ def _run_jobs(plan: _Plan, r: StageRun) -> tuple[dict[str, Any], int]:
                 job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads, r.dir if job.keep_model else None,
                 job.fraction, seed,
             )
-        if job.kind == "speed":
-            return speed_job.options(num_cpus=cfg.num_threads).remote(plan.models, cfg.speed, seed, storage, cfg.num_threads)
+        if job.kind == "speed":  # the student's start has the student's architecture: its speed is the student's
+            timed = [m for m in plan.models if m.name != START]
+            return speed_job.options(num_cpus=cfg.num_threads).remote(timed, cfg.speed, seed, storage, cfg.num_threads)
         return embeddings_job.options(**options).remote(
             job.model, plan.subject, plan.sentences, cfg.embeddings, seed, storage, plan.signatures, cfg.num_threads
         )
@@ -365,7 +226,7 @@ def _model_entry(model: Model, cfg, parameters: int) -> dict:
     return {"uri": model.uri, "parameters": parameters, "config": cfg.model_dump(mode="json"), "random_init": model.random_init}
 
 
-def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, seed: int, fp: str) -> dict:
+def _metrics(plan: Plan, results: dict[str, Any], configs: dict, log_summary, seed: int, fp: str) -> dict:
     """The metrics dictionary (eval/metrics.json): `models` names every model scored, and
     `subject` the one judged against random init (see bertcore/eval/report.py)."""
     import torch
@@ -397,7 +258,7 @@ def _metrics(plan: _Plan, results: dict[str, Any], configs: dict, log_summary, s
     files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
         by_fraction = {
-            f: {m.name: [results[_finetune_key(task.name, m.name, f, s)] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
+            f: {m.name: [results[finetune_key(task.name, m.name, f, s)] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
             for f in task.train_fractions
         }
         entries = {f: summary.task_entry(task, runs, subject) for f, runs in by_fraction.items()}

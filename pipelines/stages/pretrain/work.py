@@ -33,7 +33,7 @@ from pipelines.training.launch import (
     worker_env,
 )
 from pipelines.training.stats import headline
-from pipelines.training.launch import export_model as export_training_model
+from pipelines.training.export import export_model as export_training_model
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class PretrainSpec:
     nsp: bool
     """Whether the examples carry NSP labels: the export is then a BertForPreTraining (and its BertForMaskedLM twin), else a BertForMaskedLM (a RoBERTa model: a RobertaForMaskedLM either way)."""
     init: ExternalFolder | None = None
+    sentence = None  # pretraining exports a masked-LM model, never an embedding model
 
     def objective(self, storage: Storage):
         from bertcore.train.objectives import Pretraining
