@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SerializationInfo, model_serializer
 
@@ -22,6 +22,19 @@ from bertcore.sample_data import expand_placeholders
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True, strict=True)
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ()
+    """Fields added after runs were made with this section, whose default keeps the old
+    behaviour: while at their default they stay out of the stage's fingerprint, so an
+    upgrade that adds a setting leaves existing runs complete instead of recomputing them
+    (a changed default bumps the stage's code version instead)."""
+
+    @classmethod
+    def fingerprint_json(cls, config: dict) -> dict:
+        """A section's JSON (as dumped now, or as an older manifest recorded it) without the
+        ADDED_LATER fields that sit at their default."""
+        return {k: v for k, v in config.items()
+                if not (k in cls.ADDED_LATER and v == cls.model_fields[k].get_default(call_default_factory=True))}
 
     @model_serializer(mode="wrap")
     def _without_credentials(self, handler: Any, info: SerializationInfo) -> Any:

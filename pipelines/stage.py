@@ -197,7 +197,10 @@ class Stage:
         return spec.origin if spec and spec.origin else self.run
 
     def config_identity(self, config: dict) -> dict:
-        """What of a section's JSON (as dumped, or as a manifest recorded it) goes into the fingerprint."""
+        """What of a section's JSON (as dumped, or as a manifest recorded it) goes into the
+        fingerprint: not the settings added later that sit at their default (Section.ADDED_LATER)."""
+        if hasattr(self.section, "fingerprint_json"):
+            config = self.section.fingerprint_json(config)
         return self.fingerprint_config(config) if self.fingerprint_config is not None else config
 
     def fingerprint_inputs(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> dict[str, Any]:

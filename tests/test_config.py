@@ -257,3 +257,18 @@ def test_run_root_expands_variables_and_the_home_folder(tmp_path, monkeypatch):
     for root, expected in [("$BERTPIPE_TEST_RUNS/x", tmp_path / "x"), ("${BERTPIPE_TEST_RUNS}/y", tmp_path / "y"),
                            ("~/runs", tmp_path / "home" / "runs"), ("s3://bucket/$BERTPIPE_TEST_RUNS", f"s3://bucket/{tmp_path}")]:
         assert parse_config({"corpus": {"inputs": ["a"]}, "run": {"root": root}}).run.root == str(expected)
+
+
+def test_a_setting_added_later_leaves_runs_made_before_it_complete():
+    """vocab.model came after runs were made: a manifest recorded without it, and a section at
+    its default, give the same fingerprint; a section that sets it otherwise does not."""
+    from pipelines.registry import REGISTRY
+    from pipelines.stage import fingerprint
+
+    stage = REGISTRY["vocab"]
+    now = stage.section.model_validate({"vocab_size": 3000})
+    recorded = {k: v for k, v in now.model_dump(mode="json").items() if k != "model"}  # what an older manifest holds
+    before = fingerprint(stage.name, stage.code_version, stage.config_identity(recorded), {"corpus": "c", "seed": 1})
+    assert stage.fingerprint(now, 1, {"corpus": "c"}, None) == before
+    bpe = stage.section.model_validate({"vocab_size": 3000, "model": "byte_level_bpe", "lowercase": False})
+    assert stage.fingerprint(bpe, 1, {"corpus": "c"}, None) != before

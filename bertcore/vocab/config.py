@@ -5,7 +5,7 @@ file names of both kinds.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -76,6 +76,8 @@ class VocabConfig(Section):
     """The vocabulary (`vocab:` in a run recipe): WordPiece (BERT) or byte-level BPE
     (RoBERTa), trained on a sample of the corpus or adopted from an existing model (source:
     pretrained)."""
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("model",)
 
     model: VocabModel = "wordpiece"
     """wordpiece: BERT's WordPiece with `##` continuations and [CLS] [SEP] [MASK]; byte_level_bpe: RoBERTa's byte-level BPE (tokenizers' ByteLevel, `Ġ` marks a word start) with <s> <pad> </s> <unk> <mask>, written as vocab.json + merges.txt. The examples, the model and the export follow it."""
