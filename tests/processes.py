@@ -79,3 +79,15 @@ def listening_sockets(every: float = 0.2):
     finally:
         stop_polling.set()
         poller.join()
+
+
+def training_workers() -> list[psutil.Process]:
+    """The Ray Train worker processes among this process's descendants (an embedded Ray's)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if " ".join(process.cmdline()).startswith("ray::RayTrainWorker"):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found

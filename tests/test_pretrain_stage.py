@@ -5,6 +5,7 @@ and the model it exports is what transformers loads."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,11 +18,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import psutil  # noqa: E402
 import pyarrow.ipc as ipc  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from processes import LOOPBACK, listening_sockets  # noqa: E402
+from processes import LOOPBACK, listening_sockets, training_workers  # noqa: E402
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain  # noqa: E402
 
 from bertcore.train import metrics_log  # noqa: E402
@@ -243,14 +245,24 @@ def _wait_for_idle_workers(ray_module, cpus: float, timeout: float = 60.0) -> No
 def sigkill_when(process: subprocess.Popen, ready, timeout: float = 240.0) -> None:
     """SIGKILL `process` as soon as `ready()` holds (a checkpoint is complete and a few
     steps past it are logged), failing if it ends first or nothing is ready in time; the
-    process is gone when this returns."""
+    process is gone when this returns. The run's Ray Train workers (in this session's Ray,
+    which the driver joined) are frozen first and killed with it: left running until Ray
+    noticed the driver's death, a loaded machine let them finish the run before the kill
+    landed."""
     deadline = time.monotonic() + timeout
     try:
         while not ready():
             assert process.poll() is None, "the run ended before it could be killed"
             assert time.monotonic() < deadline, "no checkpoint appeared"
             time.sleep(0.02)
+        workers = training_workers()
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.suspend()
         process.send_signal(signal.SIGKILL)
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
     finally:
         process.kill()
         process.wait()
