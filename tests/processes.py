@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import psutil
 
@@ -91,3 +97,23 @@ def training_workers() -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return found
+
+
+_MIGRATED: list[Path] = []
+
+
+def migrated_prefect_home(folder: Path) -> Path:
+    """`folder` as a Prefect home whose SQLite database already has its tables: a copy of one
+    that `prefect server database upgrade` made once per test process. A temporary server or
+    `prefect server start` there skips the migrations, about 12 CPU-s each on this machine."""
+    if not _MIGRATED:
+        template = Path(tempfile.mkdtemp(prefix="bertpipe-prefect-home-"))
+        atexit.register(shutil.rmtree, template, True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], check=True, capture_output=True,
+                       env={**env, "PREFECT_HOME": str(template), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}, timeout=600)
+        _MIGRATED.append(template / "prefect.db")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "prefect.db").exists():
+        shutil.copyfile(_MIGRATED[0], folder / "prefect.db")
+    return folder

@@ -16,7 +16,7 @@ from datetime import timezone
 from pathlib import Path
 
 import pytest
-from processes import free_port, stop
+from processes import free_port, migrated_prefect_home, stop
 
 from bertcore.errors import ConfigError
 from flows.deploy import (
@@ -143,6 +143,7 @@ def running_prefect_server(home: Path, enter: Sequence[str] = ()) -> Iterator[tu
     """`prefect server start` on a free port with its own SQLite database in `home`, run with
     the command prefix `enter` (a network namespace's, say; the health check runs there too);
     yields the API URL and the server's process, and stops it on exit."""
+    migrated_prefect_home(home)
     port = free_port()
     env = _prefect_env(
         home,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from processes import migrated_prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +19,7 @@ def own_prefect(tmp_path: Path, **more: str) -> dict:
     """This environment with a Prefect home of its own and no API URL: the command starts
     its own temporary Prefect server, as a user's first run does."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    return {**env, "PREFECT_HOME": str(tmp_path / "prefect"), **more}
+    return {**env, "PREFECT_HOME": str(migrated_prefect_home(tmp_path / "prefect")), **more}
 
 
 def bertpipe(*args: str, env: dict | None = None, timeout: int = 300, cwd=ROOT) -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from processes import migrated_prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,7 +89,7 @@ def test_a_password_inside_a_uri_reaches_no_file_of_the_run_or_of_prefect(tmp_pa
     }))
     prefect_home = tmp_path / "prefect"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "AWS_ENDPOINT"))}
-    env.update(PREFECT_HOME=str(prefect_home), BERTPIPE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env.update(PREFECT_HOME=str(migrated_prefect_home(prefect_home)), BERTPIPE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     inputs = json.dumps([{"uri": f"http://bob:{secrets['recipe']}@127.0.0.1:{port}/news.txt", "format": "lines", "name": "news"},
                          f"http://carol:{secrets['input']}@127.0.0.1:{port}/missing.jsonl"])
     runs = [
