@@ -200,6 +200,42 @@ def test_whitespace_writes_the_files_it_wrote_before(vocabularies):
     assert type(tok.pre_tokenizer).__name__ == "BertPreTokenizer"
 
 
+def test_the_korean_recipe_with_kiwi_through_the_vocab_and_examples_stages(tmp_path, ray_cluster):
+    """The stages on local Ray: the vocab stage records kiwi, and the examples stage's token
+    shards hold, for every corpus sentence, the ids its vocabulary's reader gives (a
+    sample of the corpus keeps it quick; every sentence is tokenized)."""
+    from pathlib import Path
+
+    import pyarrow.ipc as ipc
+
+    from pipelines.registry import load_config
+    from pipelines.runner import Pipeline
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "korean.yaml"
+    cfg = load_config(recipe, [f"run.root={tmp_path}", "vocab.pre_tokenizer=kiwi", "vocab.max_sentences=600", "examples.dupe_factor=1"])
+    pipeline = Pipeline(cfg)
+    manifests = {name: pipeline.run(name)[0] for name in ("corpus", "vocab", "examples")}
+    stats = manifests["vocab"].stats
+    assert stats[morphemes.PRE_TOKENIZER_KEY] == "kiwi" and manifests["vocab"].headline["split"] == "kiwi morphemes"
+    assert stats["unk_rate"] < 0.02
+
+    tok = load_tokenizer(str(tmp_path / "vocab"))
+    checked = 0
+    for corpus_shard in sorted((tmp_path / "corpus" / "validation").glob("*.arrow")):
+        tokens = tmp_path / "examples" / "_tokens" / "validation" / corpus_shard.name
+        with ipc.open_file(corpus_shard) as corpus, ipc.open_file(tokens) as stored:
+            documents = corpus.read_all().column("sentences").to_pylist()
+            segments = stored.read_all().column("segments").to_pylist()
+        for sentences, ids in zip(documents, segments):
+            expected = [e.ids for e in tok.encode_batch(sentences, add_special_tokens=False) if e.ids]
+            assert ids == expected
+            checked += len(expected)
+    assert checked > 100
+    vocab = vocab_list(tok)
+    pieces = [vocab[i] for ids in segments for sentence in ids for i in sentence]
+    assert sum(p.startswith("##") for p in pieces) > 0.3 * len(pieces)  # particles and endings continue their eojeol
+
+
 # -- whole-eojeol masking (in the style of tests/test_masking.py) ------------------------------
 
 
@@ -274,3 +310,15 @@ def test_a_missing_analyser_is_one_line_naming_the_key_and_the_package(monkeypat
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({morphemes.PRE_TOKENIZER_KEY: "mecab"}), encoding="utf-8")
     with pytest.raises(ConfigError, match="pip install python-mecab-ko"):
         morphemes.split_as_recorded(object(), str(tmp_path))
+
+
+def test_the_run_says_how_to_load_a_morpheme_tokenizer():
+    from flows import summary
+
+    model = os.path.join("runs", "korean", "pretrain", "model")
+    stages = [{"stage": "vocab", "state": "computed"}, {"stage": "pretrain", "state": "computed", "model": model}]
+    plain = summary.next_commands(stages, "runs/korean", "configs/korean.yaml", [])
+    stages[0]["morphemes"] = "kiwi"
+    lines = summary.next_commands(stages, "runs/korean", "configs/korean.yaml", [])
+    assert [line for line in lines if line not in plain] == [" " * 17 + morphemes.run_note("kiwi", model)]
+    assert "AutoTokenizer alone does not" in lines[1] and f'split_as_recorded(AutoTokenizer.from_pretrained("{model}"), "{model}")' in lines[1]

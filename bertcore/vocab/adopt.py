@@ -10,7 +10,10 @@ What is read, from a model folder or the one file named:
   as transformers' BertTokenizer reads them); without one, from the vocab section. Google's
   tokenizer has no NFC step, so neither has the adopted one unless the section says so.
 With both files, the entries must agree line for line and tokenizer_config.json's
-do_lower_case must agree with tokenizer.json.
+do_lower_case must agree with tokenizer.json. A bertpipe vocabulary's tokenizer_config.json
+also says whether its text was split into Korean morphemes (bertcore/vocab/morphemes.py);
+the adopted vocabulary keeps that split. BERT's own files imply none, which the recipe may
+override (vocab.pre_tokenizer).
 
 The entries are kept as they are, one for one; the tokenizer is the one bertcore builds
 for a trained vocabulary (bertcore.vocab.tokenizer.tokenizer_from_vocab) over them, with the

@@ -7,7 +7,9 @@ with probability p = min(1, max_sentences / corpus sentences), drawn from an RNG
 (seed, "vocab", shard), so the sample is uniform over the corpus and does not depend on
 the number of workers; one task on one node trains on the sample in shard order (WordPiece
 first chooses its alphabet from character counts made per shard). The files a
-`transformers` tokenizer needs are written to the stage directory.
+`transformers` tokenizer needs are written to the stage directory. With
+vocab.pre_tokenizer kiwi or mecab, the sample is split into Korean morphemes where it is
+counted and trained on, and the files record the split (bertcore/vocab/morphemes.py).
 
 Adopting: the vocabulary files (vocab.pretrained, or pretrain.init_from's folder) are
 outside the run root, so their content identity is part of the fingerprint (`identify`);
