@@ -64,7 +64,10 @@ def run_note(name: str, folder: str) -> str:
 def load_call(folder: str = "folder") -> str:
     """The exact Python that loads a morpheme vocabulary's tokenizer splitting as in training."""
     where = folder if folder == "folder" else json.dumps(folder)
-    return f"from bertcore.vocab.morphemes import split_as_recorded; tokenizer = split_as_recorded(AutoTokenizer.from_pretrained({where}), {where})"
+    return (
+        "from transformers import AutoTokenizer; from bertcore.vocab.morphemes import split_as_recorded; "
+        f"tokenizer = split_as_recorded(AutoTokenizer.from_pretrained({where}), {where})"
+    )
 
 
 PACKAGES = {"kiwi": ("kiwipiepy", "kiwipiepy", ("kiwipiepy", "kiwipiepy_model")), "mecab": ("mecab", "python-mecab-ko", ("python-mecab-ko", "python-mecab-ko-dic"))}
