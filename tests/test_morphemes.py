@@ -18,7 +18,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from bertcore.errors import ConfigError  # noqa: E402
-from bertcore.examples.masking import MaskConfig, MaskDraws, VocabTables, mask_batch, mask_sequences, mask_tokens  # noqa: E402
+from bertcore.examples.masking import MaskConfig, MaskDraws, mask_batch, mask_sequences, mask_tokens  # noqa: E402
+from bertcore.examples.vocab_tables import VocabTables  # noqa: E402
 from bertcore.vocab import morphemes  # noqa: E402
 from bertcore.vocab.tokenizer import (  # noqa: E402
     VocabConfig,
@@ -322,3 +323,22 @@ def test_the_run_says_how_to_load_a_morpheme_tokenizer():
     lines = summary.next_commands(stages, "runs/korean", "configs/korean.yaml", [])
     assert [line for line in lines if line not in plain] == [" " * 17 + morphemes.run_note("kiwi", model)]
     assert "AutoTokenizer alone does not" in lines[1] and f'split_as_recorded(AutoTokenizer.from_pretrained("{model}"), "{model}")' in lines[1]
+
+
+def test_the_setting_at_its_default_leaves_runs_made_before_it_complete():
+    """vocab.pre_tokenizer came after runs were made: a manifest recorded without it gives the
+    fingerprint a whitespace section gives now; kiwi makes another; byte-level BPE refuses it."""
+    from pydantic import ValidationError
+
+    from pipelines.registry import REGISTRY
+    from pipelines.stage import fingerprint
+
+    stage = REGISTRY["vocab"]
+    now = stage.section.model_validate({"vocab_size": 3000})
+    recorded = {k: v for k, v in now.model_dump(mode="json").items() if k not in ("model", "pre_tokenizer")}
+    before = fingerprint(stage.name, stage.code_version, stage.config_identity(recorded), {"corpus": "c", "seed": 1})
+    assert stage.fingerprint(now, 1, {"corpus": "c"}, None) == before
+    kiwi = stage.section.model_validate({"vocab_size": 3000, "pre_tokenizer": "kiwi"})
+    assert stage.fingerprint(kiwi, 1, {"corpus": "c"}, None) != before
+    with pytest.raises(ValidationError, match="vocab.pre_tokenizer applies to WordPiece only"):
+        stage.section.model_validate({"model": "byte_level_bpe", "lowercase": False, "pre_tokenizer": "kiwi"})
