@@ -254,6 +254,7 @@ def _export_out(cfg, storage, format_: ExportFormat, stage: str | None, task: st
 
 
 def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
+    from bertcore.vocab.morphemes import PRE_TOKENIZER_KEY, run_note
     from pipelines.stages.pretrain import work as pretrain
     from pipelines.ray_runtime import ensure_ray
     from pipelines.registry import REGISTRY
@@ -263,7 +264,11 @@ def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
     ensure_ray(cfg.ray)
     logs.route_ray_output()
     written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
-    return [str(item["uri"]) for item in written]
+    lines = [str(item["uri"]) for item in written]
+    split = inputs["vocab"].manifest.stats.get(PRE_TOKENIZER_KEY)
+    if split:  # a Korean morpheme vocabulary: AutoTokenizer alone would not split as in training
+        lines.append(run_note(split, lines[0].rsplit("/", 1)[0]))
+    return lines
 
 
 def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:

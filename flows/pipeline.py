@@ -25,6 +25,7 @@ from bertcore.errors import BertpipeError
 from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.model.sentence_files import MODULES_FILE
 from bertcore.redact import mask_text, masked
+from bertcore.vocab.morphemes import PRE_TOKENIZER_KEY
 from flows import logs, run_log, supervise
 from flows.artifacts import publish_stage
 from flows.failures import describe, is_transient, write_traceback
@@ -100,6 +101,8 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
             summary["model"] = mask_text(directory.path(folder))
             summary["model_kind"] = "sentence-transformers" if manifest.shards_under(f"{folder}/{MODULES_FILE}") else "masked-lm"
             break
+    if manifest.stats.get(PRE_TOKENIZER_KEY):
+        summary["morphemes"] = manifest.stats[PRE_TOKENIZER_KEY]  # the vocabulary splits Korean morphemes (vocab)
     if manifest.stats.get("verdicts"):
         summary["verdicts"] = list(manifest.stats["verdicts"])  # what the run's last lines say (evaluate)
     for skipped in masked(manifest.skipped):

@@ -71,6 +71,7 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
     recipe = f" -c {shlex.quote(str(config))}" if config else ""
     by_stage = {s["stage"]: s for s in summaries}
     lines = []
+    split = by_stage.get("vocab", {}).get("morphemes")
     for stage, what in (("pretrain", "the model"), ("distill", "the student")):
         if "model" in by_stage.get(stage, {}):
             folder = _shown(by_stage[stage]["model"])
@@ -78,6 +79,10 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
                 lines.append(f'{f"load {what}:":<16} SentenceTransformer("{folder}")  (sentence-transformers; its encoder alone: AutoModel)')
             else:
                 lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{folder}")  (transformers)')
+            if split:
+                from bertcore.vocab.morphemes import run_note
+
+                lines.append(f'{"":<16} {run_note(split, folder)}')
     if "report" in by_stage.get("evaluate", {}):
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:

@@ -32,6 +32,7 @@ from torch import nn
 
 from bertcore.eval.config import Combine, Pooling
 from bertcore.eval.windows import pool_windows
+from bertcore.vocab.morphemes import split_as_recorded
 
 
 @contextlib.contextmanager
@@ -52,14 +53,16 @@ def quiet_transformers():
 
 
 def load_tokenizer(tokenizer_dir: str):
-    """The fast tokenizer saved in a local folder (tokenizer.json required: QA needs offsets)."""
+    """The fast tokenizer saved in a local folder (tokenizer.json required: QA needs offsets),
+    splitting text as its vocabulary was split in pretraining (BERT's words, or Korean
+    morphemes: bertcore/vocab/morphemes.py), so every task text is split as the corpus was."""
     from transformers import AutoTokenizer
 
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if not tokenizer.is_fast:
         raise ValueError(f"{tokenizer_dir}: no fast tokenizer (tokenizer.json) found; the pretrain stage's model/ folder has one")
-    return tokenizer
+    return split_as_recorded(tokenizer, tokenizer_dir)
 
 
 def load_encoder(encoder_dir: str, *, random_init: bool = False, dropout: float | None = None) -> nn.Module:

@@ -10,7 +10,10 @@ What is read, from a model folder or the one file named:
   as transformers' BertTokenizer reads them); without one, from the vocab section. Google's
   tokenizer has no NFC step, so neither has the adopted one unless the section says so.
 With both files, the entries must agree line for line and tokenizer_config.json's
-do_lower_case must agree with tokenizer.json.
+do_lower_case must agree with tokenizer.json. A bertpipe vocabulary's tokenizer_config.json
+also says whether its text was split into Korean morphemes (bertcore/vocab/morphemes.py);
+the adopted vocabulary keeps that split. BERT's own files imply none, which the recipe may
+override (vocab.pre_tokenizer).
 
 The entries are kept as they are, one for one; the tokenizer is the one bertcore builds
 for a trained vocabulary (bertcore.vocab.tokenizer.tokenizer_from_vocab) over them, with the
@@ -42,7 +45,8 @@ from bertcore.vocab.tokenizer import (
     tokenizer_options,
     vocab_list,
 )
-from bertcore.vocab.config import ADOPTED_OPTIONS, VocabConfig
+from bertcore.vocab.config import ADOPTED_OPTIONS, PRE_TOKENIZERS, WHITESPACE, VocabConfig
+from bertcore.vocab.morphemes import PRE_TOKENIZER_KEY
 
 GOOGLE_DEFAULTS = {"recompose_nfc": False, "max_input_chars_per_word": 100}
 """Options of a vocab.txt read without a tokenizer.json: what transformers' BertTokenizer
@@ -99,6 +103,8 @@ def read_vocabulary(*, vocab_txt: str | None = None, tokenizer_json: str | None 
                 raise InputDataError(f"{tokenizer_config}: {key} is {value!r} but {tokenizer_json} says {adopted.found[key]!r}; the files disagree")
         adopted.found = {**flags, **adopted.found}
         adopted.read_from.append(tokenizer_config)
+    if "pre_tokenizer" not in adopted.found:
+        adopted.assumed["pre_tokenizer"] = WHITESPACE  # BERT's own files know no morpheme split
     return adopted
 
 
@@ -138,7 +144,8 @@ def _same_entries(vocab_path: str, lines: list[str], json_path: str, tokens: lis
 
 def _config_flags(path: str) -> dict[str, Any]:
     """Casing options in a tokenizer_config.json, as transformers' BertTokenizer reads them
-    (do_lower_case defaults to true; strip_accents null follows it)."""
+    (do_lower_case defaults to true; strip_accents null follows it), and the morpheme split
+    a bertpipe vocabulary records (bertcore/vocab/morphemes.py; none: whitespace)."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -146,11 +153,16 @@ def _config_flags(path: str) -> dict[str, Any]:
         raise InputDataError(f"{path}: cannot read it ({exc})") from None
     lowercase = bool(data.get("do_lower_case", True))
     strip = data.get("strip_accents")
-    return {
+    flags = {
         "lowercase": lowercase,
         "strip_accents": lowercase if strip is None else bool(strip),
         "tokenize_chinese_chars": bool(data.get("tokenize_chinese_chars", True)),
     }
+    if PRE_TOKENIZER_KEY in data:
+        if data[PRE_TOKENIZER_KEY] not in PRE_TOKENIZERS:
+            raise InputDataError(f"{path}: {PRE_TOKENIZER_KEY} is {data[PRE_TOKENIZER_KEY]!r}, not one of {', '.join(PRE_TOKENIZERS)}")
+        flags["pre_tokenizer"] = data[PRE_TOKENIZER_KEY]
+    return flags
 
 
 def read_bpe_vocabulary(*, vocab_json: str | None = None, merges_txt: str | None = None, tokenizer_json: str | None = None) -> Tokenizer:

@@ -66,10 +66,14 @@ def entries_file(names) -> str:
 
 ADOPTED_OPTIONS = ("lowercase", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word", "recompose_nfc")
 """The fields an adopted vocabulary brings from its own files (source: pretrained)."""
-WORDPIECE_ONLY = ("strip_accents", "tokenize_chinese_chars", "limit_alphabet", "max_input_chars_per_word", "bert_layout", "recompose_nfc")
+WORDPIECE_ONLY = ("strip_accents", "tokenize_chinese_chars", "limit_alphabet", "max_input_chars_per_word", "bert_layout", "recompose_nfc", "pre_tokenizer")
 """Fields a byte-level BPE vocabulary has no use for (its alphabet is the 256 bytes, it
 never makes [UNK], its specials are RoBERTa's); setting one to another value than its
 default with it is an error."""
+
+WHITESPACE = "whitespace"
+PRE_TOKENIZERS = (WHITESPACE, "kiwi", "mecab")
+"""vocab.pre_tokenizer: BERT's words, or Korean morphemes by kiwipiepy or python-mecab-ko (bertcore/vocab/morphemes.py)."""
 
 
 class VocabConfig(Section):
@@ -77,7 +81,7 @@ class VocabConfig(Section):
     (RoBERTa), trained on a sample of the corpus or adopted from an existing model (source:
     pretrained)."""
 
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("model",)
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("model", "pre_tokenizer")
 
     model: VocabModel = "wordpiece"
     """wordpiece: BERT's WordPiece with `##` continuations and [CLS] [SEP] [MASK]; byte_level_bpe: RoBERTa's byte-level BPE (tokenizers' ByteLevel, `Ġ` marks a word start) with <s> <pad> </s> <unk> <mask>, written as vocab.json + merges.txt. The examples, the model and the export follow it."""
@@ -105,6 +109,9 @@ class VocabConfig(Section):
     """Sentences sampled from the corpus for training; train_wordpiece reads no more than this."""
     recompose_nfc: bool = True
     """After BERT's normalizer, recompose with NFC so Hangul stays as syllables (false: exactly Google's and transformers' normalization, Hangul as jamo). An adopted vocabulary follows its source: false for a vocab.txt, what its tokenizer.json says."""
+
+    pre_tokenizer: Literal["whitespace", "kiwi", "mecab"] = WHITESPACE
+    """How text is cut into words before WordPiece. whitespace: BERT's rule (whitespace, punctuation alone). kiwi / mecab: Korean morphemes, by kiwipiepy or python-mecab-ko (pip install either): every morpheme after the first of a word (eojeol) is a ## continuation (국민은 -> 국민 ##은), so pieces never cross a morpheme boundary and whole-word masking masks whole eojeols. Recorded in tokenizer_config.json; the examples and evaluate stages split text the same way; transformers' AutoTokenizer alone does not (docs/stages/vocab.md). An adopted vocabulary keeps what its files record."""
 
     @model_validator(mode="before")
     @classmethod

@@ -47,6 +47,7 @@ from tokenizers import (
 
 from bertcore.errors import InputDataError
 from bertcore.vocab import bpe
+from bertcore.vocab import morphemes
 from bertcore.vocab.config import (
     BPE_UNK,
     CLS,
@@ -56,6 +57,7 @@ from bertcore.vocab.config import (
     SEP,
     SPECIAL_TOKENS,
     UNK,
+    WHITESPACE,
     VocabConfig,
 )
 from bertcore.vocab.config import (  # noqa: F401 - the file names live with the section, without tokenizers; re-exported
@@ -156,17 +158,6 @@ class AlphabetCounts:
         return sorted(ranked[:limit] if limit else ranked, key=ord)
 
 
-def _char_kind(pre: pre_tokenizers.PreTokenizer, c: str) -> str:
-    """How BertPreTokenizer treats `c`: "space" (splits, dropped), "punct" (its own word)
-    or "word". Asked of the pre-tokenizer itself so the Unicode tables are its own."""
-    pieces = [p for p, _ in pre.pre_tokenize_str(f"a{c}a")]
-    if pieces == ["a", "a"]:
-        return "space"
-    if pieces == ["a", c, "a"]:
-        return "punct"
-    return "word"
-
-
 def _chunks(sentences: Iterable[str]) -> Iterator[str]:
     """Sentences joined by "\n" into strings of about _CHUNK_CHARS characters. A newline
     is whitespace to the normalizer and pre-tokenizer, so a chunk has exactly the words of
@@ -185,10 +176,17 @@ def _chunks(sentences: Iterable[str]) -> Iterator[str]:
 
 def count_alphabet(sentences: Iterable[str], cfg: VocabConfig) -> AlphabetCounts:
     """Count the characters of `sentences` after cfg's normalization, split as
-    BertPreTokenizer splits (single-threaded, about 2 MB of text per second)."""
+    BertPreTokenizer splits (single-threaded, about 2 MB of text per second), or with a
+    morpheme pre_tokenizer, as the trainer will see them (`_training_pre_tokenizer`)."""
     norm = build_normalizer(cfg)
-    pre = pre_tokenizers.BertPreTokenizer()
     out = AlphabetCounts()
+    if cfg.pre_tokenizer != WHITESPACE:
+        pre = _training_pre_tokenizer(cfg)
+        for sentence in sentences:
+            for word, _ in pre.pre_tokenize_str(norm.normalize_str(sentence)):
+                out.chars.update(c for c in word if c != morphemes.TRAINING_MARK)
+                out.continuation.update(word[1:])  # a marked morpheme continues from its first character
+        return out
     kinds: dict[str, str] = {}
     # Every space and punctuation char -> " ", so str.split() yields the words minus
     # punctuation (a punctuation char is a word of its own and never continues one).
@@ -197,7 +195,7 @@ def count_alphabet(sentences: Iterable[str], cfg: VocabConfig) -> AlphabetCounts
         text = norm.normalize_str(chunk)
         counts = Counter(text)
         for c in counts.keys() - kinds.keys():
-            kinds[c] = _char_kind(pre, c)
+            kinds[c] = morphemes.char_kind(c)
             if kinds[c] != "word":
                 to_space[ord(c)] = " "
         out.chars.update({c: n for c, n in counts.items() if kinds[c] != "space"})
@@ -210,7 +208,10 @@ def train_wordpiece(
 ) -> Tokenizer:
     """Train a BERT WordPiece vocabulary on the first cfg.max_sentences sentences and
     return the finished tokenizer; its ids are the lines of the vocab.txt that
-    `save_tokenizer` writes.
+    `save_tokenizer` writes. With a morpheme cfg.pre_tokenizer the text is split into
+    morphemes for training (bertcore/vocab/morphemes.py); the tokenizer returned is the
+    files' form, with BERT's pre-tokenizer: `morphemes.with_morphemes(tok,
+    cfg.pre_tokenizer)` (or `load_tokenizer` of the saved folder) splits as in training.
 
     `alphabet`: `count_alphabet` of exactly these sentences, if the caller has it (counted
     in parallel, say); then the sentences are streamed once. Without it they are held in
@@ -223,11 +224,13 @@ def train_wordpiece(
     before training and every starting symbol gets a fixed id.
     """
     sample = itertools.islice(sentences, cfg.max_sentences)
+    # A morpheme split is analysed sentence by sentence, as every later stage analyses it.
+    group = _chunks if cfg.pre_tokenizer == WHITESPACE else iter
     if alphabet is None:
-        chunks: Iterable[str] = list(_chunks(sample))
+        chunks: Iterable[str] = list(group(sample))
         alphabet = count_alphabet(chunks, cfg)
     else:
-        chunks = _chunks(sample)
+        chunks = group(sample)
     if not alphabet.chars:
         raise ValueError("no text to train the vocabulary on (the sample has no non-space character)")
     chars = alphabet.alphabet(cfg.limit_alphabet)
@@ -249,7 +252,7 @@ def train_wordpiece(
     )
     work = Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=PREFIX))
     work.normalizer = build_normalizer(cfg)
-    work.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    work.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if cfg.pre_tokenizer == WHITESPACE else _training_pre_tokenizer(cfg)
     work.train_from_iterator(chunks, trainer=trainer)
 
     trained = work.get_vocab(with_added_tokens=False)
@@ -258,6 +261,13 @@ def train_wordpiece(
     # Learned order: characters, their ## forms, then merged pieces in the order learned
     # (a ## form the caller's counts missed lands among the merged ones).
     return tokenizer_from_vocab(layout_vocab([*chars, *continuation, *merged], cfg), cfg)
+
+
+def _training_pre_tokenizer(cfg: VocabConfig) -> pre_tokenizers.PreTokenizer:
+    """The morpheme split as the trainer must see it: a continuation morpheme marked with
+    TRAINING_MARK, a character outside the alphabet, which the trainer drops, so that the
+    morpheme's first character becomes a `##` symbol (morphemes.TRAINING_MARK)."""
+    return morphemes.pre_tokenizer(cfg.pre_tokenizer, mark=morphemes.TRAINING_MARK)
 
 
 # -- files -----------------------------------------------------------------------------
@@ -281,7 +291,10 @@ def save_tokenizer(
     tokenizer_config.json names the generic fast class (PreTrainedTokenizerFast), not
     BertTokenizer: transformers 5 rebuilds a BertTokenizer's normalizer from the flags and
     drops tokenizer.json's, which would turn Hangul back into jamo; the generic class
-    loads tokenizer.json as written. The BERT flags are still recorded for other tools.
+    loads tokenizer.json as written. The BERT flags are still recorded for other tools, and
+    a morpheme cfg.pre_tokenizer with the analyser's versions and how to load the tokenizer
+    so that it splits as in training (bertcore/vocab/morphemes.py). `tok` is the files'
+    form (train_wordpiece's), not one `with_morphemes` changed.
     """
     if tok.normalizer is None or json.loads(tok.to_str())["normalizer"] != _normalizer_state(cfg):
         raise ValueError(
@@ -304,6 +317,7 @@ def save_tokenizer(
         "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
         "clean_up_tokenization_spaces": True,
         **specials,
+        **morphemes.config_fields(cfg.pre_tokenizer),
     }
     for name, content in ((CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, specials)):
         with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
@@ -363,6 +377,8 @@ def _ascii_path(tok: Tokenizer) -> _AsciiPath | None:
     known = _ascii_paths.get(id(tok))
     if known is not None and known[0] is tok:
         return known[1]
+    if morphemes.splits_morphemes(tok):
+        return None  # a morpheme split (a Python pre-tokenizer, which cannot be serialized) has no shortcut
     state = json.loads(tok.to_str())
     normalizer = state.get("normalizer") or {}
     steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
@@ -455,8 +471,15 @@ def _in_sentence_order(parts: list, n: int) -> tuple:
 
 
 def load_tokenizer(directory: str) -> Tokenizer:
-    """Load tokenizer.json from `directory`; if vocab.txt (or a BPE's vocab.json) is there
-    too, check that it holds the tokenizer's vocabulary in id order."""
+    """Load tokenizer.json from `directory`, splitting text as the folder's
+    tokenizer_config.json records (`morphemes.split_as_recorded`: BERT's words, or Korean
+    morphemes); if vocab.txt (or a BPE's vocab.json) is there too, check that it holds the
+    tokenizer's vocabulary in id order."""
+    return morphemes.split_as_recorded(_load_files(directory), directory)
+
+
+def _load_files(directory: str) -> Tokenizer:
+    """tokenizer.json as written (checked against vocab.txt or vocab.json), with no morpheme split."""
     tok = Tokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
     path = os.path.join(directory, VOCAB_JSON)
     if os.path.exists(path) and bpe.read_vocab_json(path) != tok.get_vocab(with_added_tokens=True):
@@ -511,17 +534,24 @@ def tokenizer_options(state: dict) -> dict:
     return opts
 
 
-def vocab_fingerprint(source: str | Tokenizer) -> str:
+def vocab_fingerprint(source: str | Tokenizer, pre_tokenizer: str = WHITESPACE) -> str:
     """16 hex digits identifying a vocabulary: its entries in id order (the bytes of
     vocab.txt) plus the options that decide which entry a text maps to (lowercase, accent
-    stripping, CJK spacing, the word limit; a BPE's merges). `source` is a vocabulary
-    directory or a Tokenizer; both give the same value for the same vocabulary."""
-    tok = load_tokenizer(source) if isinstance(source, str) else source
+    stripping, CJK spacing, the word limit, a morpheme split; a BPE's merges). `source` is a
+    vocabulary directory (its split as recorded) or a Tokenizer in the files' form (split
+    by `pre_tokenizer`); both give the same value for the same vocabulary."""
+    if isinstance(source, str):
+        tok, pre_tokenizer = _load_files(source), morphemes.recorded_pre_tokenizer(source)
+    else:
+        tok = source
     state = json.loads(tok.to_str())
+    options = tokenizer_options(state)
+    if pre_tokenizer != WHITESPACE:  # a whitespace vocabulary keeps the value it had before the option existed
+        options["morphemes"] = pre_tokenizer
     h = hashlib.sha256()
     h.update("".join(p + "\n" for p in vocab_list(tok)).encode())
     h.update(b"\x00")
-    h.update(json.dumps(tokenizer_options(state), sort_keys=True).encode())
+    h.update(json.dumps(options, sort_keys=True).encode())
     if (state.get("model") or {}).get("type") == "BPE":
         h.update(b"\x00")
         h.update(json.dumps(state["model"].get("merges", []), ensure_ascii=False).encode())
@@ -533,22 +563,27 @@ def vocab_fingerprint(source: str | Tokenizer) -> str:
 
 def tokenization_stats(tok: Tokenizer, sentences: Iterable[str], top_k: int = 20) -> dict:
     """How the vocabulary fits some text: [UNK] rate (UNK pieces / pieces), pieces per word
-    (words as BERT's BasicTokenizer splits them), share of the vocabulary used, the top_k
+    (words as BERT's BasicTokenizer splits them, with a morpheme split too, so that both
+    count the same words), share of the vocabulary used, the top_k
     most frequent pieces as [piece, count] (ties in id order), vocabulary size and
     alphabet size (single characters, no ##). Special tokens are not added."""
     vocab = vocab_list(tok)
     unk_id = tok.token_to_id(UNK) if tok.token_to_id(UNK) is not None else tok.token_to_id(BPE_UNK)
+    bert = pre_tokenizers.BertPreTokenizer()
+    morpheme_words = morphemes.splits_morphemes(tok)
     piece_counts: Counter = Counter()
     n_sentences = n_words = 0
     batch: list[str] = []
 
     def consume() -> None:
         nonlocal n_words
-        for enc in tok.encode_batch(batch, add_special_tokens=False):
+        encodings = tok.encode_batch(batch, add_special_tokens=False)
+        for enc in encodings:
             piece_counts.update(enc.ids)
-            # Every word yields at least one piece ([UNK] at worst), so distinct word
-            # indices count the pre-tokenizer's words.
-            n_words += len({w for w in enc.word_ids if w is not None})
+        if morpheme_words:  # the pre-tokenizer's words are morphemes: count BERT's words of the same text
+            n_words += sum(len(bert.pre_tokenize_str(tok.normalizer.normalize_str(s))) for s in batch)
+        else:  # every word yields at least one piece ([UNK] at worst): distinct word indices count the words
+            n_words += sum(len({w for w in enc.word_ids if w is not None}) for enc in encodings)
         batch.clear()
 
     for s in sentences:

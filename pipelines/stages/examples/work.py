@@ -157,7 +157,10 @@ def _mapped_token_shard(path: str, size: int, mtime_ns: int) -> tuple[list[int],
 @functools.lru_cache(maxsize=4)
 def _vocabulary(directory: str) -> tuple[Tokenizer, VocabTables]:
     """The tokenizer and its masking tables, loaded once per worker process and vocabulary
-    (the directory is a per-fingerprint cache, or the vocab stage's own local directory)."""
+    (the directory is a per-fingerprint cache, or the vocab stage's own local directory).
+    The tokenizer splits text as the vocabulary's files record (Korean morphemes when the
+    vocab stage split them, each continuation morpheme a `##` piece, so whole-word masking
+    masks whole eojeols: bertcore/vocab/morphemes.py)."""
     tokenizer = load_tokenizer(directory)
     return tokenizer, VocabTables.from_tokens(vocab_list(tokenizer))
 

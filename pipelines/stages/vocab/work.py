@@ -7,7 +7,9 @@ with probability p = min(1, max_sentences / corpus sentences), drawn from an RNG
 (seed, "vocab", shard), so the sample is uniform over the corpus and does not depend on
 the number of workers; one task on one node trains on the sample in shard order (WordPiece
 first chooses its alphabet from character counts made per shard). The files a
-`transformers` tokenizer needs are written to the stage directory.
+`transformers` tokenizer needs are written to the stage directory. With
+vocab.pre_tokenizer kiwi or mecab, the sample is split into Korean morphemes where it is
+counted and trained on, and the files record the split (bertcore/vocab/morphemes.py).
 
 Adopting: the vocabulary files (vocab.pretrained, or pretrain.init_from's folder) are
 outside the run root, so their content identity is part of the fingerprint (`identify`);
@@ -33,11 +35,13 @@ from bertcore.vocab.tokenizer import (
     AlphabetCounts,
     VocabConfig,
     count_alphabet,
+    load_tokenizer,
     save_tokenizer,
     tokenization_stats,
     train_wordpiece,
     vocab_fingerprint,
 )
+from bertcore.vocab import morphemes
 from bertcore.vocab.adopt import read_bpe_vocabulary, read_vocabulary
 from bertcore.vocab.bpe import save_bpe, train_byte_level_bpe
 from bertcore.vocab.config import ADOPTED_OPTIONS, MERGES_FILE, VOCAB_JSON
@@ -119,10 +123,12 @@ def adopt_and_save(source: ExternalFolder, validation: list[str], cfg: VocabConf
 
 
 def _publish(tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stage: StageDir) -> tuple[list[ShardInfo], dict]:
-    """Write the tokenizer files as the stage's shards; statistics on the validation sentences."""
-    stats = tokenization_stats(tokenizer, validation)
+    """Write the tokenizer files as the stage's shards; statistics on the validation
+    sentences, tokenized as the files say (a morpheme split as recorded), as later stages will."""
     with tempfile.TemporaryDirectory() as tmp:
         names = save_bpe(tokenizer, tmp) if cfg.byte_level else save_tokenizer(tokenizer, cfg, tmp)
+        stats = tokenization_stats(load_tokenizer(tmp), validation)
+        stats.update(morphemes.recorded(tmp))
         stats["vocab_fingerprint"] = vocab_fingerprint(tmp)
         shards = []
         for name in names:
@@ -134,6 +140,7 @@ def _publish(tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stag
 def run(r: StageRun) -> Output:
     cfg: VocabConfig = r.section
     corpus = r.inputs["corpus"]
+    morphemes.require(cfg.pre_tokenizer)  # a missing analyser: one line now, not a failed task later
     if cfg.source == "pretrained":
         validation = _validation_sentences(r.storage, corpus)
         shards, stats = run_tasks(
@@ -149,9 +156,10 @@ def run(r: StageRun) -> Output:
         )
     probability = min(1.0, cfg.max_sentences / total)
     log.info(
-        "vocab: training a %d-entry %s on %s of %d corpus sentences (%d train shards)",
+        "vocab: training a %d-entry %s on %s of %d corpus sentences (%d train shards)%s",
         cfg.vocab_size, "byte-level BPE" if cfg.byte_level else "WordPiece", "all" if probability >= 1.0 else f"{probability:.1%}",
         total, len(train),
+        "" if cfg.pre_tokenizer == "whitespace" else f", split into {cfg.pre_tokenizer} morphemes ({morphemes.analyzer_versions(cfg.pre_tokenizer)})",
     )
     sample_refs = [sample_shard.remote(r.storage, corpus.path(s.path), probability, r.seed, s.path) for s in train]
     alphabet_refs = [] if cfg.byte_level else [shard_alphabet.remote(ref, cfg) for ref in sample_refs]
@@ -165,9 +173,13 @@ def run(r: StageRun) -> Output:
 
 
 def _headline(stats: dict, adopted: bool = False) -> dict:
-    """vocabulary 8,000 · [UNK] rate 0.02% · pieces/word 1.31 (on the corpus's validation sentences)"""
+    """vocabulary 8,000 · [UNK] rate 0.02% · pieces/word 1.31 (on the corpus's validation
+    sentences) · and with a morpheme split, `split kiwi morphemes`"""
     size = f"{stats['vocab_size']:,} (adopted)" if adopted else stats["vocab_size"]
-    return {"vocabulary": size, "[UNK] rate": f"{stats['unk_rate']:.2%}", "pieces/word": round(stats["pieces_per_word"], 2)}
+    headline = {"vocabulary": size, "[UNK] rate": f"{stats['unk_rate']:.2%}", "pieces/word": round(stats["pieces_per_word"], 2)}
+    if morphemes.PRE_TOKENIZER_KEY in stats:
+        headline["split"] = f"{stats[morphemes.PRE_TOKENIZER_KEY]} morphemes"
+    return headline
 
 
 def _validation_sentences(storage: Storage, corpus: Upstream) -> list[str]:
