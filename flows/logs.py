@@ -222,7 +222,8 @@ def route_ray_output() -> bool:
     they share the command's format and `--log-format json` stays one JSON object per line.
     Ray still composes each line (its `(TrainController pid=...)` prefix, the deduplication
     of lines repeated across workers, the filtering of autoscaler output); only where it
-    prints changes. Ray's printer stays in place where this Ray lacks those hooks, or where
+    prints changes, also for what the deduplication still holds when Ray disconnects at
+    exit (else printed below the command's error line). Ray's printer stays in place where this Ray lacks those hooks, or where
     neither the command nor a worker's flow run set up logging. Call after ray.init; returns
     whether lines are routed."""
     if _configured is None and not _worker_run:
@@ -241,10 +242,22 @@ def route_ray_output() -> bool:
     def relay(data: dict) -> None:
         deduplicator = worker.stderr_deduplicator if data["is_err"] else worker.stdout_deduplicator
         batches = [data] if data.get("pid") == "autoscaler" else deduplicator.deduplicate(data)
-        sink = _LogSink({"pid": data.get("pid"), "worker": data.get("actor_name") or data.get("task_name") or "", "stream": "stderr" if data["is_err"] else "stdout"})
         for batch in batches:
-            worker.print_worker_logs(batch, sink, ignore_prefix)
+            worker.print_worker_logs(batch, _LogSink.of(data), ignore_prefix)
 
+    if not getattr(worker.print_worker_logs, "routed", False):
+        printer = worker.print_worker_logs
+
+        def print_worker_logs(data: dict, print_file: Any, ignore_prefix: bool = False) -> None:
+            # Ray's disconnect (at exit, after the error line) prints what its deduplicators
+            # still hold, e.g. a failure's tracebacks "[repeated 3x across cluster]", straight
+            # to the process's stdout and stderr: they go through logging like the rest
+            if print_file is sys.stdout or print_file is sys.stderr:
+                print_file = _LogSink.of(data)
+            printer(data, print_file, ignore_prefix)
+
+        print_worker_logs.routed = True  # type: ignore[attr-defined]
+        worker.print_worker_logs = print_worker_logs
     dispatcher.remove_handler("ray_print_logs")
     dispatcher.add_handler("ray_print_logs", relay)
     return True
@@ -255,6 +268,11 @@ class _LogSink:
 
     def __init__(self, fields: dict[str, Any]):
         self.fields, self.buffer = fields, ""
+
+    @classmethod
+    def of(cls, data: dict) -> _LogSink:
+        """The sink for one batch of lines Ray relays (its pid, worker name and stream)."""
+        return cls({"pid": data.get("pid"), "worker": data.get("actor_name") or data.get("task_name") or "", "stream": "stderr" if data.get("is_err") else "stdout"})
 
     def write(self, text: str) -> int:
         self.buffer += text

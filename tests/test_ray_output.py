@@ -48,3 +48,45 @@ def test_the_console_drops_rays_output_unless_verbose(capsys, monkeypatch):
         root.setLevel(saved[1])
         for name, level in saved[2].items():
             logging.getLogger(name).setLevel(level)
+
+
+HELD = '''
+import sys, time
+import ray
+from ray._private import worker
+from bertcore.config import RayConfig
+from flows import logs
+from pipelines.ray_runtime import ensure_ray
+
+logs.setup(0)
+ensure_ray(RayConfig(num_cpus=2))
+logs.route_ray_output()
+
+@ray.remote(max_calls=1)  # a process of its own each: Ray deduplicates a line across processes
+def fail(i):
+    print("Traceback (most recent call last): the same line from every worker", file=sys.stderr, flush=True)
+    return i
+
+ray.get([fail.remote(i) for i in range(3)])
+deadline = time.monotonic() + 120
+while not any(s.count for s in worker.stderr_deduplicator.recent.values()):  # a repeat is held
+    assert time.monotonic() < deadline, "no repeated line reached the driver"
+    time.sleep(0.2)
+sys.stderr.write("bertpipe: error: the last line\\n")
+'''
+
+
+def test_lines_rays_deduplication_holds_at_exit_stay_off_the_console_after_the_error():
+    """Ray's disconnect at exit prints what its deduplication holds (a failure's tracebacks,
+    '[repeated 2x across cluster]') to stderr, after the command's error line, where issue
+    26's probe found a page of them below `bertpipe: error:`; routed, they are log records."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ran = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, cwd=root, timeout=600,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert lines[-1] == "bertpipe: error: the last line" and "the same line from every worker" not in ran.stderr, ran.stderr[-3000:]
