@@ -148,6 +148,8 @@ def _run(pipeline: Pipeline, stages: list[str], force: bool, watch: supervise.Wa
                 lease.check()
                 if watch.worker_lost:  # its worker died: hand over to a live one before the next stage
                     return watch.handover(name)
+                for line in pipeline.stale_reads(name, stages):  # --only: what it reads is as it was, said once
+                    get_run_logger().warning("%s", line)
                 state = run_stage(name, pipeline, force, return_state=True)
                 if state.is_failed():
                     return Failed(message=_one_line(name, state, pipeline))

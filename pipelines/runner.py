@@ -282,6 +282,25 @@ class Pipeline:
         inputs = stage.fingerprint_inputs(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
         return explain_stale(stage, self.section(name), manifest, inputs)
 
+    def stale_reads(self, name: str, stages: list[str]) -> list[str]:
+        """One line per stage `name` reads that this run leaves as it is (not in `stages`)
+        although its output is stale, saying what changed and the command that recomputes
+        both: `run --only evaluate` after the teacher's weights changed keeps evaluate's
+        output, which is still the old teacher's against the old student. Empty when a read
+        cannot be judged (its inputs are gone, an unreachable store): `status` says why."""
+        lines = []
+        for read in self.reads(name):
+            try:
+                manifest = self.dir(read).manifest()
+                if read in stages or manifest is None or manifest.fingerprint == self.expected_fingerprint(read):
+                    continue
+                changed = "; ".join(self.why_stale(read, manifest)[:2])
+            except (BertpipeError, OSError):
+                continue
+            lines.append(f"{name}: reads the {read} stage's output, which is stale ({changed}); "
+                         f"`bertpipe run --only {read},{name}` recomputes both")
+        return lines
+
     def running(self) -> dict[str, Any] | None:
         """Who is writing the root now, from its lease (`_lease.json`): {holder, host, pid,
         since (UTC)} while a live holder has it (not expired, its process not known dead),

@@ -2,8 +2,8 @@
 make of a change to it, and what is refused before anything runs.
 
 - its weights change: `status` says distill and evaluate are stale (evaluate reads the
-  teacher too), and evaluate refuses to score the new teacher against a student that
-  learned from the old one (it did, silently);
+  teacher too), evaluate refuses to score the new teacher against a student that learned
+  from the old one (it did, silently), and `run --only evaluate` says distill is stale;
 - it has no config.json, or only a pytorch_model.bin, or a config.json of absurd sizes:
   `bertpipe run`'s preflight refuses it in one line, before vocab and examples are
   recomputed (they were, for 60 s, before the distill stage said so)."""
@@ -79,6 +79,24 @@ def test_new_teacher_weights_make_distill_and_evaluate_stale_and_evaluate_refuse
         evaluate_teacher(run, distill)
     message = str(refused.value)
     assert "model.safetensors" in message and "changed since the distill stage ran" in message and "--only distill,evaluate" in message
+
+
+def test_run_only_evaluate_after_the_teacher_changed_says_that_distill_is_stale(tmp_path):
+    """`run --only evaluate` keeps evaluate's output (the old teacher against the old
+    student), which `status` calls stale: the run says so, with the command that recomputes
+    both (it said `evaluate: cached` and nothing more)."""
+    teacher = _teacher(tmp_path / "teacher")
+    pipeline = Pipeline(_config(tmp_path, teacher))
+    for name in STAGES:
+        _complete(pipeline, name)
+    assert Pipeline(_config(tmp_path, teacher)).stale_reads("evaluate", ["evaluate"]) == []
+
+    _teacher(tmp_path / "teacher", seed=4)
+    pipeline = Pipeline(_config(tmp_path, teacher))
+    [line] = pipeline.stale_reads("evaluate", ["evaluate"])
+    assert line.startswith("evaluate: reads the distill stage's output, which is stale (input teacher.") and "model.safetensors" in line, line
+    assert line.endswith("`bertpipe run --only distill,evaluate` recomputes both"), line
+    assert pipeline.stale_reads("evaluate", ["distill", "evaluate"]) == []  # distill runs first: nothing to say
 
 
 @pytest.mark.parametrize(
