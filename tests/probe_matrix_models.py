@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_matrix import ROOT, Probe, copy_root, finish, reference_run, tiny_recipe  # noqa: E402
+from probe_matrix import Probe, copy_root, finish, reference_run, tiny_recipe  # noqa: E402
 
 VERDICTS = ("clear error", "handled", "traceback", "hang", "silent loss", "code executed", "escape")
 BOMB = 3 << 30
@@ -76,9 +75,9 @@ class ModelProbe(Probe):
         return ran
 
 
-def verdict_of(ran) -> tuple[str, str]:
+def verdict_of(ran, bomb: int = BOMB) -> tuple[str, str]:
     mem = f"; peak RSS {ran.peak / 2**20:.0f} MiB; {ran.seconds} s"
-    if ran.peak > BOMB:
+    if ran.peak > bomb:
         return "escape", f"memory bomb: {ran.peak / 2**30:.1f} GiB" + mem
     if ran.timed_out:
         return "hang", f"no answer in {ran.seconds:.0f} s" + mem
