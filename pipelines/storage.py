@@ -13,15 +13,19 @@ have no links.
 
 An object store that stops answering for a while (an outage of up to about a minute) costs
 a wait, not a failed stage: each request is retried (`S3_ATTEMPTS`, botocore's standard
-retry mode), and one line says when the store stopped answering and one when it answers
-again and after how long (`_Outage`). A longer outage fails the request; the flow retries
-the stage (flows/pipeline.py).
+retry mode), an answer cut off mid-body as much as a refused connection (`_whole_answers`),
+and one line says when the store stopped answering and one when it answers again and after
+how long (`_Outage`). A longer outage fails the request; the flow retries the stage
+(flows/pipeline.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import hashlib
+import io
 import json
 import logging
 import os
@@ -45,9 +49,10 @@ from bertcore.paths import first_link, inside, not_regular, remove_within, walk,
 log = logging.getLogger(__name__)
 
 S3_ATTEMPTS = 12
-"""Attempts of one object-store request that gets no answer (connection refused or reset, a
-timeout) or a 5xx, before it fails: botocore waits a random 0-1, 0-2, 0-4, 0-8, 0-16, then
-0-20 s between them, about 75 s in all (at least 30 s with a chance of 99.9 %)."""
+"""Attempts of one object-store request that gets no whole answer (connection refused or
+reset, a timeout, an answer cut off mid-body) or a 5xx, before it fails: botocore waits a
+random 0-1, 0-2, 0-4, 0-8, 0-16, then 0-20 s between them, about 75 s in all (at least 30 s
+with a chance of 99.9 %)."""
 S3_RETRY_WINDOW = "about 75 s"
 
 
@@ -140,8 +145,67 @@ class _Outage:
         return None  # the decision is the retry handler's
 
 
+WHOLE_ANSWER_BYTES = 50 * 2**20
+"""Answers up to this size are read whole within the attempt that asked for them
+(`_whole_answers`). It is s3fs's block size: s3fs asks for a block or a part of at most that
+at a time, and a download's first, whole-object request for a larger object is closed
+unread (s3fs then asks for its parts), so nothing is read twice and memory stays bounded."""
+
+
+@functools.cache
+def _whole_answers() -> type:
+    """aiobotocore's HTTP session, reading an answer's body whole within the attempt that
+    asked for it when it is at most `WHOLE_ANSWER_BYTES`. aiobotocore reads a body there
+    only when the operation's output is not streamed; a GetObject body is read later, by
+    s3fs, where a cut (aiohttp's ClientPayloadError) escapes botocore's retries and gets
+    only s3fs's own: 5 tries within about 2 s, with nothing logged. Read here, a cut becomes
+    what aiobotocore makes of any broken answer (ConnectionClosedError; ReadTimeoutError for
+    a stall), and botocore retries it like a refused connection, which `_Outage` sees.
+    A larger answer streams as before. Made when the first S3 filesystem is: aiohttp and
+    aiobotocore take 0.2 s to import, which a local run and the CLI never need."""
+    import aiohttp
+    from aiobotocore.httpsession import AIOHTTPSession
+    from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
+    class WholeAnswers(AIOHTTPSession):
+        async def send(self, request):
+            response = await super().send(request)
+            size = int(response.headers.get("content-length", WHOLE_ANSWER_BYTES + 1))
+            if not request.stream_output or size > WHOLE_ANSWER_BYTES:
+                return response
+            try:
+                body = await response.content
+            except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
+                raise ReadTimeoutError(endpoint_url=request.url, error=e) from e
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+                raise ConnectionClosedError(error=e, request=request, endpoint_url=request.url) from e
+            response.raw = _Read(response.url, body)
+            return response
+
+    return WholeAnswers
+
+
+class _Read:
+    """An answer already read whole, in the place of aiohttp's response for the streamed
+    body aiobotocore makes of it, which reads `content.read(n)`, `content.at_eof()`, `url`
+    and calls `close()`."""
+
+    def __init__(self, url: str, body: bytes):
+        self.url, self.content = url, self  # the response and its body's stream in one
+        self._body, self._size = io.BytesIO(body), len(body)
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._body.read(n)
+
+    def at_eof(self) -> bool:
+        return self._body.tell() >= self._size
+
+    def close(self) -> None:
+        self._body.close()
+
+
 S3_RETRIES = {"retries": {"mode": "standard", "total_max_attempts": S3_ATTEMPTS}}
-"""botocore client settings of every S3 filesystem (`config_kwargs`)."""
+"""botocore's retry settings of every S3 filesystem (`config_kwargs`, with `_whole_answers`)."""
 
 
 def _observed(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
@@ -177,7 +241,7 @@ class Storage:
         if protocol not in self._fs:
             options = self.cfg.fsspec_options(protocol)
             if protocol in ("s3", "s3a"):
-                options["config_kwargs"] = S3_RETRIES
+                options["config_kwargs"] = {**S3_RETRIES, "http_session_cls": _whole_answers()}
             self._fs[protocol] = _observed(fsspec.filesystem(protocol, **options))
         fs = self._fs[protocol]
         return fs, fs._strip_protocol(uri)

@@ -3,9 +3,17 @@
 `Forwarder(port)` listens on 127.0.0.1:<a free port> and pipes every connection to
 127.0.0.1:<port> (the moto server). `down()` resets every open connection (what a client
 sees when the store dies mid-request) and closes the port, so new connections are refused;
-`up()` listens again on the same port. The server behind it keeps running, so its data
-stays as it was. Use it as a context manager: leaving stops it (and its threads).
-`outage_when(store, ready, seconds)` takes it down for a while once `ready()` holds.
+`up()` listens again on the same port. `cut_answers(n)` keeps the port open but resets
+every connection once it has passed `n` bytes of the store's answer (a store, or a proxy
+in front of it, whose connections die mid-answer: the client has the status line and
+headers, then part of the body; `cuts` counts them); `cut_answers(None)` passes answers
+whole again. The server behind it keeps running, so its data stays as it was. Use it as a
+context manager: leaving stops it (and its threads). `outage_when(store, ready, seconds)`
+takes it down for a while once `ready()` holds.
+
+An answer the store ends normally reaches the client whole: the end is passed on after
+the bytes still queued for the client (moto closes each connection after its answer; a
+reset there would drop the tail of a large answer that a busy client had not read yet).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ class Forwarder:
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
+        self._cut_after: int | None = None
+        self.cuts = 0
 
     def __enter__(self) -> Forwarder:
         self.up()
@@ -57,6 +67,10 @@ class Forwarder:
             listener.close()
         for sock in connections:
             _reset(sock)
+
+    def cut_answers(self, after_bytes: int | None) -> None:
+        """Reset each connection once `after_bytes` of its answer have passed (None: never)."""
+        self._cut_after = after_bytes
 
     def stop(self) -> None:
         self.down()
@@ -90,20 +104,39 @@ class Forwarder:
                     return
                 self._open |= {client, server}
                 self._start(self._pipe, client, server)
-                self._start(self._pipe, server, client)
+                self._start(self._pipe, server, client, True)
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        """Copy bytes one way until either side ends, then close both."""
+    def _pipe(self, source: socket.socket, sink: socket.socket, answer: bool = False) -> None:
+        """Copy bytes one way until either side ends, then close both: with a reset when a
+        side failed or the answer is cut (`cut_answers`), else after what is queued."""
+        passed, ended = 0, False
         try:
             while data := source.recv(1 << 16):
+                if answer and self._cut_after is not None and passed + len(data) > self._cut_after:
+                    sink.sendall(data[: max(0, self._cut_after - passed)])
+                    with self._lock:
+                        self.cuts += 1
+                    break
                 sink.sendall(data)
+                passed += len(data)
+            else:
+                ended = True
         except OSError:
             pass
         with self._lock:
             ours = {source, sink} & self._open
             self._open -= ours
         for sock in ours:
-            _reset(sock)
+            (_close if ended else _reset)(sock)
+
+
+def _close(sock: socket.socket) -> None:
+    """Close after the bytes still queued for the peer, waking a thread blocked in recv on it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
 
 
 def _reset(sock: socket.socket) -> None:
