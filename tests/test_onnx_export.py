@@ -134,6 +134,12 @@ def test_fp32_export_matches_pytorch_on_any_batch_and_length(encoder_export, run
         dims = tensor.type.tensor_type.shape.dim
         assert [d.dim_param != "" for d in dims] == [True, True], tensor.name
     assert [o.name for o in graph.output] == ["last_hidden_state", "pooler_output"]
+    # ONNX Runtime's BERT fusions found every layer: one Attention node each, the
+    # embeddings with their LayerNorm, two residual LayerNorms and a bias GELU per layer
+    fused = manifest.stats["fusions"]
+    assert fused["Attention"] == 2 and fused["EmbedLayerNormalization"] == 1, fused
+    assert fused["SkipLayerNormalization"] == 4 and fused["BiasGelu"] == 2, fused
+    assert sum(n.op_type == "Softmax" for n in graph.node) == 0  # no attention left unfused
 
     reference = _hf_encoder(run_root)
     onnx_session = session(os.path.join(out, "model.onnx"), threads=1)

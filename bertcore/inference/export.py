@@ -1,7 +1,7 @@
 """A Hugging Face model folder (the pretrain or distill stage's model/) to ONNX files in a
 local folder, checked against PyTorch on held-out sentences:
 
-    model.onnx        fp32 (onnx.py: inputs, outputs, dynamic axes)
+    model.onnx        fp32, fused (onnx.py: inputs, outputs, dynamic axes, fusions)
     model.int8.onnx   with int8=True: ONNX Runtime's dynamic int8 quantization of it
     config.json, vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                       copied from the model folder, so the folder is all a server needs
@@ -107,7 +107,7 @@ def export_folder(
     batches = checks.tokenize(tokenizer, sentences, max_length=max_length, batch_size=batch_size)
     os.makedirs(out_dir, exist_ok=True)
     started = time.perf_counter()
-    onnx.export(model, os.path.join(out_dir, FP32_FILE), _example(tokenizer, sentences, max_length))
+    fusions = onnx.export(model, os.path.join(out_dir, FP32_FILE), _example(tokenizer, sentences, max_length))
     timings["export_s"] = round(time.perf_counter() - started, 3)
 
     started = time.perf_counter()
@@ -117,6 +117,7 @@ def export_folder(
     differences = checks.max_differences(reference, fp32, batches, per_token)
     report = {
         "outputs": model.output_names,
+        "fusions": fusions,
         "head": asdict(head) if head else None,
         "sample": {"sentences": len(sentences), "tokens": int(sum(b["attention_mask"].sum() for b in batches)), "max_length": max_length, "batch_size": batch_size},
         "checks": {"fp32": {"max_abs_diff": differences, "tolerance": tolerance}},
