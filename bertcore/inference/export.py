@@ -36,7 +36,7 @@ class ExportCheckFailed(BertpipeError):
     """The fp32 ONNX graph does not compute what the PyTorch model does."""
 
 
-def _model(model_dir: str, head_file: str | None):
+def inference_model(model_dir: str, head_file: str | None):
     """(InferenceModel, TaskHead or None) for the folder, with the saved task model's head."""
     from bertcore.eval.encoder import load_encoder, pooler_source
     from bertcore.inference.onnx import InferenceModel
@@ -64,7 +64,7 @@ def _example(tokenizer, sentences: Sequence[str], max_length: int) -> dict:
     return batch
 
 
-def _mlm_head(model_dir: str):
+def mlm_head(model_dir: str):
     """The folder's masked-LM head (transformers' BertOnlyMLMHead), or None without one."""
     from safetensors import safe_open
 
@@ -101,7 +101,7 @@ def export_folder(
         raise InputDataError("no held-out sentences to check the ONNX export on (the corpus stage's validation split is empty)")
     onnx.require()
     timings: dict[str, float] = {}
-    model, head = _model(model_dir, head_file)
+    model, head = inference_model(model_dir, head_file)
     tokenizer = load_tokenizer(model_dir)
     max_length = min(max_length, model.encoder.config.max_position_embeddings, head.max_seq_length if head else max_length)
     batches = checks.tokenize(tokenizer, sentences, max_length=max_length, batch_size=batch_size)
@@ -155,7 +155,7 @@ def _int8_checks(model, head, model_dir: str, tokenizer, batches, reference, pat
     elif head is not None:
         figures["argmax"] = f"none: {head.task} is a regression task (max_abs_diff.logits is its figure)"
         figures.update(agreement=None, compared=0)
-    elif (mlm := _mlm_head(model_dir)) is not None:
+    elif (mlm := mlm_head(model_dir)) is not None:
         rng = np.random.default_rng(seed)
         masked, positions = checks.mask_tokens(batches, rng, tokenizer.mask_token_id, tokenizer.all_special_ids)
         want = checks.mlm_predictions(mlm, checks.torch_outputs(model, masked), positions)
