@@ -99,7 +99,7 @@ class InferenceModel(nn.Module):
 
 
 def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]) -> dict[str, int]:
-    """Write `model` (in eval mode, its attention switched to the eager form) as a fused
+    """Write `model` (in eval mode, its attention in the eager form while it is traced) as a fused
     ONNX file with dynamic batch and sequence axes; returns `fuse`'s counts. `example`: one
     batch of the three inputs, traced once; its batch size and length must differ from
     each other and from 1, so no shape in the trace stands for both axes."""
@@ -112,8 +112,10 @@ def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]
     if batch == length or 1 in (batch, length):
         raise ValueError(f"the example batch is {batch} x {length}: use a batch size and a length that differ, neither 1")
     model = model.eval()
-    if hasattr(model.encoder, "set_attn_implementation"):
-        model.encoder.set_attn_implementation("eager")  # the pattern the optimizer fuses (see the module docstring)
+    switch = getattr(model.encoder, "set_attn_implementation", None)
+    previous = getattr(model.encoder.config, "_attn_implementation", None)
+    if switch is not None:
+        switch("eager")  # the pattern the optimizer fuses (see the module docstring); switched back below
     axes = {0: "batch", 1: "sequence"}
     dynamic = {name: axes for name in (*INPUTS, *model.output_names)}
     if "pooler_output" in dynamic:
@@ -122,18 +124,22 @@ def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]
         dynamic["logits"] = {0: "batch"}
     # The exporter warns that it is the legacy one and about traced Python values; what
     # matters is checked on held-out text afterwards (checks.py).
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            tuple(example[name] for name in INPUTS),
-            path,
-            input_names=list(INPUTS),
-            output_names=model.output_names,
-            dynamic_axes=dynamic,
-            opset_version=OPSET,
-            dynamo=False,
-        )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model,
+                tuple(example[name] for name in INPUTS),
+                path,
+                input_names=list(INPUTS),
+                output_names=model.output_names,
+                dynamic_axes=dynamic,
+                opset_version=OPSET,
+                dynamo=False,
+            )
+    finally:
+        if switch is not None and previous is not None:
+            switch(previous)
     config = model.encoder.config
     return fuse(path, num_heads=config.num_attention_heads, hidden_size=config.hidden_size)
 

@@ -69,6 +69,7 @@ class Board:
 @serve.deployment(name="bertpipe", health_check_period_s=5, graceful_shutdown_timeout_s=5)
 class Replica:
     def __init__(self, source: Any, storage: Any, cfg: ServeConfig, threads: int, board: Any) -> None:
+        _bind_to_the_node_address()
         self.engine = Engine(source.engine_spec(storage, cfg.max_batch_tokens, threads))
         head = source.head_info
         self.offer = Offer(
@@ -152,6 +153,28 @@ class Replica:
         except (asyncio.TimeoutError, ray.exceptions.RayError):  # the board is gone: this replica's own
             log.warning("bertpipe serve: the metrics board did not answer; /metrics shows this replica only")
         return render(snapshots)
+
+
+def _bind_to_the_node_address() -> None:
+    """Ray Serve 2.60 starts each replica's inter-deployment gRPC server on "[::]:0", every
+    interface of the machine (ray/serve/_private/replica.py, after the constructor runs);
+    other replicas and the proxy reach it by the node's address and the port it reports.
+    Bound to the node's address instead, as Ray binds its own processes: 127.0.0.1 for the
+    embedded Ray (pipelines/ray_runtime.py), the node's IP on a cluster. Another Ray
+    without that module attribute is left as it is."""
+    from ray.serve._private import replica as serve_replica
+
+    bind = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "bertpipe_node_address", False):
+        return
+    node = ray.util.get_node_ip_address()
+    host = f"[{node}]" if ":" in node else node
+
+    def on_the_node(server, address: str):
+        return bind(server, f"{host}:{address.rsplit(':', 1)[1]}" if address.startswith("[::]:") else address)
+
+    on_the_node.bertpipe_node_address = True
+    serve_replica.add_port_to_grpc_server = on_the_node
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -33,11 +33,11 @@ class ServeFailed(BertpipeError):
     """The replicas did not start."""
 
 
-def replica_threads(setting: int | None, replicas: int) -> int:
-    """Threads (and CPUs) per replica: `setting`, else the cluster's CPUs divided among the
-    replicas, at most one node's; ConfigError when the replicas do not fit."""
-    nodes = [node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node.get("Alive")]
-    total, biggest = int(sum(nodes)), int(max(nodes, default=0))
+def replica_threads(setting: int | None, replicas: int, node_cpus: list[float]) -> int:
+    """Threads (and CPUs) per replica: `setting`, else the cluster's CPUs (`node_cpus`, one
+    entry per node) divided among the replicas, at most one node's; ConfigError when the
+    replicas do not fit."""
+    total, biggest = int(sum(node_cpus)), int(max(node_cpus, default=0))
     threads = setting or max(1, min(biggest, total // replicas))
     if replicas * threads > total or threads > biggest:
         raise ConfigError(
@@ -45,6 +45,17 @@ def replica_threads(setting: int | None, replicas: int) -> int:
             f"the Ray cluster has {total}: lower --replicas or serve.threads"
         )
     return threads
+
+
+def _embedded_cpus(cfg: Any) -> list[float]:
+    """The CPUs the embedded Ray will have (ray.num_cpus, else Ray's own count)."""
+    try:
+        from ray._private.utils import get_num_cpus
+    except ImportError:  # pragma: no cover - another Ray
+        import os
+
+        return [float(cfg.ray.num_cpus or os.cpu_count() or 1)]
+    return [float(cfg.ray.num_cpus or get_num_cpus())]
 
 
 def serve(
@@ -58,18 +69,24 @@ def serve(
 
     from pipelines.serve.app import Board, Replica
 
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    embedded = not cfg.ray.address
+    if embedded:  # the proxy and the replicas run here: refuse a taken port or too few CPUs before Ray starts
+        _check_port(host, port)
+        threads = replica_threads(cfg.serve.threads, replicas, _embedded_cpus(cfg))
     ensure_ray(cfg.ray)
-    on_ray()
-    threads = replica_threads(cfg.serve.threads, replicas)
-    ray_serve.start(
-        http_options={"host": host, "port": port},
-        proxy_location="HeadOnly",
-        logging_config={"enable_access_log": False, "log_level": "WARNING"},
-    )
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # after ray.init, whose core worker installs its own SIGTERM handler (it aborts)
+        signal.signal(signum, lambda *_: stop.set())
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its start-up lines: the start line below says what matters
     try:
+        on_ray()
+        if not embedded:
+            threads = replica_threads(cfg.serve.threads, replicas, [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")])
+        ray_serve.start(
+            http_options={"host": host, "port": port},
+            proxy_location="HeadOnly",
+            logging_config={"enable_access_log": False, "log_level": "WARNING"},
+        )
         board = Board.remote()
         app = Replica.options(
             num_replicas=replicas,
@@ -84,7 +101,19 @@ def serve(
         started(f"http://{'[' + host + ']' if ':' in host else host}:{port}", threads)
         stop.wait()
     finally:
-        _shutdown(ray_serve, embedded=not cfg.ray.address)
+        _shutdown(ray_serve, embedded=embedded)
+
+
+def _check_port(host: str, port: int) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); choose another --port, or stop what holds it") from None
 
 
 def _shutdown(ray_serve, *, embedded: bool) -> None:
@@ -93,13 +122,13 @@ def _shutdown(ray_serve, *, embedded: bool) -> None:
     done = threading.Event()
 
     def down() -> None:
-        try:
-            ray_serve.delete(APP)
-            if embedded:
-                ray_serve.shutdown()
-            ray.shutdown()
-        finally:
-            done.set()
+        for step in (lambda: ray_serve.delete(APP), ray_serve.shutdown if embedded else None, ray.shutdown):
+            try:
+                if step is not None:
+                    step()
+            except Exception as exc:  # noqa: BLE001 - stopping: what is left goes with the process
+                log.debug("bertpipe serve: while stopping: %s", exc)
+        done.set()
 
     threading.Thread(target=down, daemon=True).start()
     if not done.wait(STOP_TIMEOUT_S):
