@@ -206,18 +206,21 @@ def export(
 ) -> None:
     """Export a model: a Hugging Face folder (config.json, model.safetensors, tokenizer files) from a pretraining checkpoint, or with --format onnx an ONNX encoder (dynamic batch and sequence axes; int8 with --quantize int8; a task head with --task) checked with ONNX Runtime against PyTorch on held-out sentences, its figures in the folder's _manifest.json."""
     try:
-        _export_options(format_, step, quantize, stage, task)
+        from flows import exporting
+
+        onnx = format_ is ExportFormat.onnx
+        exporting.check_options(onnx, step, quantize, stage, task)
         cfg = _load(config, set_)
         from pipelines.lease import RootLease
         from pipelines.runner import Pipeline
 
         pipeline = Pipeline(cfg)
-        out = _export_out(cfg, pipeline.storage, format_, stage, task, out)
+        out = exporting.target(cfg, pipeline.storage, onnx, stage, task, out)
         with RootLease(pipeline.storage, cfg.run.root, "bertpipe export"):
-            if format_ is ExportFormat.onnx:
-                lines = _export_onnx(cfg, pipeline, stage, task, quantize, out, check_sentences, tolerance)
+            if onnx:
+                lines = exporting.export_onnx(cfg, pipeline, stage, task, quantize, out, check_sentences, tolerance)
             else:
-                lines = _export_hf(cfg, pipeline, step, out)
+                lines = exporting.export_hf(cfg, pipeline, step, out)
     except BertpipeError as exc:
         _fail(str(exc))
         return
@@ -225,63 +228,37 @@ def export(
         typer.echo(line)
 
 
-def _export_options(format_: ExportFormat, step: int | None, quantize: str | None, stage: str | None, task: str | None) -> None:
-    """Options that do not fit --format, as one ConfigError."""
-    if quantize is not None and quantize != "int8":
-        raise ConfigError(f"--quantize {quantize}: the one quantization is int8")
-    if format_ is ExportFormat.hf:
-        given = [name for name, value in (("--quantize", quantize), ("--stage", stage), ("--task", task)) if value is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --format onnx (the hf export writes a pretraining checkpoint as it is)")
-    elif step is not None:
-        raise ConfigError("--step is for --format hf: the ONNX export reads the stage's exported model/ folder")
+class ServeFormat(str, Enum):
+    onnx = "onnx"
+    torch = "torch"
 
 
-def _export_out(cfg, storage, format_: ExportFormat, stage: str | None, task: str | None, out: str | None) -> str | None:
-    """Where the export will write, refused now (before the lease, torch or Ray) unless it is
-    a new folder or an earlier export's (pipelines/export/target.py); None: the hf export's
-    default, the pretrain stage's own model/."""
-    from bertcore.model.hf_files import MLM_SUFFIX
-    from pipelines.export import onnx as onnx_export
-    from pipelines.export.target import check_target
+@app.command(short_help="Serve a run's model over HTTP (Ray Serve): embeddings, classification, masked words.")
+def serve(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    stage: Annotated[Optional[str], typer.Option("--stage", metavar="STAGE", help="pretrain, distill (the student) or evaluate with --task (default: distill when the recipe distils, else pretrain).")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", metavar="TASK", help="Serve the model the evaluate stage fine-tuned on this task: /classify gives its labels and scores.")] = None,
+    format_: Annotated[ServeFormat, typer.Option("--format", metavar="onnx|torch", help="onnx: the `bertpipe export --format onnx` folder in ONNX Runtime; torch: the stage's model folder in PyTorch.")] = ServeFormat.onnx,
+    quantize: Annotated[Optional[str], typer.Option("--quantize", metavar="int8", help="onnx: serve the int8 graph (model.int8.onnx).")] = None,
+    host: Annotated[str, typer.Option("--host", metavar="ADDRESS", help="Address the HTTP proxy listens on; any other than 127.0.0.1 opens the model to the network.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, metavar="N", help="HTTP port.")] = 8000,
+    replicas: Annotated[int, typer.Option("--replicas", min=1, metavar="N", help="Model replicas, each with serve.threads CPUs.")] = 1,
+) -> None:
+    """Serve the model a run made over HTTP through Ray Serve (embedded Ray, or the cluster at ray.address), until Ctrl-C: POST /embed, /classify, /fill-mask; GET /health, /metrics (Prometheus), /info. Requests are batched by a token budget and a wait deadline (the recipe's serve: section)."""
+    try:
+        cfg = _load(config, set_)
+        from pipelines.serve import launch, source
+        from pipelines.storage import Storage
 
-    if format_ is ExportFormat.onnx:
-        default = onnx_export.default_out(cfg.run.root, onnx_export.check_stage(stage or onnx_export.default_stage(cfg)), task)
-        return check_target(storage, cfg.run.root, out or default, default=default)
-    if out is None:
-        return None
-    return check_target(storage, cfg.run.root, out, twins=(MLM_SUFFIX,), default=f"{cfg.run.root.rstrip('/')}/exports/model")
-
-
-def _export_hf(cfg, pipeline, step: int | None, out: str | None) -> list[str]:
-    from bertcore.vocab.morphemes import PRE_TOKENIZER_KEY, run_note
-    from pipelines.stages.pretrain import work as pretrain
-    from pipelines.ray_runtime import ensure_ray
-    from pipelines.registry import REGISTRY
-    from pipelines.runner import upstream
-
-    inputs = upstream(REGISTRY["pretrain"], cfg.run.root, pipeline.storage)
-    ensure_ray(cfg.ray)
-    logs.route_ray_output()
-    written = pretrain.export_model(pipeline.dir("pretrain"), inputs, step=step, out=out)
-    lines = [str(item["uri"]) for item in written]
-    split = inputs["vocab"].manifest.stats.get(PRE_TOKENIZER_KEY)
-    if split:  # a Korean morpheme vocabulary: AutoTokenizer alone would not split as in training
-        lines.append(run_note(split, lines[0].rsplit("/", 1)[0]))
-    return lines
-
-
-def _export_onnx(cfg, pipeline, stage: str | None, task: str | None, quantize: str | None, out: str | None, sentences: int, tolerance: float) -> list[str]:
-    from bertcore.config import resolved_yaml
-    from pipelines.export import onnx as onnx_export
-    from pipelines.stage_dir import MANIFEST
-
-    uri, manifest = onnx_export.export_onnx(
-        cfg, pipeline.storage, stage=stage, task=task, int8=quantize == "int8", out=out, sentences=sentences, tolerance=tolerance,
-        resolved_config=resolved_yaml(cfg),
-    )
-    files = [f"{uri.rstrip('/')}/{name}" for name in [shard.path for shard in manifest.shards] + [MANIFEST]]
-    return files + onnx_export.summary_lines(manifest)
+        storage = Storage(cfg.storage)
+        served = source.resolve(cfg, storage, stage=stage, task=task, fmt=format_.value, quantize=quantize)
+        launch.serve(
+            cfg, storage, served, host=host, port=port, replicas=replicas, on_ray=logs.route_ray_output,
+            started=lambda url, threads: typer.echo(launch.start_line(served.identity, url, host, replicas, threads)),
+        )
+    except BertpipeError as exc:
+        _fail(str(exc))
 
 
 @app.command(short_help="Each stage's state: complete, stale, incomplete, damaged, missing.")

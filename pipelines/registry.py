@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, create_model, model_validator
 
 from bertcore.config import RayConfig, RunConfig, StorageConfig, read_recipe, validate
+from bertcore.inference.config import ServeConfig
 from bertcore.errors import ConfigError
 from bertcore.section import Section
 from pipelines.stage import Stage
@@ -61,12 +62,13 @@ def default_reads(stage: Stage) -> tuple[str, ...]:
 
 
 class _Recipe(Section):
-    """A whole run: where it lives, how Ray is reached, object-store settings, and one
-    section per stage."""
+    """A whole run: where it lives, how Ray is reached, object-store settings, how
+    `bertpipe serve` serves its models, and one section per stage."""
 
     run: RunConfig = Field(default_factory=RunConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @model_validator(mode="after")
     def _stages_agree(self) -> Any:

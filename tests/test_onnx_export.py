@@ -3,8 +3,9 @@ laid out as the pretrain stage leaves it, exported to fp32 and int8 ONNX, checke
 Runtime against PyTorch; the manifest records the figures; a fine-tuned task model saved
 as the evaluate stage saves it becomes a logits output; user errors are one line.
 
-The run root is written directly (corpus validation shard, pretrain/model/, eval/heads/
-and their manifests) instead of running the stages: the export reads nothing else."""
+The run root is written directly (tests/tiny_run.py: corpus validation shard,
+pretrain/model/, eval/heads/ and their manifests) instead of running the stages: the export
+reads nothing else."""
 
 from __future__ import annotations
 
@@ -15,77 +16,21 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from bertcore.config import StorageConfig  # noqa: E402
-from pipelines.stage_dir import Manifest, StageDir  # noqa: E402
 from pipelines.storage import Storage, sha256_file  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiny_run import news_sentences, write_run_root  # noqa: E402
 
 import onnxruntime  # noqa: E402,F401  (the onnx extra is part of dev: without it these tests fail, not skip)
 torch.set_num_threads(1)
 
 CHECK_SENTENCES = 40
 TASK = "sentiment"
-
-
-def _manifest(stage: str, shards, **extra) -> Manifest:
-    return Manifest(stage=stage, code_version="test", fingerprint=f"{stage}-test-fp", inputs={}, config={}, shards=shards, stats={}, timings={}, **extra)
-
-
-def _sentences(gensim_data) -> list[str]:
-    lines = [line.strip() for line in open(gensim_data / "lee_background.cor", encoding="utf-8") if line.strip()]
-    return [s.strip() + "." for line in lines[:60] for s in line.split(". ") if len(s) > 15]
-
-
-def _write_run_root(root: str, sentences: list[str]) -> None:
-    """corpus/ (one validation shard), pretrain/model/ (a tiny BertForPreTraining exported
-    as the pretrain stage exports) and eval/heads/pretrained/sentiment.safetensors."""
-    from bertcore.eval.encoder import Features, TaskModel, load_encoder
-    from bertcore.eval.heads import TaskHead, head_path, save_task_model
-    from bertcore.train.export import HF_FILES, MODEL_DIR, export_checkpoint
-    from bertcore.model.bert import BertForPreTraining, ModelConfig
-    from bertcore.vocab.tokenizer import save_tokenizer, train_wordpiece
-    from bertcore.vocab.config import VocabConfig
-    from pipelines.shards import write_table
-
-    storage = Storage(StorageConfig())
-    corpus = StageDir(storage, root, "corpus")
-    docs = [sentences[i : i + 10] for i in range(0, len(sentences), 10)]
-    table = pa.table({"doc_id": [f"d{i}" for i in range(len(docs))], "source": ["lee"] * len(docs), "title": [""] * len(docs), "sentences": docs})
-    shard = corpus.publish("validation/part-00000.arrow", lambda path: write_table(path, table), rows=len(docs))
-    corpus.write_manifest(_manifest("corpus", [shard]), "")
-
-    vocab_cfg = VocabConfig(vocab_size=400, min_frequency=1)
-    vocab_dir = os.path.join(root, "vocab-files")
-    save_tokenizer(train_wordpiece(sentences, vocab_cfg), vocab_cfg, vocab_dir, model_max_length=64)
-    with open(os.path.join(vocab_dir, "vocab.txt"), encoding="utf-8") as handle:
-        size = len(handle.read().rstrip("\n").split("\n"))
-    model_cfg = ModelConfig(vocab_size=size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
-    model = BertForPreTraining(model_cfg, torch.Generator().manual_seed(0))
-    with torch.no_grad():  # weights far from their initial zeros and ones
-        g = torch.Generator().manual_seed(1)
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    pretrain = StageDir(storage, root, "pretrain")
-    export_checkpoint(model.state_dict(), model_cfg, vocab_dir, pretrain.path(MODEL_DIR))
-    shards = [pretrain.publish_copy(f"{MODEL_DIR}/{n}", pretrain.path(f"{MODEL_DIR}/{n}"), rows=1) for n in HF_FILES]
-    pretrain.write_manifest(_manifest("pretrain", shards), "")
-
-    # A task model as the evaluate stage keeps it (bertcore/eval/heads.py): the head is
-    # random here, the export only has to reproduce it.
-    model_dir = pretrain.path(MODEL_DIR)
-    torch.manual_seed(2)
-    task_model = TaskModel(load_encoder(model_dir), "classification", 2, features=Features(pooling="mean"))
-    head = TaskHead(
-        task=TASK, type="classification", labels=["neg", "pos"], num_outputs=2, layers=[-1], combine="concat", pooling="mean",
-        seed=1, trained_on="test", encoder_sha256=sha256_file(os.path.join(model_dir, "model.safetensors")), max_seq_length=48,
-    )
-    evaluate = StageDir(storage, root, "eval")
-    saved = evaluate.publish(head_path("pretrained", TASK), lambda path: save_task_model(path, task_model, head), rows=0)
-    evaluate.write_manifest(_manifest("evaluate", [saved]), "")
 
 
 def _recipe(tmp_path, root: str) -> str:
@@ -97,7 +42,7 @@ def _recipe(tmp_path, root: str) -> str:
 @pytest.fixture(scope="module")
 def run_root(tmp_path_factory, gensim_data) -> str:
     root = str(tmp_path_factory.mktemp("onnx-run"))
-    _write_run_root(root, _sentences(gensim_data))
+    write_run_root(root, news_sentences(gensim_data), task=TASK)
     return root
 
 
@@ -134,6 +79,12 @@ def test_fp32_export_matches_pytorch_on_any_batch_and_length(encoder_export, run
         dims = tensor.type.tensor_type.shape.dim
         assert [d.dim_param != "" for d in dims] == [True, True], tensor.name
     assert [o.name for o in graph.output] == ["last_hidden_state", "pooler_output"]
+    # ONNX Runtime's BERT fusions found every layer: one Attention node each, the
+    # embeddings with their LayerNorm, two residual LayerNorms and a bias GELU per layer
+    fused = manifest.stats["fusions"]
+    assert fused["Attention"] == 2 and fused["EmbedLayerNormalization"] == 1, fused
+    assert fused["SkipLayerNormalization"] == 4 and fused["BiasGelu"] == 2, fused
+    assert sum(n.op_type == "Softmax" for n in graph.node) == 0  # no attention left unfused
 
     reference = _hf_encoder(run_root)
     onnx_session = session(os.path.join(out, "model.onnx"), threads=1)

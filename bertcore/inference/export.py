@@ -1,7 +1,7 @@
 """A Hugging Face model folder (the pretrain or distill stage's model/) to ONNX files in a
 local folder, checked against PyTorch on held-out sentences:
 
-    model.onnx        fp32 (onnx.py: inputs, outputs, dynamic axes)
+    model.onnx        fp32, fused (onnx.py: inputs, outputs, dynamic axes, fusions)
     model.int8.onnx   with int8=True: ONNX Runtime's dynamic int8 quantization of it
     config.json, vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                       copied from the model folder, so the folder is all a server needs
@@ -36,7 +36,7 @@ class ExportCheckFailed(BertpipeError):
     """The fp32 ONNX graph does not compute what the PyTorch model does."""
 
 
-def _model(model_dir: str, head_file: str | None):
+def inference_model(model_dir: str, head_file: str | None):
     """(InferenceModel, TaskHead or None) for the folder, with the saved task model's head."""
     from bertcore.eval.encoder import load_encoder, pooler_source
     from bertcore.inference.onnx import InferenceModel
@@ -64,7 +64,7 @@ def _example(tokenizer, sentences: Sequence[str], max_length: int) -> dict:
     return batch
 
 
-def _mlm_head(model_dir: str):
+def mlm_head(model_dir: str):
     """The folder's masked-LM head (transformers' BertOnlyMLMHead), or None without one."""
     from safetensors import safe_open
 
@@ -101,13 +101,13 @@ def export_folder(
         raise InputDataError("no held-out sentences to check the ONNX export on (the corpus stage's validation split is empty)")
     onnx.require()
     timings: dict[str, float] = {}
-    model, head = _model(model_dir, head_file)
+    model, head = inference_model(model_dir, head_file)
     tokenizer = load_tokenizer(model_dir)
     max_length = min(max_length, model.encoder.config.max_position_embeddings, head.max_seq_length if head else max_length)
     batches = checks.tokenize(tokenizer, sentences, max_length=max_length, batch_size=batch_size)
     os.makedirs(out_dir, exist_ok=True)
     started = time.perf_counter()
-    onnx.export(model, os.path.join(out_dir, FP32_FILE), _example(tokenizer, sentences, max_length))
+    fusions = onnx.export(model, os.path.join(out_dir, FP32_FILE), _example(tokenizer, sentences, max_length))
     timings["export_s"] = round(time.perf_counter() - started, 3)
 
     started = time.perf_counter()
@@ -117,6 +117,7 @@ def export_folder(
     differences = checks.max_differences(reference, fp32, batches, per_token)
     report = {
         "outputs": model.output_names,
+        "fusions": fusions,
         "head": asdict(head) if head else None,
         "sample": {"sentences": len(sentences), "tokens": int(sum(b["attention_mask"].sum() for b in batches)), "max_length": max_length, "batch_size": batch_size},
         "checks": {"fp32": {"max_abs_diff": differences, "tolerance": tolerance}},
@@ -154,7 +155,7 @@ def _int8_checks(model, head, model_dir: str, tokenizer, batches, reference, pat
     elif head is not None:
         figures["argmax"] = f"none: {head.task} is a regression task (max_abs_diff.logits is its figure)"
         figures.update(agreement=None, compared=0)
-    elif (mlm := _mlm_head(model_dir)) is not None:
+    elif (mlm := mlm_head(model_dir)) is not None:
         rng = np.random.default_rng(seed)
         masked, positions = checks.mask_tokens(batches, rng, tokenizer.mask_token_id, tokenizer.all_special_ids)
         want = checks.mlm_predictions(mlm, checks.torch_outputs(model, masked), positions)

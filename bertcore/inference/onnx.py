@@ -13,13 +13,18 @@ The graph:
 Batch and sequence are dynamic axes: one file serves any batch size and any length up to
 the model's max_position_embeddings.
 
-Exporter: torch.onnx's default, torch.export-based exporter (it needs onnxscript). The
-older TorchScript exporter (`dynamo=False`) records Python control flow as constants
-while tracing; transformers 5's attention-mask code branches on tensor values, and with
-torch 2.13 the traced all-MiniLM-L6-v2 gave hidden states more than 1.0 away from
-PyTorch's, on one sentence as on a padded batch (the torch.export graph: 5e-6 on 256
-news sentences). The weights are kept inside the .onnx file (one file, under ONNX's 2 GB
-limit up to BERT-large).
+Exporter: torch.onnx's TorchScript exporter (`dynamo=False`, opset 17), with the encoder's
+attention in transformers' "eager" form, then ONNX Runtime's transformer optimizer
+(`onnxruntime.transformers.optimizer`, model type "bert"), which fuses each layer's
+attention into one `Attention` node, the embeddings and their LayerNorm into
+`EmbedLayerNormalization`, the residual adds and LayerNorms into `SkipLayerNormalization`
+and the bias and GELU into `BiasGelu` (ONNX Runtime's own operators: the file runs in
+ONNX Runtime, not in other ONNX runtimes). The optimizer recognises the patterns of the
+TorchScript exporter's graph; in the torch.export-based exporter's graph (`dynamo=True`)
+it found the LayerNorms and GELUs but no attention, and with transformers' "sdpa"
+attention neither exporter's graph gives it one. `fuse` returns what it fused; the
+export records it, and checks.py checks the fused graph against PyTorch. The weights are
+kept inside the .onnx file (one file, under ONNX's 2 GB limit up to BERT-large).
 
 int8: ONNX Runtime's dynamic quantization (`quantize_dynamic`): the weights of every
 MatMul become int8 with one scale per output channel, activations are quantized per
@@ -40,18 +45,21 @@ from torch import nn
 from bertcore.errors import BertpipeError
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-INSTALL = "pip install 'bertpipe[onnx]' (onnx, onnxscript and onnxruntime)"
+INSTALL = "pip install 'bertpipe[onnx]' (onnx and onnxruntime)"
+OPSET = 17
+FUSED_OPS = ("Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "LayerNormalization", "BiasGelu", "Gelu", "FastGelu")
+"""The fused operators `fuse` counts (ONNX Runtime's names)."""
 
 
 class MissingOnnx(BertpipeError):
-    """onnx, onnxscript or onnxruntime is not installed."""
+    """onnx or onnxruntime is not installed."""
 
 
 def require(*modules: str) -> None:
-    """Import `modules` (default: all three), or raise MissingOnnx naming the install."""
+    """Import `modules` (default: both), or raise MissingOnnx naming the install."""
     import importlib
 
-    for name in modules or ("onnx", "onnxscript", "onnxruntime"):
+    for name in modules or ("onnx", "onnxruntime"):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -90,40 +98,73 @@ class InferenceModel(nn.Module):
         return tuple(outputs)
 
 
-def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]) -> None:
-    """Write `model` (in eval mode) as an ONNX file with dynamic batch and sequence axes.
-    `example`: one batch of the three inputs, traced once; its batch size and length must
-    differ from each other and from 1, so neither axis is taken for a constant."""
+def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """Write `model` (in eval mode, its attention in the eager form while it is traced) as a fused
+    ONNX file with dynamic batch and sequence axes; returns `fuse`'s counts. `example`: one
+    batch of the three inputs, traced once; its batch size and length must differ from
+    each other and from 1, so no shape in the trace stands for both axes."""
     import contextlib
     import io
-    import logging
     import warnings
 
-    require("onnx", "onnxscript")
+    require("onnx", "onnxruntime")
     batch, length = example["input_ids"].shape
     if batch == length or 1 in (batch, length):
         raise ValueError(f"the example batch is {batch} x {length}: use a batch size and a length that differ, neither 1")
-    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")}
     model = model.eval()
-    # The exporter reports its steps on stdout and warns about what it specialises; what
+    switch = getattr(model.encoder, "set_attn_implementation", None)
+    previous = getattr(model.encoder.config, "_attn_implementation", None)
+    if switch is not None:
+        switch("eager")  # the pattern the optimizer fuses (see the module docstring); switched back below
+    axes = {0: "batch", 1: "sequence"}
+    dynamic = {name: axes for name in (*INPUTS, *model.output_names)}
+    if "pooler_output" in dynamic:
+        dynamic["pooler_output"] = {0: "batch"}
+    if "logits" in dynamic and model.task is not None and model.task.task_type in ("classification", "regression"):
+        dynamic["logits"] = {0: "batch"}
+    # The exporter warns that it is the legacy one and about traced Python values; what
     # matters is checked on held-out text afterwards (checks.py).
-    exporter_log = logging.getLogger("torch.onnx")  # e.g. "torchvision is not installed. Skipping torchvision::nms"
-    level = exporter_log.level
-    exporter_log.setLevel(logging.ERROR)
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            tuple(example[name] for name in INPUTS),
-            path,
-            input_names=list(INPUTS),
-            output_names=model.output_names,
-            dynamic_shapes=(dims, dims, dims),
-            dynamo=True,
-            external_data=False,
-            verbose=False,
-        )
-    exporter_log.setLevel(level)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model,
+                tuple(example[name] for name in INPUTS),
+                path,
+                input_names=list(INPUTS),
+                output_names=model.output_names,
+                dynamic_axes=dynamic,
+                opset_version=OPSET,
+                dynamo=False,
+            )
+    finally:
+        if switch is not None and previous is not None:
+            switch(previous)
+    config = model.encoder.config
+    return fuse(path, num_heads=config.num_attention_heads, hidden_size=config.hidden_size)
+
+
+def fuse(path: str, *, num_heads: int, hidden_size: int) -> dict[str, int]:
+    """Rewrite the ONNX file `path` with ONNX Runtime's BERT fusions (see the module
+    docstring); returns {fused operator: count} of FUSED_OPS, zeros left out."""
+    import logging
+
+    require("onnx", "onnxruntime")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    quiet = logging.getLogger("onnxruntime.transformers")  # one INFO line per fusion pass
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        optimized = optimize_model(path, model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=1)
+    finally:
+        quiet.setLevel(level)
+    optimized.save_model_to_file(path)
+    counts = {}
+    for node in optimized.model.graph.node:
+        if node.op_type in FUSED_OPS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
 
 
 def quantize_int8(source: str, path: str) -> None:
@@ -131,13 +172,19 @@ def quantize_int8(source: str, path: str) -> None:
     import logging
 
     require("onnx", "onnxruntime")
+    from onnx import onnx_pb as onnx_proto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quiet = logging.getLogger()  # quantize_dynamic logs a pre-processing tip on the root logger
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        quantize_dynamic(source, path, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Attention"])
+        quantize_dynamic(
+            source, path, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Attention"],
+            # ONNX's shape inference gives no type to the outputs of ONNX Runtime's fused
+            # operators; every tensor of this graph that is quantized is float
+            extra_options={"DefaultTensorType": onnx_proto.TensorProto.FLOAT},
+        )
     finally:
         quiet.setLevel(level)
 

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 EXPORTABLE = ("pretrain", "distill")
 """Stages whose output holds a model/ folder (the distill stage's: the student), in flow
 order; the last one the recipe runs is exported by default."""
-CODE_VERSION = "1"
+CODE_VERSION = "2"  # 2: the fused TorchScript graph
 ONNX_DIR = "onnx"
 SENTENCE_POOL = 50
 """Check sentences are sampled from at most this many times as many validation sentences."""
@@ -153,7 +153,7 @@ def held_out_sentences(storage: Storage, root: str, count: int, seed: int) -> li
 
 def _versions() -> dict[str, str]:
     found = {}
-    for package in ("bertpipe", "torch", "transformers", "onnx", "onnxscript", "onnxruntime"):
+    for package in ("bertpipe", "torch", "transformers", "onnx", "onnxruntime"):
         try:
             found[package] = version(package)
         except PackageNotFoundError:
@@ -189,7 +189,8 @@ def export_onnx(
     texts = held_out_sentences(storage, root, sentences, seed)
     settings = {
         "format": "onnx", "stage": stage, "task": task, "quantize": "int8" if int8 else None,
-        "exporter": "torch.onnx.export (torch.export, dynamo=True)", "dynamic_axes": {"batch": 0, "sequence": 1},
+        "exporter": "torch.onnx.export (TorchScript, dynamo=False, eager attention) + onnxruntime.transformers optimizer (bert fusions)",
+        "dynamic_axes": {"batch": 0, "sequence": 1},
         "int8": "onnxruntime quantize_dynamic: MatMul weights int8 per output channel, activations uint8 per batch" if int8 else None,
         "tolerance": tolerance, "check_sentences": sentences, "seed": seed,
     }
@@ -209,7 +210,7 @@ def export_onnx(
     manifest = Manifest(
         stage="export-onnx", code_version=CODE_VERSION, fingerprint=fingerprint("export-onnx", CODE_VERSION, settings, inputs),
         inputs=inputs, config=settings, shards=shards,
-        stats={**{k: report[k] for k in ("outputs", "head", "sample", "checks")}, "versions": _versions()},
+        stats={**{k: report[k] for k in ("outputs", "fusions", "head", "sample", "checks")}, "versions": _versions()},
         timings={**report["timings"], "total_s": round(time.perf_counter() - started, 3)},
         headline=headline(report["checks"]),
     )
@@ -232,7 +233,9 @@ def summary_lines(manifest: Manifest) -> list[str]:
     sample = manifest.stats["sample"]
     fp32 = checks["fp32"]
     worst = max(fp32["max_abs_diff"], key=fp32["max_abs_diff"].get)
+    fused = ", ".join(f"{count} {op}" for op, count in sorted(manifest.stats.get("fusions", {}).items())) or "nothing"
     lines = [
+        f"fused: {fused}",
         f"fp32: max |difference| from PyTorch {fp32['max_abs_diff'][worst]:.1e} ({worst}; tolerance {fp32['tolerance']:g}) "
         f"on {sample['sentences']} held-out sentences"
     ]
