@@ -213,7 +213,7 @@ def _onnx_runner(path: str, threads: int):
     """feed -> {output name: array} through an ONNX Runtime session of an export."""
     from bertcore.inference.onnx import session
 
-    sess = session(path, threads)
+    sess = session(path, threads, spin=False)  # idle threads sleep: the replica's HTTP and batching share the cores
     names = [o.name for o in sess.get_outputs() if o.name in ("last_hidden_state", "logits")]
     return lambda feed: dict(zip(names, sess.run(names, feed)))
 
