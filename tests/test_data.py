@@ -274,3 +274,12 @@ def test_static_loader_refuses_shards_written_for_dynamic_masking(dynamic_shards
     _, _, paths = dynamic_shards
     with pytest.raises(ValueError, match="masking='dynamic'"):
         next(iter(ExamplesLoader(paths, 8, seed=0, pad_id=0)))
+
+
+def test_ids_outside_the_vocabulary_are_refused_naming_the_shard(news, static_shards):
+    _, vocab = news
+    _, _, paths = static_shards
+    assert sum(1 for _ in ExamplesLoader(paths, 8, seed=0, pad_id=0, vocab_size=vocab.vocab_size)) > 0
+    smaller = vocab.vocab_size - 500  # the shards' ids reach past it: a shard of another vocabulary
+    with pytest.raises(ValueError, match=rf"part-0000\d\.arrow: input_ids holds token id \d+, outside this run's vocabulary of {smaller} entries"):
+        next(iter(ExamplesLoader(paths, 8, seed=0, pad_id=0, vocab_size=smaller)))

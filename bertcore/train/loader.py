@@ -79,8 +79,11 @@ class ExamplesDataset(Dataset):
     id arrays), for inspection.
     """
 
-    def __init__(self, paths: Sequence[str | PathLike]):
+    def __init__(self, paths: Sequence[str | PathLike], vocab_size: int | None = None):
         self.paths = [str(p) for p in paths]
+        self.vocab_size = vocab_size
+        """Token ids at or above it are refused, naming the shard, when its file is mapped
+        (they would fail deep in the model's embedding with no file named)."""
         lengths, b_starts, labels, file_of, batch_rows, batch_file = [], [], [], [], [], []
         for k, path in enumerate(self.paths):
             try:
@@ -117,7 +120,10 @@ class ExamplesDataset(Dataset):
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
                 record_batch = reader.get_batch(i)
-                self._columns[first + i] = _Columns(*(_list_column(record_batch, name) for name in ("input_ids", "masked_positions", "masked_ids")))
+                columns = _Columns(*(_list_column(record_batch, name) for name in ("input_ids", "masked_positions", "masked_ids")))
+                if self.vocab_size is not None:
+                    _check_ids(self.paths[k], columns, self.vocab_size)
+                self._columns[first + i] = columns
 
     def rows(self, indices: np.ndarray, masks: bool = True) -> Rows:
         """The records `indices` (global record numbers), in that order; `masks`: gather the
@@ -157,6 +163,13 @@ class ExamplesDataset(Dataset):
         state = dict(self.__dict__)
         state["_columns"] = [None] * len(self._columns)  # memory maps do not pickle; workers reopen
         return state
+
+
+def _check_ids(path: str, columns: _Columns, vocab_size: int) -> None:
+    for name, (_, values) in (("input_ids", columns.ids), ("masked_ids", columns.masked_ids)):
+        if values.size and not 0 <= int(values.min()) <= int(values.max()) < vocab_size:
+            bad = int(values.max()) if int(values.max()) >= vocab_size else int(values.min())
+            raise ValueError(f"{path}: {name} holds token id {bad}, outside this run's vocabulary of {vocab_size} entries (a shard made with another vocabulary?)")
 
 
 def _joined(pieces: list[np.ndarray]) -> np.ndarray:
@@ -273,12 +286,13 @@ class ExamplesLoader:
         drop_last: bool = False,
         even_batches: bool = True,
         num_workers: int = 0,
+        vocab_size: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        self.dataset = ExamplesDataset(paths)
+        self.dataset = ExamplesDataset(paths, vocab_size)
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.shuffle, self.drop_last, self.even_batches = shuffle, drop_last, even_batches
         self.num_workers = num_workers

@@ -87,6 +87,8 @@ class PhaseData:
     validation_paths: list[str] = field(default_factory=list)
     token_types: bool = True
     """Segment B gets token type 1; False: every token type is 0 (RoBERTa has one type)."""
+    vocab_size: int | None = None
+    """Shards holding ids at or above it are refused, naming the file."""
 
 
 @dataclass
@@ -132,6 +134,7 @@ def _loader(cfg: TrainingConfig, data: PhaseData, phase: TrainingPhase, seed: in
         # over differs from epoch to epoch, as the order is reshuffled
         drop_last=not validation,
         num_workers=cfg.loader_processes,
+        vocab_size=data.vocab_size,
     )
 
 

@@ -136,6 +136,7 @@ class WorkerJob:
                     pad_id=vocab.special.pad,
                     length_bins=list(self.inputs.examples.length_bins),
                     token_types=vocab.special.layout == "bert",  # RoBERTa has one token type
+                    vocab_size=vocab.vocab_size,
                 )
             )
         return out

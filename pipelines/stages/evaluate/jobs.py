@@ -123,6 +123,7 @@ def intrinsic_job(
         token_types=model.cfg.type_vocab_size > 1,  # RoBERTa has one token type
         shuffle=False,
         even_batches=False,
+        vocab_size=len(tokens),
     )
     counts = _unigram_counts(storage, train_uris, tokens) if train_uris else None
     scores = held_out_scores(model, loader, max_batches=cfg.max_batches, unigram_counts=counts)
