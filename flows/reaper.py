@@ -59,6 +59,14 @@ def watch(pid: int) -> int:
             break
         time.sleep(POLL_S)
     alive = [p for p in seen.values() if p.is_running()]  # is_running compares start times
+    for process in list(alive):  # and what they started after the last look (a raylet's new worker)
+        try:
+            late = [c for c in process.children(recursive=True) if c.pid != me and c.pid not in seen]
+        except psutil.NoSuchProcess:
+            continue
+        for child in late:
+            seen[child.pid] = child
+            alive.append(child)
     for process in alive:
         try:
             process.terminate()
