@@ -80,8 +80,21 @@ class RunLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._write(self.format(record))
+        except OSError as exc:  # a full disk, a vanished mount: the file ends here, the run goes on
+            self._give_up(exc)
         except Exception:  # a log that cannot be written must not end the run
             self.handleError(record)
+
+    def _give_up(self, exc: OSError) -> None:
+        """Stop writing the file after its first failed write, with one warning (the console
+        and Prefect's log keep every line); a traceback per record would bury the run's own
+        error, and a full disk fails every record."""
+        with self.lock:
+            if self._file.closed:
+                return
+            with contextlib.suppress(OSError):
+                self._file.close()  # flushing what is buffered fails the same way
+        log.warning("the run log stopped at %s: %s; Prefect's log of the run has every line", mask_text(self.uri), exc.strerror or exc)
 
     def note(self, message: str, level: int = logging.INFO) -> None:
         """A line in the file only (what the console shows otherwise, or nothing), in the
@@ -120,7 +133,7 @@ class RunLog(logging.Handler):
         self._stop.set()
         if self._uploader is not None:
             self._uploader.join(timeout=UPLOAD_EVERY_S)
-        with self.lock:
+        with self.lock, contextlib.suppress(OSError):  # what was buffered is lost with the disk
             if not self._file.closed:
                 self._file.close()
         if self.buffer is not None:

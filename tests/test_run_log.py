@@ -40,3 +40,28 @@ def test_an_object_store_log_is_uploaded_while_the_run_goes_on_and_at_the_end(s3
     again.close()
     assert storage.read_text(uri).splitlines() == ["corpus: start", "run ended: Completed", "attempt 2"]
     assert not os.path.exists(handler.buffer) and not os.path.exists(again.buffer)
+
+
+def test_a_full_disk_ends_the_log_file_with_one_warning_and_no_traceback(tmp_path, capsys, caplog):
+    """Under a run root on a full disk every record failed to write and printed a 'Logging
+    error' traceback, and closing the file raised, so the run's last line was that OSError
+    instead of its own error (issue 26's turn-3 probe: a run root on a 3 MB file system)."""
+    from bertcore.config import StorageConfig
+    from flows import run_log
+    from pipelines.storage import Storage
+
+    handler = run_log.RunLog(Storage(StorageConfig()), str(tmp_path / "_logs" / "flow-run.log"), logging.Formatter("%(message)s"))
+    handler._file.close()
+    handler._file = open("/dev/full", "a", encoding="utf-8", buffering=1)  # every write: ENOSPC
+    top = logging.getLogger()
+    top.addHandler(handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flows.run_log"):
+            for n in range(3):
+                logging.getLogger("pipelines.x").warning("pretrain: step %d", n)
+    finally:
+        top.removeHandler(handler)
+    handler.close()  # no OSError
+    assert "Logging error" not in capsys.readouterr().err
+    said = [r.getMessage() for r in caplog.records if r.name == "flows.run_log"]
+    assert len(said) == 1 and said[0].startswith("the run log stopped at ") and "No space left on device" in said[0], said
