@@ -358,3 +358,27 @@ def test_a_classification_train_file_with_one_label_is_refused_when_the_task_is_
     assert str(refused.value) == (f"{train}: every one of its 20 examples has the label 'pos'; "
                                   "task 't' (classification) needs at least two labels in its train file")
     assert plan.jobs == []
+
+
+def test_a_train_file_too_short_for_its_folds_is_refused_when_the_task_is_planned(tmp_path):
+    """The probe's 4-line train file with 5 folds failed inside a fine-tuning job, 20 s in,
+    with a line that named no file."""
+    from types import SimpleNamespace
+
+    from bertcore.config import StorageConfig
+    from bertcore.eval.config import EvaluateConfig
+    from pipelines.stages.evaluate.plan import Plan, plan_jobs
+    from pipelines.storage import Storage
+
+    train = write(tmp_path / "short.tsv", "sentence\tlabel\na good film\t1\na bad film\t0\nfine\t1\ndull\t0\n")
+    cfg = EvaluateConfig.model_validate({"tasks": [{"name": "t", "type": "classification", "format": "tsv", "train": train,
+                                                    "cross_validation_folds": 5}],
+                                         "intrinsic": {"enabled": False}, "embeddings": {"enabled": False}, "speed": {"enabled": False},
+                                         "baseline": False})
+    subject = SimpleNamespace(name="pretrained", random_init=False)
+    plan = Plan(cfg, {}, [subject], subject, None)
+    with pytest.raises(tasks.TaskDataError) as refused:
+        plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
+    assert str(refused.value) == (f"{train}: 4 training examples cannot make the 5 cross-validation folds of task 't'; "
+                                  "add examples or lower its cross_validation_folds")
+    assert plan.jobs == []

@@ -505,6 +505,12 @@ def check_task_files(task: TaskConfig) -> dict[str, int]:
                     f"{path}: every one of its {len(result.examples)} examples has the label {seen[0]!r}; "
                     f"task {task.name!r} (classification) needs at least two labels in its train file"
                 )
+        folds = task.cross_validation_folds
+        if split == "train" and folds is not None and len(result.examples) < folds:
+            raise TaskDataError(
+                f"{path}: {len(result.examples)} training examples cannot make the {folds} cross-validation folds of task "
+                f"{task.name!r}; add examples or lower its cross_validation_folds"
+            )
         counts[split] = len(result.examples)
     return counts
 
