@@ -24,16 +24,12 @@ and classify `bertpipe`; it is a script, not a library.)
 from __future__ import annotations
 
 import argparse
-import bz2
 import collections
-import gzip
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -647,6 +643,25 @@ def case_8_build_locks(p: Probe, reference: Path) -> None:
     p.record("8 cases", "8: a dead build's lock on an op a setting asks for (torch_adam: false)", *failure_verdict(ran))
 
 
+def begin(doc: str, prefix: str, make_probe, only_help: str, extra=None):
+    """The command line every probe script shares (--workdir, --only, --keep, and `extra`'s
+    options), its work folder, its probe and the table's header: (probe, group filter after
+    --only's 'group:case', args, start time)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--only", default="", help=only_help)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    if extra:
+        extra(parser)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix=prefix))
+    workdir.mkdir(parents=True, exist_ok=True)
+    p = make_probe(workdir)
+    group_filter, _, p.only_case = args.only.partition(":")
+    print(f"work folder: {workdir}\n\n| group | case | verdict | detail |\n|---|---|---|---|", flush=True)
+    return p, group_filter, args, time.monotonic()
+
+
 def finish(rows: list, verdicts: tuple[str, ...], started: float, workdir: Path, keep: bool) -> None:
     """The count per verdict after the rows; the work folder removed unless it is to be kept."""
     counts = collections.Counter(verdict for *_, verdict, _ in rows)
@@ -656,19 +671,11 @@ def finish(rows: list, verdicts: tuple[str, ...], started: float, workdir: Path,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--only", default="", help="run only the case groups whose function name holds this")
-    parser.add_argument("--case", default="", help="interruptions: only the cases whose name holds this")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    args = parser.parse_args()
+    p, _, args, started = begin(__doc__, "bertpipe-probe-", Probe, "run only the case groups whose function name holds this",
+                                lambda parser: parser.add_argument("--case", default="", help="interruptions: only the cases whose name holds this"))
     global CASE_FILTER
     CASE_FILTER = args.case
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bertpipe-probe-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    p = Probe(workdir)
-    print(f"work folder: {workdir}\n\n| group | case | verdict | detail |\n|---|---|---|---|", flush=True)
-    started = time.monotonic()
+    workdir = p.workdir
     reference = workdir / "reference"
     if not (reference / "eval" / "_manifest.json").exists():
         reference = reference_run(p)

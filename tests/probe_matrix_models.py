@@ -18,20 +18,18 @@ evaluate task files. Not yet written: staleness, interrupts, worker-side failure
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
 import struct
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_matrix import Probe, copy_root, finish, reference_run, tiny_recipe  # noqa: E402
+from probe_matrix import Probe, begin, copy_root, finish, reference_run, tiny_recipe  # noqa: E402
 
 VERDICTS = ("clear error", "handled", "traceback", "hang", "silent loss", "code executed", "escape")
 BOMB = 3 << 30
@@ -377,17 +375,8 @@ def task_files(p: ModelProbe, ref: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--only", default="", help="groups (function names) holding this; 'group:case' also filters cases")
-    parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bertpipe-models-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    p = ModelProbe(workdir)
-    group_filter, _, p.only_case = args.only.partition(":")
-    print(f"work folder: {workdir}\n\n| group | case | verdict | detail |\n|---|---|---|---|", flush=True)
-    started = time.monotonic()
+    p, group_filter, args, started = begin(__doc__, "bertpipe-models-", ModelProbe, "groups (function names) holding this; 'group:case' also filters cases")
+    workdir = p.workdir
     ref = workdir / "reference"
     if not (ref / "eval" / "_manifest.json").exists():
         ref = reference_run(p)

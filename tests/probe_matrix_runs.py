@@ -33,19 +33,17 @@ are made once per work folder and reused with --workdir.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import re
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_matrix import copy_root, descendants, finish, tiny_recipe  # noqa: E402
+from probe_matrix import begin, copy_root, descendants, finish, tiny_recipe  # noqa: E402
 from probe_matrix_models import VERDICTS, ModelProbe, verdict_of  # noqa: E402
 
 STEPS = 1500
@@ -473,17 +471,8 @@ def workers(p: RunsProbe, s: Setup) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--only", default="", help="groups (staleness, interrupts, workers) holding this; 'group:case' also filters cases")
-    parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bertpipe-runs-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    p = RunsProbe(workdir)
-    group_filter, _, p.only_case = args.only.partition(":")
-    print(f"work folder: {workdir}\n\n| group | case | verdict | detail |\n|---|---|---|---|", flush=True)
-    started = time.monotonic()
+    p, group_filter, args, started = begin(__doc__, "bertpipe-runs-", RunsProbe, "groups (staleness, interrupts, workers) holding this; 'group:case' also filters cases")
+    workdir = p.workdir
     setup = Setup(p)
     for group in (staleness, interrupts, workers):
         if group_filter and group_filter not in group.__name__:

@@ -316,29 +316,24 @@ def test_a_task_file_without_examples_is_refused_when_the_task_is_planned_naming
     """The probe's empty validation TSV (IndexError), empty CoNLL file (a TypeError from
     seqeval) and SQuAD `{"data": []}` (no file named) failed inside a fine-tuning job; the
     evaluate stage's planning now reads each task's files first."""
-    from types import SimpleNamespace
-
-    from bertcore.config import StorageConfig
-    from bertcore.eval.config import EvaluateConfig
-    from pipelines.stages.evaluate.plan import Plan, plan_jobs
-    from pipelines.storage import Storage
-
     paths = {split: write(tmp_path / f"{split}.{task['format']}", text) for split, text in files.items()}
     folds = {} if "validation" in paths else {"cross_validation_folds": 2}
-    cfg = EvaluateConfig.model_validate({"tasks": [{"name": "t", **task, **paths, **folds}], "intrinsic": {"enabled": False},
-                                         "embeddings": {"enabled": False}, "speed": {"enabled": False}, "baseline": False})
-    subject = SimpleNamespace(name="pretrained", random_init=False)
-    plan = Plan(cfg, {}, [subject], subject, None)
-    with pytest.raises(tasks.TaskDataError) as refused:
-        plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
-    message = str(refused.value)
+    message = _refusal_when_planned({"name": "t", **task, **paths, **folds})
     assert message.startswith(f"{paths[bad]}: no examples for task 't' ({bad} file)") and expected in message and "\n" not in message
-    assert plan.jobs == []
 
 
 def test_a_classification_train_file_with_one_label_is_refused_when_the_task_is_planned(tmp_path):
     """The probe's train file whose 20 lines all read `__label__pos`: evaluate fine-tuned on it
     and reported success with no word."""
+    train = write(tmp_path / "oneclass.ft", "".join(f"__label__pos good film {i}\n" for i in range(20)))
+    refused = _refusal_when_planned({"name": "t", "type": "classification", "format": "fasttext", "train": train, "cross_validation_folds": 2})
+    assert refused == (f"{train}: every one of its 20 examples has the label 'pos'; "
+                       "task 't' (classification) needs at least two labels in its train file")
+
+
+def _refusal_when_planned(task: dict) -> str:
+    """The TaskDataError that planning the evaluate stage with this one task raises, before
+    any job is planned."""
     from types import SimpleNamespace
 
     from bertcore.config import StorageConfig
@@ -346,39 +341,20 @@ def test_a_classification_train_file_with_one_label_is_refused_when_the_task_is_
     from pipelines.stages.evaluate.plan import Plan, plan_jobs
     from pipelines.storage import Storage
 
-    train = write(tmp_path / "oneclass.ft", "".join(f"__label__pos good film {i}\n" for i in range(20)))
-    cfg = EvaluateConfig.model_validate({"tasks": [{"name": "t", "type": "classification", "format": "fasttext", "train": train,
-                                                    "cross_validation_folds": 2}],
-                                         "intrinsic": {"enabled": False}, "embeddings": {"enabled": False}, "speed": {"enabled": False},
-                                         "baseline": False})
+    cfg = EvaluateConfig.model_validate({"tasks": [task], "intrinsic": {"enabled": False}, "embeddings": {"enabled": False},
+                                         "speed": {"enabled": False}, "baseline": False})
     subject = SimpleNamespace(name="pretrained", random_init=False)
     plan = Plan(cfg, {}, [subject], subject, None)
     with pytest.raises(tasks.TaskDataError) as refused:
         plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
-    assert str(refused.value) == (f"{train}: every one of its 20 examples has the label 'pos'; "
-                                  "task 't' (classification) needs at least two labels in its train file")
     assert plan.jobs == []
+    return str(refused.value)
 
 
 def test_a_train_file_too_short_for_its_folds_is_refused_when_the_task_is_planned(tmp_path):
     """The probe's 4-line train file with 5 folds failed inside a fine-tuning job, 20 s in,
     with a line that named no file."""
-    from types import SimpleNamespace
-
-    from bertcore.config import StorageConfig
-    from bertcore.eval.config import EvaluateConfig
-    from pipelines.stages.evaluate.plan import Plan, plan_jobs
-    from pipelines.storage import Storage
-
     train = write(tmp_path / "short.tsv", "sentence\tlabel\na good film\t1\na bad film\t0\nfine\t1\ndull\t0\n")
-    cfg = EvaluateConfig.model_validate({"tasks": [{"name": "t", "type": "classification", "format": "tsv", "train": train,
-                                                    "cross_validation_folds": 5}],
-                                         "intrinsic": {"enabled": False}, "embeddings": {"enabled": False}, "speed": {"enabled": False},
-                                         "baseline": False})
-    subject = SimpleNamespace(name="pretrained", random_init=False)
-    plan = Plan(cfg, {}, [subject], subject, None)
-    with pytest.raises(tasks.TaskDataError) as refused:
-        plan_jobs(plan, SimpleNamespace(storage=Storage(StorageConfig())), 512)
-    assert str(refused.value) == (f"{train}: 4 training examples cannot make the 5 cross-validation folds of task 't'; "
-                                  "add examples or lower its cross_validation_folds")
-    assert plan.jobs == []
+    refused = _refusal_when_planned({"name": "t", "type": "classification", "format": "tsv", "train": train, "cross_validation_folds": 5})
+    assert refused == (f"{train}: 4 training examples cannot make the 5 cross-validation folds of task 't'; "
+                       "add examples or lower its cross_validation_folds")

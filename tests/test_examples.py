@@ -228,7 +228,8 @@ def test_roberta_vocabulary_lays_out_its_own_special_tokens():
     for r in pairs:
         ids, b = r["input_ids"], r["segment_b_start"]
         assert ids[0] == 0 and ids[b - 2 : b] == [2, 2] and ids[-1] == 2 and 0 not in ids[1:] and ids.count(2) == 3
-        assert 1 <= b - 3 and b < r["length"] - 1  # A and B both hold tokens
+        a, b_tokens = ids[1 : b - 2], ids[b:-1]
+        assert a and b_tokens and min(a + b_tokens) >= 5  # A and B both hold document tokens, no special among them
     longest = max(r["length"] for r in pairs)
     assert longest == 32  # the four specials fit beside A and B: max_num_tokens is 32 - 4
     packed = list(examples_for_shard(range(40), InMemoryDocs(docs), ExamplesConfig(objective="roberta", max_seq_length=32),

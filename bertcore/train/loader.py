@@ -167,8 +167,11 @@ class ExamplesDataset(Dataset):
 
 def _check_ids(path: str, columns: _Columns, vocab_size: int) -> None:
     for name, (_, values) in (("input_ids", columns.ids), ("masked_ids", columns.masked_ids)):
-        if values.size and not 0 <= int(values.min()) <= int(values.max()) < vocab_size:
-            bad = int(values.max()) if int(values.max()) >= vocab_size else int(values.min())
+        if not values.size:
+            continue
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= vocab_size:
+            bad = high if high >= vocab_size else low
             raise ValueError(f"{path}: {name} holds token id {bad}, outside this run's vocabulary of {vocab_size} entries (a shard made with another vocabulary?)")
 
 

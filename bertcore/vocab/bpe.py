@@ -42,14 +42,13 @@ from bertcore.vocab.config import (
     BPE_PAD,
     BPE_SPECIAL_TOKENS,
     BPE_UNK,
-    CONFIG_FILE,
     EOS,
     MERGES_FILE,
-    SPECIAL_TOKENS_FILE,
     TOKENIZER_FILE,
     VOCAB_JSON,
     BPE_FILES,
     VocabConfig,
+    write_transformers_files,
 )
 
 _BATCH = 1000
@@ -163,10 +162,7 @@ def save_bpe(tok: Tokenizer, directory: str, *, model_max_length: int = 512) -> 
         "clean_up_tokenization_spaces": False,
         **SPECIAL_TOKENS_MAP,
     }
-    for name, content in ((CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, SPECIAL_TOKENS_MAP)):
-        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-            json.dump(content, f, indent=2, ensure_ascii=False)
-            f.write("\n")
+    write_transformers_files(directory, tokenizer_config, SPECIAL_TOKENS_MAP)
     return list(BPE_FILES)
 
 

@@ -5,6 +5,8 @@ file names of both kinds.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -50,6 +52,15 @@ BPE_FILES = (VOCAB_JSON, MERGES_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKEN
 transformers' RobertaTokenizer reads them."""
 ALL_TOKENIZER_FILES = (VOCAB_FILE, VOCAB_JSON, MERGES_FILE, TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_FILE)
 """Every file either kind of vocabulary folder may hold."""
+
+
+def write_transformers_files(directory: str, tokenizer_config: dict, special_tokens: dict) -> None:
+    """The two JSON files transformers reads beside tokenizer.json, as both vocabularies
+    write them (indented, UTF-8 kept, a final newline)."""
+    for name, content in ((CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, special_tokens)):
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=2, ensure_ascii=False)
+            f.write("\n")
 
 
 def tokenizer_files(names) -> list[str]:

@@ -59,6 +59,7 @@ from bertcore.vocab.config import (
     UNK,
     WHITESPACE,
     VocabConfig,
+    write_transformers_files,
 )
 from bertcore.vocab.config import (  # noqa: F401 - the file names live with the section, without tokenizers; re-exported
     CONFIG_FILE,
@@ -319,10 +320,7 @@ def save_tokenizer(
         **specials,
         **morphemes.config_fields(cfg.pre_tokenizer),
     }
-    for name, content in ((CONFIG_FILE, tokenizer_config), (SPECIAL_TOKENS_FILE, specials)):
-        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-            json.dump(content, f, indent=2, ensure_ascii=False)
-            f.write("\n")
+    write_transformers_files(directory, tokenizer_config, specials)
     return list(TOKENIZER_FILES)
 
 
