@@ -40,18 +40,27 @@ def ensure_ray(cfg: RayConfig) -> None:
     # Ray Train's controller watchdog polls actor state through the state API, which runs
     # in the dashboard process: without it, it warns every second of training. Its address
     # is given to the workers, so they need not guess among the Rays running on the machine.
-    dashboard_port = _free_port()
-    # "local": always a new Ray, even where `ray start` left a cluster address behind
-    context = ray.init(
-        address="local",
-        num_cpus=cfg.num_cpus,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        dashboard_port=dashboard_port,
-        runtime_env=_local_env({"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}),
-        log_to_driver=True,
-        configure_logging=configure_logging,
-    )
+    for attempt in range(1, DASHBOARD_ATTEMPTS + 1):
+        dashboard_port = _free_port()
+        try:
+            # "local": always a new Ray, even where `ray start` left a cluster address behind
+            context = ray.init(
+                address="local",
+                num_cpus=cfg.num_cpus,
+                include_dashboard=True,
+                dashboard_host="127.0.0.1",
+                dashboard_port=dashboard_port,
+                runtime_env=_local_env({"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}),
+                log_to_driver=True,
+                configure_logging=configure_logging,
+            )
+            break
+        except Exception as exc:
+            taken = f"127.0.0.1:{dashboard_port} because it's already occupied" in str(exc) or "valid port for dashboard" in str(exc)
+            if not taken or attempt == DASHBOARD_ATTEMPTS:
+                raise
+            log.warning("ray: port %d, free a moment before, was taken before Ray's dashboard bound it; starting again on another", dashboard_port)
+            ray.shutdown()
     log.info("ray: started a local Ray with %d CPUs (dashboard %s)", int(ray.cluster_resources().get("CPU", 0)), context.dashboard_url or "off")
 
 
@@ -212,6 +221,11 @@ def _loopback_only_cluster(address: str) -> bool:
     except OSError:
         return True
     return False
+
+
+DASHBOARD_ATTEMPTS = 3
+"""Starts of an embedded Ray whose dashboard port, free when chosen, was taken by another
+process before the dashboard bound it (seen when two Rays start at once on one machine)."""
 
 
 def _free_port() -> int:
