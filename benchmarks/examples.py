@@ -51,10 +51,9 @@ import time
 from itertools import chain
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 
-from benchmarks.vocab import (  # noqa: E402
+from benchmarks.vocab import (
     ENV,
     TreeUsage,
     corpus_sentences,
@@ -70,7 +69,8 @@ SEQ = 128
 EXAMPLES = [
     "examples.dupe_factor=1",
     f"examples.phases=[{{name: seq{SEQ}, max_seq_length: {SEQ}, max_predictions_per_seq: 20}}]",
-    f"pretrain.phases=[{{name: seq{SEQ}, steps: 300, batch_size: 32}}]",  # the recipe must name only phases examples makes
+    # the recipe must name only phases examples makes
+    f"pretrain.phases=[{{name: seq{SEQ}, steps: 300, batch_size: 32}}]",
 ]
 ENCODE_BATCH = 8192
 COLLATE_BATCH = 256
@@ -116,7 +116,11 @@ def hf_tokenizer(root: Path):
 
     return PreTrainedTokenizerFast(
         tokenizer_file=str(root / "vocab" / "tokenizer.json"),
-        unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
         model_max_length=1_000_000,  # sentences are grouped afterwards; no truncation warnings
     )
 
@@ -151,7 +155,9 @@ def run_hf(root: Path, cpus: int) -> dict:
             start = time.perf_counter()
             tokenized = dataset.map(
                 lambda batch: tokenizer(batch["text"], return_special_tokens_mask=True),
-                batched=True, num_proc=cpus, remove_columns=["text"],
+                batched=True,
+                num_proc=cpus,
+                remove_columns=["text"],
             )
             grouped = tokenized.map(group_texts, batched=True, num_proc=cpus)
             t_map = time.perf_counter() - start
@@ -162,7 +168,13 @@ def run_hf(root: Path, cpus: int) -> dict:
                 tokens += int(batch["attention_mask"].sum())
             seconds = time.perf_counter() - start
         assert batch["input_ids"].shape[1] == SEQ and isinstance(batch["labels"], torch.Tensor)
-    return {"seconds": seconds, "tokens": tokens, "sequences": len(grouped), "timings": {"map_s": round(t_map, 3), "collate_s": round(seconds - t_map, 3)}, **memory.report()}
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "sequences": len(grouped),
+        "timings": {"map_s": round(t_map, 3), "collate_s": round(seconds - t_map, 3)},
+        **memory.report(),
+    }
 
 
 def child(row: str, root: str, cpus: int) -> None:
@@ -214,8 +226,8 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     import numpy as np
 
     from bertcore.vocab.tokenizer import load_tokenizer
-    from pipelines.stages.examples import work as examples
     from pipelines.stage_dir import Manifest, StageDir
+    from pipelines.stages.examples import work as examples
     from pipelines.storage import Storage
 
     cfg = demo_config(root, EXAMPLES)
@@ -225,10 +237,17 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
     uris = [str(root / "examples" / "_tokens" / s.path) for s in train]
     index = examples.DocumentIndex(uris, np.concatenate([[0], np.cumsum([s.rows for s in train], dtype=np.int64)]))
     vocab_manifest = json.loads((root / "vocab" / "_manifest.json").read_text())
-    vocab = examples.VocabSource(str(root / "vocab"), vocab_manifest["fingerprint"], tuple(s["path"] for s in vocab_manifest["shards"]))
+    vocab = examples.VocabSource(
+        str(root / "vocab"), vocab_manifest["fingerprint"], tuple(s["path"] for s in vocab_manifest["shards"])
+    )
     tokenizer = load_tokenizer(str(root / "vocab"))
     shard_sentences = [s for doc in corpus_sentences(root)[: train[0].rows] for s in doc]
-    report = [f"train shard 0: {train[0].rows} documents, {len(shard_sentences)} sentences; least of {repeats} plain runs, then one cProfile run"]
+    report = [
+        (
+            f"train shard 0: {train[0].rows} documents, {len(shard_sentences)} sentences; least of {repeats} "
+            "plain runs, then one cProfile run"
+        )
+    ]
     with tempfile.TemporaryDirectory(prefix="bertpipe-profile-") as scratch:
         stage = StageDir(storage, scratch, "examples")
         attempt = iter(range(10**6))  # a new fingerprint per call, so no call finds the last one's output
@@ -236,10 +255,22 @@ def profile_tasks(root: Path, top: int = 15, repeats: int = 3) -> str:
             "encode_batch alone": lambda: tokenizer.encode_batch(shard_sentences, add_special_tokens=False),
             "encode_batch_fast alone": lambda: tokenizer.encode_batch_fast(shard_sentences, add_special_tokens=False),
             "tokenize_shard": lambda: examples.tokenize_shard._function(
-                str(root / "corpus" / train[0].path), "_tokens/" + train[0].path, vocab, stage, f"profile{next(attempt)}"
+                str(root / "corpus" / train[0].path),
+                "_tokens/" + train[0].path,
+                vocab,
+                stage,
+                f"profile{next(attempt)}",
             ),
             "build_shard": lambda: examples.build_shard._function(
-                cfg.examples.phases[0], "train", 0, index, cfg.examples, cfg.run.seed, vocab, stage, f"profile{next(attempt)}"
+                cfg.examples.phases[0],
+                "train",
+                0,
+                index,
+                cfg.examples,
+                cfg.run.seed,
+                vocab,
+                stage,
+                f"profile{next(attempt)}",
             ),
         }
         for name, call in calls.items():
@@ -264,8 +295,12 @@ def main() -> None:
     parser.add_argument("--inputs", default="1,10", help="repeat factors of the demo corpus, comma-separated")
     parser.add_argument("--rows", default=",".join(ROWS), help="which rows to run")
     parser.add_argument("--trials", type=int, default=1, help="runs per row and input; the fastest is reported")
-    parser.add_argument("--workdir", type=Path, help="keep the runs here (reused by later runs); default: a temporary folder")
-    parser.add_argument("--profile", action="store_true", help="also print a cProfile of one tokenize_shard and one build_shard call")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the runs here (reused by later runs); default: a temporary folder"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of one tokenize_shard and one build_shard call"
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -291,35 +326,60 @@ def main() -> None:
         )
         for (row, n), r in results.items():
             corpus = results.get(("tokenizer", n))
-            rates = (f"{corpus['tokens'] / r['seconds'] / cpus:,.0f}", f"{corpus['tokens'] / r['cpu_s']:,.0f}") if corpus else ("-", "-")
-            detail = " ".join([f"trials={r['trials']}", *(f"{k}={v}" for k, v in r.get("timings", {}).items() if k != "total_s")])
+            rates = (
+                (f"{corpus['tokens'] / r['seconds'] / cpus:,.0f}", f"{corpus['tokens'] / r['cpu_s']:,.0f}")
+                if corpus
+                else ("-", "-")
+            )
+            detail = " ".join(
+                [f"trials={r['trials']}", *(f"{k}={v}" for k, v in r.get("timings", {}).items() if k != "total_s")]
+            )
             if "idle_pss_mb" in r:
-                detail += (f" Ray_idle: PSS={r['idle_pss_mb']:.0f}MB CPU={r['idle_cpu_per_s']:.2f}s/s,"
-                           f" CPU_s_less_idle={r['cpu_s'] - r['idle_cpu_per_s'] * r['seconds']:.1f}")
+                detail += (
+                    f" Ray_idle: PSS={r['idle_pss_mb']:.0f}MB CPU={r['idle_cpu_per_s']:.2f}s/s,"
+                    f" CPU_s_less_idle={r['cpu_s'] - r['idle_cpu_per_s'] * r['seconds']:.1f}"
+                )
             print(
-                f"{row:<14} {'x' + str(n):>5} {r['tokens']:>10} {r['seconds']:6.1f} {r['cpu_s']:6.1f} {r['tokens_per_s_per_core']:11,.0f} "
-                f"{r['tokens'] / r['cpu_s']:10,.0f} {rates[0]:>18} {rates[1]:>17} {r['peak_pss_mb']:12.0f} {r['peak_rss_one_mb']:14.0f}  {detail}"
+                f"{row:<14} {'x' + str(n):>5} {r['tokens']:>10} {r['seconds']:6.1f} {r['cpu_s']:6.1f} "
+                f"{r['tokens_per_s_per_core']:11,.0f} "
+                f"{r['tokens'] / r['cpu_s']:10,.0f} {rates[0]:>18} {rates[1]:>17} {r['peak_pss_mb']:12.0f} "
+                f"{r['peak_rss_one_mb']:14.0f}  {detail}"
             )
         for n in repeats:
             for other, goal in (("hf", ">= 2"), ("tokenizer", ">= 0.7"), ("tokenizer_fast", "none, for information")):
                 if ("bertpipe", n) in results and (other, n) in results:
                     b, o = results[("bertpipe", n)], results[(other, n)]
                     print(
-                        f"x{n} bertpipe / {other} (goal {goal}): out tok/s/core {b['tokens_per_s_per_core'] / o['tokens_per_s_per_core']:.2f}, "
+                        f"x{n} bertpipe / {other} (goal {goal}): out tok/s/core "
+                        f"{b['tokens_per_s_per_core'] / o['tokens_per_s_per_core']:.2f}, "
                         f"out tok/CPU-s {b['tokens'] / b['cpu_s'] / (o['tokens'] / o['cpu_s']):.2f}, "
-                        f"corpus tok/s/core {o['seconds'] / b['seconds']:.2f}, corpus tok/CPU-s {o['cpu_s'] / b['cpu_s']:.2f}"
+                        f"corpus tok/s/core {o['seconds'] / b['seconds']:.2f}, corpus tok/CPU-s "
+                        f"{o['cpu_s'] / b['cpu_s']:.2f}"
                     )
         for (row, n), r in results.items():
             if "tasks" in r:
-                print(f"{row} x{n} Ray tasks (fastest trial; seconds after the stage started): {describe_tasks(r['tasks'])}")
+                print(
+                    f"{row} x{n} Ray tasks (fastest trial; seconds after the stage started): "
+                    f"{describe_tasks(r['tasks'])}"
+                )
         if len(repeats) > 1:
             a, b = min(repeats), max(repeats)
             for row in wanted:
                 ra, rb = results[(row, a)], results[(row, b)]
-                line = f"peak memory growth x{a} -> x{b}, {row}: PSS all processes {rb['peak_pss_mb'] / ra['peak_pss_mb']:.2f}"
+                line = (
+                    f"peak memory growth x{a} -> x{b}, {row}: PSS all processes "
+                    f"{rb['peak_pss_mb'] / ra['peak_pss_mb']:.2f}"
+                )
                 if "idle_pss_mb" in ra:
-                    line += f", PSS above Ray idle {(rb['peak_pss_mb'] - rb['idle_pss_mb']) / (ra['peak_pss_mb'] - ra['idle_pss_mb']):.2f}"
-                print(line + f", largest process RSS {rb['peak_rss_one_mb'] / ra['peak_rss_one_mb']:.2f}" + (" (goal <= 1.2)" if row == "bertpipe" else ""))
+                    line += (
+                        ", PSS above Ray idle "
+                        f"{(rb['peak_pss_mb'] - rb['idle_pss_mb']) / (ra['peak_pss_mb'] - ra['idle_pss_mb']):.2f}"
+                    )
+                print(
+                    line
+                    + f", largest process RSS {rb['peak_rss_one_mb'] / ra['peak_rss_one_mb']:.2f}"
+                    + (" (goal <= 1.2)" if row == "bertpipe" else "")
+                )
         if args.profile:
             print(profile_tasks(roots[min(repeats)]))
 

@@ -12,7 +12,7 @@
 #      the parts (default: all three, about 9 minutes at most), each under its own limit,
 #      writing logs and JSON to $OUT:
 #        bench     benchmarks/gpu_pretrain.py: BERT-base seq128 bf16, bertcore vs transformers  (<= 2 min)
-#        tests     pytest -m gpu tests/test_gpu.py: bf16 ZeRO-2 + FusedAdam on NCCL, crash and
+#        tests     pytest -m gpu tests/unit/test_gpu.py: bf16 ZeRO-2 + FusedAdam on NCCL, crash and
 #                  resume, export; FusedLamb at stage 0 (nvcc builds both fused ops)          (<= 4.5 min)
 #        compiled  the benchmark again with --compile --deepspeed                             (<= 2.5 min)
 #      A part cut short can be run again alone (e.g. `run compiled`); DeepSpeed's built
@@ -63,7 +63,7 @@ run() {
     for part in "${parts[@]}"; do
         case "$part" in
             bench) timeout 120 python3 benchmarks/gpu_pretrain.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log" ;;
-            tests) timeout 270 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" ;;
+            tests) timeout 270 python3 -m pytest -q -m gpu tests/unit/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" ;;
             compiled) timeout 150 python3 benchmarks/gpu_pretrain.py --compile --deepspeed --json "$out/bench-compiled.json" 2>&1 | tee "$out/bench-compiled.log" ;;
             *) echo "unknown part $part (bench, tests, compiled)" >&2 ;;
         esac

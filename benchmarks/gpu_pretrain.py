@@ -36,15 +36,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/pretrain.py: the batches
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, when not installed
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from pretrain import make_batch  # noqa: E402
+import torch
+import transformers
 
-from bertcore.train.mfu import peak_flops  # noqa: E402
-from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
-from bertcore.train.optim import parameter_groups  # noqa: E402
-from bertcore.train.config import PretrainConfig  # noqa: E402
-from bertcore.rng import keyed_numpy  # noqa: E402
+from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token
+from bertcore.rng import keyed_numpy
+from bertcore.train.config import PretrainConfig
+from bertcore.train.mfu import peak_flops
+from bertcore.train.optim import parameter_groups
+from pretrain import make_batch
 
 
 def arguments() -> argparse.Namespace:
@@ -56,9 +56,17 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds per model")
     parser.add_argument("--steps", type=int, default=20, help="timed rounds per model")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
-    parser.add_argument("--deepspeed", action="store_true", help="add bertcore through a DeepSpeed engine (bf16, ZeRO-1, FusedAdam)")
-    parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s of the device (default: bertcore.train.mfu's table)")
-    parser.add_argument("--smoke", action="store_true", help="tiny model, 8 x 64 tokens, 1 + 2 rounds: checks the script, times nothing useful")
+    parser.add_argument(
+        "--deepspeed", action="store_true", help="add bertcore through a DeepSpeed engine (bf16, ZeRO-1, FusedAdam)"
+    )
+    parser.add_argument(
+        "--peak-flops", type=float, default=None, help="peak FLOP/s of the device (default: bertcore.train.mfu's table)"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny model, 8 x 64 tokens, 1 + 2 rounds: checks the script, times nothing useful",
+    )
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -90,18 +98,37 @@ def deepspeed_engine(model: torch.nn.Module, batch_size: int, device: torch.devi
     import deepspeed
 
     if not torch.distributed.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT", "29533"),
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+        )
         if device.type == "cuda":
             torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=device)
         else:
             torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    adam = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01, **({} if device.type == "cuda" else {"torch_adam": True})}
-    config = {
-        "train_micro_batch_size_per_gpu": batch_size, "gradient_accumulation_steps": 1, "train_batch_size": batch_size,
-        "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": adam}, "steps_per_print": 2**31 - 1,
+    adam = {
+        "lr": 1e-4,
+        "betas": [0.9, 0.999],
+        "eps": 1e-6,
+        "weight_decay": 0.01,
+        **({} if device.type == "cuda" else {"torch_adam": True}),
     }
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=parameter_groups(model, 0.01), config=config, dist_init_required=False)
+    config = {
+        "train_micro_batch_size_per_gpu": batch_size,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": batch_size,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 1},
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": adam},
+        "steps_per_print": 2**31 - 1,
+    }
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=parameter_groups(model, 0.01), config=config, dist_init_required=False
+    )
     return engine
 
 
@@ -115,17 +142,25 @@ def deepspeed_step(engine, _optimizer, batch, _device) -> float:
 def build(args, cfg: ModelConfig, device: torch.device) -> dict[str, tuple]:
     """name -> (model, optimizer, step function), all from the same initial weights."""
     ours = BertForPreTraining(cfg, torch.Generator().manual_seed(args.seed))
-    hf = transformers.BertForPreTraining._from_config(transformers.BertConfig(**cfg.to_hf_config_dict()), attn_implementation="sdpa")
+    hf = transformers.BertForPreTraining._from_config(
+        transformers.BertConfig(**cfg.to_hf_config_dict()), attn_implementation="sdpa"
+    )
     hf.load_state_dict(ours.state_dict(), strict=True)
     fused = {"fused": True} if device.type == "cuda" else {}
     runs = {}
     for name, model in (("bertcore", ours), ("transformers", hf)):
         model.to(device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, **fused)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, **fused
+        )
         runs[name] = (torch.compile(model) if args.compile else model, optimizer, plain_step)
     if args.deepspeed:
         twin = BertForPreTraining(cfg, torch.Generator().manual_seed(args.seed))
-        runs["bertcore (DeepSpeed bf16, ZeRO-1)"] = (deepspeed_engine(twin, args.batch_size, device), None, deepspeed_step)
+        runs["bertcore (DeepSpeed bf16, ZeRO-1)"] = (
+            deepspeed_engine(twin, args.batch_size, device),
+            None,
+            deepspeed_step,
+        )
     return runs
 
 
@@ -138,14 +173,19 @@ def main() -> None:
     runs = build(args, cfg, device)
     rounds = args.warmup + args.steps
     batches = [
-        {k: v.to(device) for k, v in make_batch(keyed_numpy(args.seed, "gpu-bench", i), args.batch_size, args.seq_len, args.vocab_size).items()}
+        {
+            k: v.to(device)
+            for k, v in make_batch(
+                keyed_numpy(args.seed, "gpu-bench", i), args.batch_size, args.seq_len, args.vocab_size
+            ).items()
+        }
         for i in range(rounds)
     ]
     seconds = dict.fromkeys(runs, 0.0)
     last_loss = {}
     for i, batch in enumerate(batches):
         names = list(runs)
-        for name in names[i % len(names):] + names[: i % len(names)]:  # rotate who goes first
+        for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate who goes first
             model, optimizer, step = runs[name]
             sync(device)
             t0 = time.perf_counter()
@@ -153,13 +193,17 @@ def main() -> None:
             sync(device)
             if i >= args.warmup:
                 seconds[name] += time.perf_counter() - t0
-    report(args, cfg, device, batches[args.warmup:], seconds, {k: float(v) for k, v in last_loss.items()})
+    report(args, cfg, device, batches[args.warmup :], seconds, {k: float(v) for k, v in last_loss.items()})
 
 
-def report(args, cfg: ModelConfig, device: torch.device, timed: list[dict], seconds: dict[str, float], losses: dict[str, float]) -> None:
+def report(
+    args, cfg: ModelConfig, device: torch.device, timed: list[dict], seconds: dict[str, float], losses: dict[str, float]
+) -> None:
     tokens = sum(int(b["attention_mask"].sum()) for b in timed)
     flops = sum(
-        encoder_flops_per_token(cfg, b["input_ids"].shape[1], float((b["labels"] != -100).sum() / b["attention_mask"].sum()))
+        encoder_flops_per_token(
+            cfg, b["input_ids"].shape[1], float((b["labels"] != -100).sum() / b["attention_mask"].sum())
+        )
         * int(b["attention_mask"].sum())
         for b in timed
     )
@@ -175,18 +219,24 @@ def report(args, cfg: ModelConfig, device: torch.device, timed: list[dict], seco
             "mfu": flops / secs / peak if peak else None,
             "last_loss": losses[run],
         }
-    print(f"{name}: {args.size} ({cfg.num_hidden_layers}x{cfg.hidden_size}), vocab {args.vocab_size}, {args.batch_size} x {args.seq_len} "
-          f"tokens per step ({tokens / sum(b['attention_mask'].numel() for b in timed):.1%} non-pad), bf16 autocast, "
-          f"{args.steps} timed steps after {args.warmup}; torch {torch.__version__}, transformers {transformers.__version__}"
-          f"{', compiled' if args.compile else ''}; peak {peak or 'unknown'} FLOP/s")
+    print(
+        f"{name}: {args.size} ({cfg.num_hidden_layers}x{cfg.hidden_size}), vocab {args.vocab_size}, {args.batch_size} "
+        f"x {args.seq_len} tokens per step ({tokens / sum(b['attention_mask'].numel() for b in timed):.1%} non-pad), "
+        f"bf16 autocast, {args.steps} timed steps after {args.warmup}; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}{', compiled' if args.compile else ''}; peak {peak or 'unknown'} FLOP/s"
+    )
     for run, row in rows.items():
         mfu = f"{row['mfu']:6.1%}" if row["mfu"] is not None else "   n/a"
-        print(f"{run:>34}: {row['sequences_per_s']:9.1f} seq/s  {row['tokens_per_s']:11.0f} tok/s  "
-              f"{row['ms_per_step']:8.1f} ms/step  MFU {mfu}  loss {row['last_loss']:.3f}")
+        print(
+            f"{run:>34}: {row['sequences_per_s']:9.1f} seq/s  {row['tokens_per_s']:11.0f} tok/s  "
+            f"{row['ms_per_step']:8.1f} ms/step  MFU {mfu}  loss {row['last_loss']:.3f}"
+        )
     ratio = rows["bertcore"]["sequences_per_s"] / rows["transformers"]["sequences_per_s"]
     print(f"bertcore / transformers: {ratio:.2f}x sequences per second (same batches, optimizer and precision)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "args": vars(args), "rows": rows, "ratio": ratio}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"device": name, "args": vars(args), "rows": rows, "ratio": ratio}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -46,11 +46,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from bertcore.errors import BertpipeError  # noqa: E402
-from bertcore.rng import keyed_numpy  # noqa: E402
+from bertcore.errors import BertpipeError
+from bertcore.rng import keyed_numpy
 
 STUDENT_LAYERS = (1, 3, 5)
 LATENCY_LENGTHS = (16, 128, 512)
@@ -60,14 +60,30 @@ GOAL_FP32_SPEEDUP, GOAL_INT8_SPEEDUP, GOAL_STUDENT_SPEEDUP, GOAL_INT8_LOSS = 1.2
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch and ONNX Runtime threads (default: every core)")
-    parser.add_argument("--latency-reps", type=int, default=50, help="timed repetitions per model at batch 1 (16 and 128 tokens; half at 512)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="torch and ONNX Runtime threads (default: every core)",
+    )
+    parser.add_argument(
+        "--latency-reps",
+        type=int,
+        default=50,
+        help="timed repetitions per model at batch 1 (16 and 128 tokens; half at 512)",
+    )
     parser.add_argument("--throughput-reps", type=int, default=12, help="timed repetitions per model at batch 32 x 128")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions before each measurement")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="fine-tuning seeds of the accuracy part")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[1, 2, 3], help="fine-tuning seeds of the accuracy part"
+    )
     parser.add_argument("--folds", type=int, default=None, help="cross-validation folds to score (default: all)")
     parser.add_argument("--skip-accuracy", action="store_true", help="speed only")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3/2 repetitions, 1 warm-up, seed 1, one fold of polarity, SimLex only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 3/2 repetitions, 1 warm-up, seed 1, one fold of polarity, SimLex only",
+    )
     args = parser.parse_args()
     if args.quick:
         args.latency_reps, args.throughput_reps, args.warmup, args.seeds, args.folds = 3, 2, 1, [1], 1
@@ -96,7 +112,9 @@ def teacher_folder(tmp: str) -> tuple[str, bool]:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536
+    )
     BertModel(config).save_pretrained(tmp)
     return tmp, False
 
@@ -110,7 +128,13 @@ def student_of(teacher) -> torch.nn.Module:
     state = {k: v for k, v in teacher.state_dict().items() if not k.startswith("encoder.layer.")}
     for new, old in enumerate(STUDENT_LAYERS):
         prefix = f"encoder.layer.{old}."
-        state.update({f"encoder.layer.{new}." + k[len(prefix):]: v for k, v in teacher.state_dict().items() if k.startswith(prefix)})
+        state.update(
+            {
+                f"encoder.layer.{new}." + k[len(prefix) :]: v
+                for k, v in teacher.state_dict().items()
+                if k.startswith(prefix)
+            }
+        )
     student.load_state_dict(state)
     return student.eval()
 
@@ -128,7 +152,9 @@ def torch_runner(name: str, model: torch.nn.Module, bertcore: bool = False) -> R
     def run(feed):
         ids, mask, types = (torch.from_numpy(feed[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
         with torch.inference_mode():
-            return model(ids, types, mask) if bertcore else model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+            return (
+                model(ids, types, mask) if bertcore else model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+            )
 
     return Runner(name, run, sum(p.numel() for p in model.parameters()))
 
@@ -188,11 +214,18 @@ def print_speed(runners: list[Runner], baseline: str) -> dict[str, float]:
     """The table; returns sequences/s per runner."""
     batch, _ = THROUGHPUT_SHAPE
     rate = {r.name: batch / float(np.median(r.times["throughput"])) for r in runners}
-    head = f"{'model':<24} {'params':>7}" + "".join(f" {f'seq{n} p50/p95 ms':>20}" for n in LATENCY_LENGTHS) + f" {'b32x128 seq/s':>14} {'x baseline':>10}"
+    head = (
+        f"{'model':<24} {'params':>7}"
+        + "".join(f" {f'seq{n} p50/p95 ms':>20}" for n in LATENCY_LENGTHS)
+        + f" {'b32x128 seq/s':>14} {'x baseline':>10}"
+    )
     print(head)
     for r in runners:
         cells = "".join(f" {latency_cell(r.times['seq' + str(n)]):>20}" for n in LATENCY_LENGTHS)
-        print(f"{r.name:<24} {r.parameters / 1e6:>6.1f}M{cells} {rate[r.name]:>14.1f} {rate[r.name] / rate[baseline]:>9.2f}x")
+        print(
+            f"{r.name:<24} {r.parameters / 1e6:>6.1f}M{cells} {rate[r.name]:>14.1f} "
+            f"{rate[r.name] / rate[baseline]:>9.2f}x"
+        )
     return rate
 
 
@@ -202,10 +235,18 @@ def latency_cell(times: list[float]) -> str:
 
 def verdict(what: str, ratio: float, goal: float, unmet_note: str = "") -> str:
     met = ratio >= goal
-    return f"{what}: {ratio:.2f}x (goal >= {goal}x): {'met' if met else 'NOT met'}" + ("" if met or not unmet_note else f"; {unmet_note}")
+    return f"{what}: {ratio:.2f}x (goal >= {goal}x): {'met' if met else 'NOT met'}" + (
+        "" if met or not unmet_note else f"; {unmet_note}"
+    )
 
 
-INT8_DOT_FLAGS = {"avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX-INT8", "asimddp": "Arm dot product", "i8mm": "Arm I8MM"}
+INT8_DOT_FLAGS = {
+    "avx512_vnni": "AVX512-VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "amx_int8": "AMX-INT8",
+    "asimddp": "Arm dot product",
+    "i8mm": "Arm I8MM",
+}
 """CPU flags (/proc/cpuinfo) of instructions that multiply-accumulate int8 in one step."""
 
 
@@ -250,8 +291,13 @@ def bundled_tasks(quick: bool) -> list:
 def _task_feed(tokenizer, task, examples) -> dict[str, np.ndarray]:
     pairs = [e.text_b for e in examples] if any(e.text_b is not None for e in examples) else None
     encoded = tokenizer(
-        [e.text_a for e in examples], pairs, padding=True, truncation=True, max_length=task.max_seq_length,
-        return_token_type_ids=True, return_tensors="np",
+        [e.text_a for e in examples],
+        pairs,
+        padding=True,
+        truncation=True,
+        max_length=task.max_seq_length,
+        return_token_type_ids=True,
+        return_tensors="np",
     )
     return {name: encoded[name].astype(np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")}
 
@@ -291,7 +337,9 @@ def classification(task, folder: str, tmp: str, args: argparse.Namespace) -> dic
         for k, (_, held_idx) in enumerate(splits):
             held = [train.examples[i] for i in held_idx]
             model = fine_tuned_model(task, folder, folder, seed, fold=k).cpu().eval()
-            predictions = _fold_predictions(model, _task_feed(tokenizer, task, held), os.path.join(tmp, f"{task.name}.onnx"), args.threads)
+            predictions = _fold_predictions(
+                model, _task_feed(tokenizer, task, held), os.path.join(tmp, f"{task.name}.onnx"), args.threads
+            )
             gold = np.array([index[e.label] for e in held])
             for name in VARIANTS:
                 correct[name] += int((predictions[name] == gold).sum())
@@ -305,30 +353,37 @@ def classification(task, folder: str, tmp: str, args: argparse.Namespace) -> dic
 
 
 class OnnxWordEncoder(torch.nn.Module):
-    """An ONNX session as bertcore.eval.wordsim calls an encoder: the three inputs in,
+    """An ONNX session as bertcore.eval.kinds.word_similarity calls an encoder: the three inputs in,
     last_hidden_state (B, T, H) out."""
 
     def __init__(self, onnx_session):
         super().__init__()
         self.onnx_session = onnx_session
-        self.anchor = torch.nn.Parameter(torch.zeros(0))  # wordsim reads the device from a parameter
+        self.anchor = torch.nn.Parameter(torch.zeros(0))  # contextual_vectors reads the device from a parameter
 
     def forward(self, input_ids, attention_mask, token_type_ids):
-        feed = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy(), "token_type_ids": token_type_ids.numpy()}
+        feed = {
+            "input_ids": input_ids.numpy(),
+            "attention_mask": attention_mask.numpy(),
+            "token_type_ids": token_type_ids.numpy(),
+        }
         return torch.from_numpy(self.onnx_session.run(["last_hidden_state"], feed)[0])
 
 
 def word_similarity(task, teacher, folder: str, onnx_paths: dict[str, str], threads: int) -> dict:
     """Spearman x100 of the contextual word vectors, per variant (nothing trained: one value)."""
     from bertcore.eval.encoder import load_tokenizer
+    from bertcore.eval.kinds.word_similarity import contextual_vectors, score_pairs
     from bertcore.eval.tasks import read_split
-    from bertcore.eval.wordsim import contextual_vectors, score_pairs
     from bertcore.inference.onnx import session
 
     tokenizer = load_tokenizer(folder)
     pairs = read_split(task, "validation").examples
     words = sorted({w for p in pairs for w in (p.a, p.b)})
-    encoders = {"PyTorch fp32": teacher, **{f"ONNX {k}": OnnxWordEncoder(session(p, threads)) for k, p in onnx_paths.items()}}
+    encoders = {
+        "PyTorch fp32": teacher,
+        **{f"ONNX {k}": OnnxWordEncoder(session(p, threads)) for k, p in onnx_paths.items()},
+    }
     scores = {}
     for name, encoder in encoders.items():
         vectors = dict(zip(words, contextual_vectors(encoder, tokenizer, words, task.layers, task.combine)))
@@ -342,17 +397,28 @@ def spread(values: list[float]) -> str:
 
 def print_accuracy(results: dict[str, dict], args: argparse.Namespace) -> None:
     print(f"\nint8 accuracy: x100, median [min, max] over seeds {' '.join(map(str, args.seeds))} where the task trains")
-    print(f"{'task':<16} {'metric':<9} {'scored':>7}" + "".join(f" {n:>19}" for n in VARIANTS) + f" {'int8 - fp32':>19} {'int8 = fp32':>12}")
+    print(
+        f"{'task':<16} {'metric':<9} {'scored':>7}"
+        + "".join(f" {n:>19}" for n in VARIANTS)
+        + f" {'int8 - fp32':>19} {'int8 = fp32':>12}"
+    )
     for name, result in results.items():
         scores = result["scores"]
         loss = [a - b for a, b in zip(scores["ONNX int8"], scores["ONNX fp32"])]
         same = f"{100 * np.median(result['agreement']):.1f}%" if result["agreement"] else "-"
         metric = "accuracy" if result["folds"] else "spearman"
-        print(f"{name:<16} {metric:<9} {result['examples']:>7}" + "".join(f" {spread(scores[n]):>19}" for n in VARIANTS) + f" {spread(loss):>19} {same:>12}")
+        print(
+            f"{name:<16} {metric:<9} {result['examples']:>7}"
+            + "".join(f" {spread(scores[n]):>19}" for n in VARIANTS)
+            + f" {spread(loss):>19} {same:>12}"
+        )
     for name, result in results.items():
         change = float(np.median([a - b for a, b in zip(result["scores"]["ONNX int8"], result["scores"]["ONNX fp32"])]))
         met = change >= -GOAL_INT8_LOSS
-        print(f"{name}: int8 scores {change:+.1f} points against ONNX fp32 (goal: at most {GOAL_INT8_LOSS:g} lower): {'met' if met else 'NOT met'}")
+        print(
+            f"{name}: int8 scores {change:+.1f} points against ONNX fp32 (goal: at most {GOAL_INT8_LOSS:g} "
+            f"lower): {'met' if met else 'NOT met'}"
+        )
 
 
 def accuracy(teacher, folder: str, onnx_paths: dict[str, str], tmp: str, args: argparse.Namespace) -> None:
@@ -380,32 +446,82 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     started, load = time.perf_counter(), os.getloadavg()
-    print(f"torch {torch.__version__}, transformers {version('transformers')}, onnxruntime {version('onnxruntime')}; "
-          f"{args.threads} thread(s); load average {load[0]:.2f} at the start")
+    print(
+        f"torch {torch.__version__}, transformers {version('transformers')}, onnxruntime {version('onnxruntime')}; "
+        f"{args.threads} thread(s); load average {load[0]:.2f} at the start"
+    )
     cpu, int8_dot = cpu_description()
-    print(f"CPU: {cpu}; int8 dot-product instructions: {', '.join(int8_dot) or 'none (int8 runs on AVX2 or NEON multiply-adds)'}")
+    print(
+        f"CPU: {cpu}; int8 dot-product instructions: "
+        f"{', '.join(int8_dot) or 'none (int8 runs on AVX2 or NEON multiply-adds)'}"
+    )
     # Without them an int8 matrix product has about twice the multiply-accumulates per
     # instruction of fp32 FMA (AVX2: vpmaddubsw + vpmaddwd), so int8 tops out near 2x fp32.
-    int8_note = "" if int8_dot else "this CPU has no int8 dot-product instructions (VNNI, AMX, Arm dot product), which int8 needs to go well past 2x fp32"
+    int8_note = (
+        ""
+        if int8_dot
+        else (
+            "this CPU has no int8 dot-product instructions (VNNI, AMX, Arm dot product), which int8 needs to go "
+            "well past 2x fp32"
+        )
+    )
     with tempfile.TemporaryDirectory(prefix="bertpipe-inference-") as tmp:
         folder, real = teacher_folder(os.path.join(tmp, "random-teacher"))
         with quiet_transformers():
             teacher = BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
         student = student_of(teacher)
-        runners = [torch_runner("transformers fp32", teacher), torch_runner("bertcore fp32", bertcore_encoder(folder), bertcore=True)]
+        runners = [
+            torch_runner("transformers fp32", teacher),
+            torch_runner("bertcore fp32", bertcore_encoder(folder), bertcore=True),
+        ]
         runners += [torch_runner("student fp32", student)]
-        runners += onnx_runners("teacher", teacher, tmp, args.threads) + onnx_runners("student", student, tmp, args.threads, int8_only=True)
-        print(f"teacher: {'all-MiniLM-L6-v2' if real else 'RANDOM weights'} ({teacher.config.num_hidden_layers} layers x {teacher.config.hidden_size}); "
-              f"student: layers {', '.join(map(str, STUDENT_LAYERS))}; models exported in {time.perf_counter() - started:.0f}s", flush=True)
+        runners += onnx_runners("teacher", teacher, tmp, args.threads) + onnx_runners(
+            "student", student, tmp, args.threads, int8_only=True
+        )
+        print(
+            f"teacher: {'all-MiniLM-L6-v2' if real else 'RANDOM weights'} "
+            f"({teacher.config.num_hidden_layers} layers x {teacher.config.hidden_size}); "
+            f"student: layers {', '.join(map(str, STUDENT_LAYERS))}; models exported in "
+            f"{time.perf_counter() - started:.0f}s",
+            flush=True,
+        )
         speed(runners, args, teacher.config.vocab_size)
         print()
         rate = print_speed(runners, "transformers fp32")
-        print(verdict("ONNX fp32 throughput against transformers fp32", rate["teacher ONNX fp32"] / rate["transformers fp32"], GOAL_FP32_SPEEDUP))
-        print(verdict("ONNX int8 throughput against transformers fp32", rate["teacher ONNX int8"] / rate["transformers fp32"], GOAL_INT8_SPEEDUP, int8_note))
-        print(verdict(f"student ({len(STUDENT_LAYERS)} layers) throughput against the teacher (6)", rate["student fp32"] / rate["transformers fp32"], GOAL_STUDENT_SPEEDUP))
+        print(
+            verdict(
+                "ONNX fp32 throughput against transformers fp32",
+                rate["teacher ONNX fp32"] / rate["transformers fp32"],
+                GOAL_FP32_SPEEDUP,
+            )
+        )
+        print(
+            verdict(
+                "ONNX int8 throughput against transformers fp32",
+                rate["teacher ONNX int8"] / rate["transformers fp32"],
+                GOAL_INT8_SPEEDUP,
+                int8_note,
+            )
+        )
+        print(
+            verdict(
+                f"student ({len(STUDENT_LAYERS)} layers) throughput against the teacher (6)",
+                rate["student fp32"] / rate["transformers fp32"],
+                GOAL_STUDENT_SPEEDUP,
+            )
+        )
         if real and not args.skip_accuracy:
-            accuracy(teacher, folder, {"fp32": os.path.join(tmp, "teacher.onnx"), "int8": os.path.join(tmp, "teacher.int8.onnx")}, tmp, args)
-    print(f"\n{time.perf_counter() - started:.0f}s in all; load average {os.getloadavg()[0]:.2f} at the end (above {args.threads} the timings are not for the record)")
+            accuracy(
+                teacher,
+                folder,
+                {"fp32": os.path.join(tmp, "teacher.onnx"), "int8": os.path.join(tmp, "teacher.int8.onnx")},
+                tmp,
+                args,
+            )
+    print(
+        f"\n{time.perf_counter() - started:.0f}s in all; load average {os.getloadavg()[0]:.2f} at the end "
+        f"(above {args.threads} the timings are not for the record)"
+    )
 
 
 if __name__ == "__main__":

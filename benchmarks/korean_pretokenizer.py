@@ -40,18 +40,21 @@ SPLITS = ("whitespace", "kiwi")
 def _config(root: str, pre_tokenizer: str, args: argparse.Namespace):
     from pipelines.registry import load_config
 
-    return load_config(KOREAN, [
-        f"run.root={root}",
-        f"run.seed={args.seed}",
-        f"ray.num_cpus={args.cpus}",
-        f"vocab.pre_tokenizer={pre_tokenizer}",
-        f"pretrain.model_size={args.size}",
-        f"pretrain.phases=[{{name: seq128, steps: {args.steps}, batch_size: 32}}]",
-        "pretrain.torch_threads=1",
-        f"pretrain.checkpoint_every={args.steps}",
-        f"pretrain.eval_every={args.steps}",
-        "evaluate.num_threads=1",
-    ])
+    return load_config(
+        KOREAN,
+        [
+            f"run.root={root}",
+            f"run.seed={args.seed}",
+            f"ray.num_cpus={args.cpus}",
+            f"vocab.pre_tokenizer={pre_tokenizer}",
+            f"pretrain.model_size={args.size}",
+            f"pretrain.phases=[{{name: seq128, steps: {args.steps}, batch_size: 32}}]",
+            "pretrain.torch_threads=1",
+            f"pretrain.checkpoint_every={args.steps}",
+            f"pretrain.eval_every={args.steps}",
+            "evaluate.num_threads=1",
+        ],
+    )
 
 
 def run_one(root: str, pre_tokenizer: str, args: argparse.Namespace) -> dict:
@@ -81,7 +84,11 @@ def run_one(root: str, pre_tokenizer: str, args: argparse.Namespace) -> dict:
         "vocab_size": vocab["vocab_size"],
         "unk_rate": vocab["unk_rate"],
         "pieces_per_word": vocab["pieces_per_word"],
-        "mlm": {name: {k: intrinsic[name][k] for k in ("mlm_accuracy", "mlm_loss")} for name in ("pretrained", "random_init") if name in intrinsic},
+        "mlm": {
+            name: {k: intrinsic[name][k] for k in ("mlm_accuracy", "mlm_loss")}
+            for name in ("pretrained", "random_init")
+            if name in intrinsic
+        },
         "unigram_accuracy": intrinsic["pretrained"]["baselines"]["unigram"]["mlm_accuracy"],
         "task": {
             "metric": metric,
@@ -119,8 +126,10 @@ def _spread(s: dict) -> str:
 def table(rows: list[dict], args: argparse.Namespace) -> list[str]:
     seeds = "/".join(str(s) for s in args.task_seeds)
     lines = [
-        f"| pre-tokenizer | vocabulary | [UNK] rate | pieces/word | held-out MLM acc. (unigram floor) | held-out MLM loss "
-        f"| korean-reviews acc., pretrained (seeds {seeds}) | random init | gain |",
+        (
+            "| pre-tokenizer | vocabulary | [UNK] rate | pieces/word | held-out MLM acc. (unigram floor) | held-out "
+            f"MLM loss | korean-reviews acc., pretrained (seeds {seeds}) | random init | gain |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -137,9 +146,15 @@ def table(rows: list[dict], args: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", default="runs/bench-korean-pretokenizer", help="run root (the corpus is reused, later stages too when unchanged)")
+    parser.add_argument(
+        "--root",
+        default="runs/bench-korean-pretokenizer",
+        help="run root (the corpus is reused, later stages too when unchanged)",
+    )
     parser.add_argument("--size", default="tiny", help="pretrain.model_size (tiny: 2 layers, hidden 128)")
-    parser.add_argument("--steps", type=int, default=150, help="pretraining steps of 32 sequences of 128 tokens, the same for both")
+    parser.add_argument(
+        "--steps", type=int, default=150, help="pretraining steps of 32 sequences of 128 tokens, the same for both"
+    )
     parser.add_argument("--seed", type=int, default=12345, help="run.seed, the same for both")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs Ray may use (one torch thread per worker and job)")
     args = parser.parse_args()
@@ -154,17 +169,27 @@ def main() -> None:
     ensure_ray(base.ray)
     Pipeline(base).run("corpus")
     rows = [run_one(root, name, args) for name in SPLITS]
-    result = {"settings": {k: v for k, v in vars(args).items()}, "rows": rows, "minutes": (time.perf_counter() - started) / 60}
+    result = {
+        "settings": dict(vars(args)),
+        "rows": rows,
+        "minutes": (time.perf_counter() - started) / 60,
+    }
     with open(os.path.join(root, "korean_pretokenizer.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2, ensure_ascii=False)
-    print(f"\n== whitespace words against kiwi morphemes: configs/korean.yaml, {args.size} model, {args.steps} steps, seed {args.seed} ==")
+    print(
+        f"\n== whitespace words against kiwi morphemes: configs/korean.yaml, {args.size} model, {args.steps} "
+        f"steps, seed {args.seed} =="
+    )
     for line in table(rows, args):
         print(line)
     print("held-out MLM: each row's own vocabulary and targets (morpheme pieces are not eojeol pieces).")
     for r in rows:
         if r["without_split"]:
             w = r["without_split"]
-            print(f"{r['pre_tokenizer']}: tokenizer.json alone (AutoTokenizer, no analyser) gives the split's ids for {w['identical']}/{w['sentences']} validation sentences")
+            print(
+                f"{r['pre_tokenizer']}: tokenizer.json alone (AutoTokenizer, no analyser) gives the split's "
+                f"ids for {w['identical']}/{w['sentences']} validation sentences"
+            )
     for r in rows:
         print(f"{r['pre_tokenizer']}: {r['task']['verdict']}")
     print(f"\nall figures: {os.path.join(root, 'korean_pretokenizer.json')}; {result['minutes']:.1f} minutes in all")

@@ -62,7 +62,7 @@ def _config(root: str, args: argparse.Namespace, steps: int, budget_s: float | N
 
 
 def _seconds_per_step(pretrain_dir: str) -> float:
-    from bertcore.eval.report import read_training_log
+    from bertcore.train.metrics_log import read_training_log
 
     with open(os.path.join(pretrain_dir, "metrics.jsonl"), encoding="utf-8") as handle:
         records, _ = read_training_log(handle)
@@ -90,17 +90,13 @@ def curve(root: str, cfg, args: argparse.Namespace) -> list[dict]:
     the training accuracy of the steps before it and the epochs over the examples."""
     import torch
 
-    from bertcore.train.checkpoint import (
-        LocalStageFiles,
-        checkpoint_tag,
-        complete_checkpoints,
-    )
-    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval.baselines import target_counts
     from bertcore.eval.intrinsic import held_out_scores
-    from bertcore.eval.report import read_training_log
-    from bertcore.train.export import consolidate_checkpoint
     from bertcore.model.bert import BertForPreTraining, ModelConfig
+    from bertcore.train.checkpoint import LocalStageFiles, checkpoint_tag, complete_checkpoints
+    from bertcore.train.export import consolidate_checkpoint
+    from bertcore.train.loader import ExamplesLoader
+    from bertcore.train.metrics_log import read_training_log
     from bertcore.vocab.tokenizer import read_vocab
     from pipelines.shards import read_batches
     from pipelines.storage import Storage
@@ -121,10 +117,16 @@ def curve(root: str, cfg, args: argparse.Namespace) -> list[dict]:
     for marker in complete_checkpoints(LocalStageFiles(pretrain)):
         step = marker["step"]
         model = BertForPreTraining(model_cfg)
-        model.load_state_dict(consolidate_checkpoint(os.path.join(pretrain, "checkpoints", checkpoint_tag(step)), model_cfg))
-        loader = ExamplesLoader(validation, 64, seed=1, pad_id=model_cfg.pad_token_id, shuffle=False, even_batches=False)
+        model.load_state_dict(
+            consolidate_checkpoint(os.path.join(pretrain, "checkpoints", checkpoint_tag(step)), model_cfg)
+        )
+        loader = ExamplesLoader(
+            validation, 64, seed=1, pad_id=model_cfg.pad_token_id, shuffle=False, even_batches=False
+        )
         scores = held_out_scores(model, loader, max_batches=args.eval_batches, unigram_counts=counts)
-        recent = [r for r in records if step - 20 < r["step"] <= step and isinstance(r.get("mlm_accuracy"), (int, float))]
+        recent = [
+            r for r in records if step - 20 < r["step"] <= step and isinstance(r.get("mlm_accuracy"), (int, float))
+        ]
         points.append(
             {
                 "step": step,
@@ -137,7 +139,13 @@ def curve(root: str, cfg, args: argparse.Namespace) -> list[dict]:
                 "minutes": sum(r.get("step_time_s") or 0.0 for r in records if r["step"] <= step) / 60,
             }
         )
-        print(f"  step {step:>6}: held-out MLM accuracy {100 * points[-1]['held_out_mlm_accuracy']:.1f}% (unigram {100 * points[-1]['unigram_accuracy']:.1f}%)", flush=True)
+        print(
+            (
+                f"  step {step:>6}: held-out MLM accuracy {100 * points[-1]['held_out_mlm_accuracy']:.1f}% "
+                f"(unigram {100 * points[-1]['unigram_accuracy']:.1f}%)"
+            ),
+            flush=True,
+        )
     return points
 
 
@@ -147,8 +155,8 @@ def diagnose(root: str, cfg, args: argparse.Namespace) -> dict:
     import torch
     from pyarrow import ipc
 
-    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval import diagnostics, finetune
+    from bertcore.train.loader import ExamplesLoader
 
     torch.set_num_threads(args.cpus)
     model_dir = os.path.join(root, "pretrain", "model")
@@ -179,7 +187,9 @@ def diagnose(root: str, cfg, args: argparse.Namespace) -> dict:
                 "epochs": epochs,
                 "learning_rate": task.learning_rate,
                 "mlm_accuracy_before": before,
-                "mlm_accuracy_after": diagnostics.mlm_scores_of_encoder(model_dir, state, batches(), args.eval_batches)["mlm_accuracy"],
+                "mlm_accuracy_after": diagnostics.mlm_scores_of_encoder(model_dir, state, batches(), args.eval_batches)[
+                    "mlm_accuracy"
+                ],
                 "relative_weight_change": diagnostics.relative_change(original, state),
             }
         )
@@ -197,12 +207,14 @@ def word2vec_reference(root: str, cfg, epochs: int = 20) -> dict:
     from pyarrow import ipc
 
     from bertcore.eval import metrics
-    from bertcore.eval.tasks import read_word_pairs
+    from bertcore.eval.kinds.word_similarity import read_word_pairs
 
     sentences = []
     for path in sorted(glob.glob(os.path.join(root, "corpus", "train", "*.arrow"))):
         with ipc.open_file(path) as reader:
-            sentences += [re.findall(r"\w+", s.lower()) for doc in reader.read_all().column("sentences").to_pylist() for s in doc]
+            sentences += [
+                re.findall(r"\w+", s.lower()) for doc in reader.read_all().column("sentences").to_pylist() for s in doc
+            ]
     model = Word2Vec(sentences, vector_size=128, window=5, min_count=5, sg=1, epochs=epochs, workers=1, seed=1)
     out = {"words": sum(map(len, sentences)), "epochs": epochs}
     for task in cfg.evaluate.tasks:
@@ -211,7 +223,11 @@ def word2vec_reference(root: str, cfg, epochs: int = 20) -> dict:
         pairs = read_word_pairs(task.validation, encoding=task.encoding).examples
         seen = [p for p in pairs if p.a.lower() in model.wv and p.b.lower() in model.wv]
         cosine = [float(model.wv.similarity(p.a.lower(), p.b.lower())) for p in seen]
-        out[task.name] = {"pairs": len(seen), "of": len(pairs), "spearman": metrics.spearman(cosine, [p.score for p in seen])}
+        out[task.name] = {
+            "pairs": len(seen),
+            "of": len(pairs),
+            "spearman": metrics.spearman(cosine, [p.score for p in seen]),
+        }
     return out
 
 
@@ -220,34 +236,53 @@ def _print_summary(result: dict) -> None:
     print(f"{'step':>7} {'minutes':>8} {'epoch':>6} {'held-out':>9} {'unigram':>8} {'train':>7}")
     for p in result["curve"]:
         train = "–" if p["train_mlm_accuracy"] is None else f"{100 * p['train_mlm_accuracy']:.1f}"
-        print(f"{p['step']:>7} {p['minutes']:>8.1f} {p['epoch'] if p['epoch'] is not None else '–':>6} {100 * p['held_out_mlm_accuracy']:>9.1f} {100 * p['unigram_accuracy']:>8.1f} {train:>7}")
+        print(
+            f"{p['step']:>7} {p['minutes']:>8.1f} {p['epoch'] if p['epoch'] is not None else '–':>6} "
+            f"{100 * p['held_out_mlm_accuracy']:>9.1f} {100 * p['unigram_accuracy']:>8.1f} {train:>7}"
+        )
     print("\n== tasks: pretrained vs random init (median over seeds [min, max], x100) ==")
     for name, task in result["tasks"].items():
         metric = task["primary_metric"]
         cells = []
         for model in ("pretrained", "random_init"):
             s = (task.get(model) or {}).get("validation", {}).get(metric) or {}
-            cells.append(f"{model} {100 * s.get('median', float('nan')):.1f} [{100 * s.get('min', float('nan')):.1f}, {100 * s.get('max', float('nan')):.1f}]")
+            cells.append(
+                f"{model} {100 * s.get('median', float('nan')):.1f} [{100 * s.get('min', float('nan')):.1f}, "
+                f"{100 * s.get('max', float('nan')):.1f}]"
+            )
         floors = task.get("baselines") or {}
         majority = ((floors.get("validation") or {}).get("majority") or {}).get(metric)
         floor = f", majority {100 * majority:.1f}" if majority is not None else ""
         chance = floors.get("chance", {}).get(metric)
-        print(f"{name} ({metric}): {'; '.join(cells)}{floor}" + (f", chance {100 * chance:.1f}" if chance is not None else ""))
+        print(
+            f"{name} ({metric}): {'; '.join(cells)}{floor}"
+            + (f", chance {100 * chance:.1f}" if chance is not None else "")
+        )
     w2v = result["word2vec"]
-    scored = ", ".join(f"{k} {100 * v['spearman']:.1f} on {v['pairs']}/{v['of']} pairs" for k, v in w2v.items() if isinstance(v, dict))
+    scored = ", ".join(
+        f"{k} {100 * v['spearman']:.1f} on {v['pairs']}/{v['of']} pairs" for k, v in w2v.items() if isinstance(v, dict)
+    )
     print(f"reference: word2vec skip-gram, {w2v['epochs']} epochs over the same {w2v['words']:,} words: {scored}")
     print("\n== verdicts ==")
     for line in result["verdicts"]:
         print(f"- {line}")
     d = result["diagnostics"]
     print("\n== from pretraining to fine-tuning ==")
-    print(f"encoder start vs exported weights: max |diff| {d['encoder_start']['max_abs_diff']} over {d['encoder_start']['tensors']} tensors, fresh {d['encoder_start']['fresh']}, pooler {d['encoder_start']['pooler']}")
-    print(f"tokenizer: {d['tokenizer']['identical']}/{d['tokenizer']['sentences']} held-out sentences tokenised identically by the model folder and the vocab stage")
+    print(
+        f"encoder start vs exported weights: max |diff| {d['encoder_start']['max_abs_diff']} over "
+        f"{d['encoder_start']['tensors']} tensors, fresh {d['encoder_start']['fresh']}, pooler "
+        f"{d['encoder_start']['pooler']}"
+    )
+    print(
+        f"tokenizer: {d['tokenizer']['identical']}/{d['tokenizer']['sentences']} held-out sentences "
+        "tokenised identically by the model folder and the vocab stage"
+    )
     print(f"pair layout: {d['pair_layout']}")
     for m in d["mlm_after_fine_tuning"]:
         print(
             f"after fine-tuning {m['task']} {m['epochs']} epochs at lr {m['learning_rate']}: held-out MLM accuracy "
-            f"{100 * m['mlm_accuracy_before']:.1f}% -> {100 * m['mlm_accuracy_after']:.1f}%, encoder weights moved {100 * m['relative_weight_change']:.1f}%"
+            f"{100 * m['mlm_accuracy_before']:.1f}% -> {100 * m['mlm_accuracy_after']:.1f}%, encoder weights "
+            f"moved {100 * m['relative_weight_change']:.1f}%"
         )
 
 
@@ -255,12 +290,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-min", type=float, default=30.0, help="pretraining wall-clock budget in minutes")
     parser.add_argument("--size", default="mini", help="model size (tiny, mini, small, ...)")
-    parser.add_argument("--batch-size", type=int, default=32, help="global batch (sequences per step; 32 leaves the unigram plateau sooner than 64 for the same compute)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="global batch (sequences per step; 32 leaves the unigram plateau sooner than 64 for the same compute)",
+    )
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs Ray may use (one torch thread per worker and job)")
     parser.add_argument("--points", type=int, default=8, help="checkpoints on the learning curve")
     parser.add_argument("--eval-batches", type=int, default=20, help="held-out batches of 64 sequences per curve point")
-    parser.add_argument("--root", default="runs/bench-learning", help="run root (corpus, vocab and examples are reused)")
+    parser.add_argument(
+        "--root", default="runs/bench-learning", help="run root (corpus, vocab and examples are reused)"
+    )
     args = parser.parse_args()
 
     from pipelines.ray_runtime import ensure_ray
@@ -298,7 +340,10 @@ def main() -> None:
     with open(os.path.join(root, "learning.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     _print_summary(result)
-    print(f"\nreport: {os.path.join(root, 'eval', 'report.md')}; all figures: {os.path.join(root, 'learning.json')}; {result['total_minutes']:.1f} minutes in all")
+    print(
+        f"\nreport: {os.path.join(root, 'eval', 'report.md')}; all figures: "
+        f"{os.path.join(root, 'learning.json')}; {result['total_minutes']:.1f} minutes in all"
+    )
 
 
 if __name__ == "__main__":

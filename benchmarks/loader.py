@@ -48,11 +48,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 
-from benchmarks.examples import hf_tokenizer, prepare  # noqa: E402
-from benchmarks.vocab import ENV, corpus_sentences, demo_config  # noqa: E402
+from benchmarks.examples import hf_tokenizer, prepare
+from benchmarks.vocab import ENV, corpus_sentences, demo_config
 
 MODES = ("static", "dynamic", "dynamic-wwm")
 MODELS = ("mini", "small", "base", "large")
@@ -70,8 +69,8 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from bertcore.examples.layout import arrow_schema, example_batches
     from bertcore.examples.config import length_bin
+    from bertcore.examples.layout import arrow_schema, example_batches
     from bertcore.examples.masking import VocabTables
     from bertcore.examples.pairs import InMemoryDocs
     from bertcore.vocab.tokenizer import encode_sentences, load_tokenizer, vocab_list
@@ -88,11 +87,22 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
     bounds = np.concatenate([[0], np.cumsum([len(doc) for doc in documents])])
     values, lengths = encode_sentences(tok, sentences, bounds)
     cuts = np.concatenate([[0], np.cumsum(lengths)])
-    docs = [[values[cuts[i] : cuts[i + 1]].tolist() for i in range(a, b) if lengths[i]] for a, b in zip(bounds[:-1], bounds[1:])]
+    docs = [
+        [values[cuts[i] : cuts[i + 1]].tolist() for i in range(a, b) if lengths[i]]
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
     docs = [d for d in docs if d] * repeat
-    cfg = demo_config(root, [f"examples.masking={masking}",
-                             f"examples.phases=[{{name: seq{seq}, max_seq_length: {seq}, max_predictions_per_seq: {round(seq * MLM_SHARE)}}}]",
-                             f"pretrain.phases=[{{name: seq{seq}, steps: 10, batch_size: 32}}]"]).examples
+    cfg = demo_config(
+        root,
+        [
+            f"examples.masking={masking}",
+            (
+                f"examples.phases=[{{name: seq{seq}, max_seq_length: {seq}, max_predictions_per_seq: "
+                f"{round(seq * MLM_SHARE)}}}]"
+            ),
+            f"pretrain.phases=[{{name: seq{seq}, steps: 10, batch_size: 32}}]",
+        ],
+    ).examples
     schema = arrow_schema(vocab.vocab_size)
     writers: dict[int, ipc.RecordBatchFileWriter] = {}
     for batch in example_batches(list(range(len(docs))), InMemoryDocs(docs), cfg, cfg.phases[0], 0, vocab):
@@ -111,15 +121,23 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
 
 
 def bertpipe_batches(root: Path, paths: list[Path], mode: str, batch: int, workers: int):
-    from bertcore.train.loader import ExamplesLoader
     from bertcore.examples.config import ExamplesConfig
     from bertcore.examples.masking import VocabTables
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.vocab.tokenizer import load_tokenizer, vocab_list
 
     vocab = VocabTables.from_tokens(vocab_list(load_tokenizer(str(root / "vocab"))))
     cfg = ExamplesConfig(masking="static" if mode == "static" else "dynamic", whole_word_mask=mode == "dynamic-wwm")
-    loader = ExamplesLoader(paths, batch, seed=0, length_bins=cfg.length_bins, masking=cfg.masking,
-                            mask_config=cfg.mask_config(cfg.phases[0], vocab), pad_id=vocab.special.pad, num_workers=workers)
+    loader = ExamplesLoader(
+        paths,
+        batch,
+        seed=0,
+        length_bins=cfg.length_bins,
+        masking=cfg.masking,
+        mask_config=cfg.mask_config(cfg.phases[0], vocab),
+        pad_id=vocab.special.pad,
+        num_workers=workers,
+    )
     while True:
         yield from loader
 
@@ -190,7 +208,9 @@ def hf_batches(root: Path, paths: list[Path], mode: str, batch: int, workers: in
         if mode == "static":
             collator = DataCollatorForTokenClassification(tokenizer)
         else:
-            collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=MLM_SHARE, whole_word_mask=mode == "dynamic-wwm", seed=0)
+            collator = DataCollatorForLanguageModeling(
+                tokenizer, mlm_probability=MLM_SHARE, whole_word_mask=mode == "dynamic-wwm", seed=0
+            )
         if mode == "dynamic-wwm":
             collator = _PaddedOffsets(collator)
         loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, collate_fn=collator)
@@ -219,14 +239,20 @@ def measure(batches, seconds: float) -> dict:
         if _cpu() - start >= seconds:
             break
     cpu = _cpu() - start
-    return {"sequences": sequences, "tokens": tokens, "cpu_s": cpu, "wall_s": time.perf_counter() - wall,
-            "seq_per_cpu_s": sequences / cpu, "tok_per_cpu_s": tokens / cpu}
+    return {
+        "sequences": sequences,
+        "tokens": tokens,
+        "cpu_s": cpu,
+        "wall_s": time.perf_counter() - wall,
+        "seq_per_cpu_s": sequences / cpu,
+        "tok_per_cpu_s": tokens / cpu,
+    }
 
 
 def gpu_sequences_per_s(size: str, seq: int) -> float:
     """Sequences per second one H100 consumes at 50% MFU, every sequence T tokens long."""
-    from bertcore.train.mfu import PEAK_FLOPS
     from bertcore.model.bert import ModelConfig, encoder_flops_per_token
+    from bertcore.train.mfu import PEAK_FLOPS
 
     flops = encoder_flops_per_token(ModelConfig.named(size, VOCAB), seq, MLM_SHARE)
     return 0.5 * PEAK_FLOPS[("H100", "bf16")] / (seq * flops)
@@ -242,9 +268,17 @@ def figures(results: dict, seqs: list[int]) -> dict:
     return {
         "rates": [{"row": row, "seq": seq, "masking": mode, **r} for (row, seq, mode), r in results.items()],
         "cores_per_gpu": [
-            {"model": size, "seq": seq, "masking": mode, "gpu_sequences_per_s": gpu_sequences_per_s(size, seq),
-             "bertpipe": cores_per_gpu(results, size, seq, mode), "hf": cores_per_gpu(results, size, seq, mode, "hf")}
-            for size in MODELS for seq in seqs for mode in MODES
+            {
+                "model": size,
+                "seq": seq,
+                "masking": mode,
+                "gpu_sequences_per_s": gpu_sequences_per_s(size, seq),
+                "bertpipe": cores_per_gpu(results, size, seq, mode),
+                "hf": cores_per_gpu(results, size, seq, mode, "hf"),
+            }
+            for size in MODELS
+            for seq in seqs
+            for mode in MODES
         ],
     }
 
@@ -254,9 +288,14 @@ def figures(results: dict, seqs: list[int]) -> dict:
 
 def report(results: dict, args, seqs: list[int]) -> None:
     workers = f"{args.workers} DataLoader workers" if args.workers else "no DataLoader workers (the main process)"
-    print(f"\nloader throughput per CPU core, {workers}, {args.tokens_per_batch} tokens per batch, "
-          f"at least {args.seconds:g} CPU-s per row (this process plus its workers)")
-    print("| seq | masking | bertpipe seq/s/core | bertpipe tok/s/core | HF seq/s/core | HF tok/s/core | bertpipe / HF (goal >= 3) |")
+    print(
+        f"\nloader throughput per CPU core, {workers}, {args.tokens_per_batch} tokens per batch, "
+        f"at least {args.seconds:g} CPU-s per row (this process plus its workers)"
+    )
+    print(
+        "| seq | masking | bertpipe seq/s/core | bertpipe tok/s/core | HF seq/s/core | HF tok/s/core | "
+        "bertpipe / HF (goal >= 3) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for seq in seqs:
         for mode in MODES:
@@ -265,9 +304,15 @@ def report(results: dict, args, seqs: list[int]) -> None:
                 continue
             ratio = f"{b['seq_per_cpu_s'] / h['seq_per_cpu_s']:.1f}x" if h else "-"
             hf = (f"{h['seq_per_cpu_s']:,.0f}", f"{h['tok_per_cpu_s']:,.0f}") if h else ("-", "-")
-            print(f"| {seq} | {mode} | {b['seq_per_cpu_s']:,.0f} | {b['tok_per_cpu_s']:,.0f} | {hf[0]} | {hf[1]} | {ratio} |")
-    print("\nloader cores one GPU needs: H100 at 50% MFU (sequences/s = 0.5 * 989e12 / (T * F), "
-          "F = 6N + 12LHT + 6(H^2 + VH) * 0.15, every sequence full) / the loader's sequences/s per core; HF's in brackets")
+            print(
+                f"| {seq} | {mode} | {b['seq_per_cpu_s']:,.0f} | {b['tok_per_cpu_s']:,.0f} | {hf[0]} | "
+                f"{hf[1]} | {ratio} |"
+            )
+    print(
+        "\nloader cores one GPU needs: H100 at 50% MFU (sequences/s = 0.5 * 989e12 / (T * F), "
+        "F = 6N + 12LHT + 6(H^2 + VH) * 0.15, every sequence full) / the loader's sequences/s per core; HF's "
+        "in brackets"
+    )
     print("| model | seq | GPU seq/s | " + " | ".join(f"cores, {m}" for m in MODES) + " |")
     print("|---|---|---|" + "---|" * len(MODES))
     for size in MODELS:
@@ -284,13 +329,21 @@ def report(results: dict, args, seqs: list[int]) -> None:
     small = results.get(("bertpipe", 128, "dynamic-wwm"))
     if small:
         cores = gpu_sequences_per_s("small", 128) / small["seq_per_cpu_s"]
-        print(f"\nBERT-small, seq128, dynamic whole-word masking: {cores:.2f} loader cores per GPU (goal <= 1): "
-              + ("met" if cores <= 1 else "not met"))
-    ratios = [results[("bertpipe", s, m)]["seq_per_cpu_s"] / results[("hf", s, m)]["seq_per_cpu_s"]
-              for s in seqs for m in MODES if ("hf", s, m) in results and ("bertpipe", s, m) in results]
+        print(
+            f"\nBERT-small, seq128, dynamic whole-word masking: {cores:.2f} loader cores per GPU (goal <= 1): "
+            + ("met" if cores <= 1 else "not met")
+        )
+    ratios = [
+        results[("bertpipe", s, m)]["seq_per_cpu_s"] / results[("hf", s, m)]["seq_per_cpu_s"]
+        for s in seqs
+        for m in MODES
+        if ("hf", s, m) in results and ("bertpipe", s, m) in results
+    ]
     if ratios:
-        print(f"bertpipe / HF per core: lowest {min(ratios):.1f}x over every row (goal >= {GOAL_RATIO:g}x): "
-              + ("met" if min(ratios) >= GOAL_RATIO else "not met"))
+        print(
+            f"bertpipe / HF per core: lowest {min(ratios):.1f}x over every row (goal >= {GOAL_RATIO:g}x): "
+            + ("met" if min(ratios) >= GOAL_RATIO else "not met")
+        )
 
 
 def main() -> None:
@@ -301,8 +354,12 @@ def main() -> None:
     parser.add_argument("--tokens-per-batch", type=int, default=32768)
     parser.add_argument("--seqs", default="128,512")
     parser.add_argument("--rows", default="bertpipe,hf")
-    parser.add_argument("--workdir", type=Path, help="keep the corpus and shards here (reused); default: a temporary folder")
-    parser.add_argument("--json", type=Path, help="also write the figures here (benchmarks/scale.py --loader-json reads them)")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the corpus and shards here (reused); default: a temporary folder"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="also write the figures here (benchmarks/scale.py --loader-json reads them)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny: seq128 only, 0.5 s per row")
     args = parser.parse_args()
     if args.smoke:
@@ -319,13 +376,22 @@ def main() -> None:
         for seq in seqs:
             batch = max(1, args.tokens_per_batch // seq)
             for mode in MODES:
-                paths = build_shards(root, work / "shards", seq, "static" if mode == "static" else "dynamic", args.repeat)
+                paths = build_shards(
+                    root, work / "shards", seq, "static" if mode == "static" else "dynamic", args.repeat
+                )
                 for row, make in (("bertpipe", bertpipe_batches), ("hf", hf_batches)):
                     if row not in args.rows.split(","):
                         continue
-                    results[(row, seq, mode)] = measured = measure(make(root, paths, mode, batch, args.workers), args.seconds)
-                    print(f"{row} seq{seq} {mode}: {measured['seq_per_cpu_s']:,.0f} seq/CPU-s, {measured['tok_per_cpu_s']:,.0f} tok/CPU-s "
-                          f"({measured['sequences']} sequences, {measured['cpu_s']:.1f} CPU-s, {measured['wall_s']:.1f} s)", flush=True)
+                    results[(row, seq, mode)] = measured = measure(
+                        make(root, paths, mode, batch, args.workers), args.seconds
+                    )
+                    print(
+                        f"{row} seq{seq} {mode}: {measured['seq_per_cpu_s']:,.0f} seq/CPU-s, "
+                        f"{measured['tok_per_cpu_s']:,.0f} tok/CPU-s "
+                        f"({measured['sequences']} sequences, {measured['cpu_s']:.1f} CPU-s, "
+                        f"{measured['wall_s']:.1f} s)",
+                        flush=True,
+                    )
         report(results, args, seqs)
         if args.json:
             args.json.write_text(json.dumps(figures(results, seqs), indent=1))

@@ -18,12 +18,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import numpy as np
+import torch
+import transformers
 
-from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token  # noqa: E402
-from bertcore.rng import keyed_numpy  # noqa: E402
+from bertcore.model.bert import NAMED_SIZES, BertForPreTraining, ModelConfig, encoder_flops_per_token
+from bertcore.rng import keyed_numpy
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in a BERT vocabulary
 CLS, SEP, MASK = 2, 3, 4
@@ -85,10 +85,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds per model")
     parser.add_argument("--steps", type=int, default=8, help="timed rounds per model")
-    parser.add_argument("--hf-attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"],
-                        help="transformers attn_implementation(s) to compare against")
-    parser.add_argument("--attention-dropout", type=float, default=0.1,
-                        help="attention_probs_dropout_prob of both models (0 lets SDPA use its fused kernel)")
+    parser.add_argument(
+        "--hf-attn",
+        nargs="+",
+        default=["sdpa", "eager"],
+        choices=["sdpa", "eager"],
+        help="transformers attn_implementation(s) to compare against",
+    )
+    parser.add_argument(
+        "--attention-dropout",
+        type=float,
+        default=0.1,
+        help="attention_probs_dropout_prob of both models (0 lets SDPA use its fused kernel)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -133,18 +142,26 @@ def main() -> None:
     width = np.mean([b["input_ids"].shape[1] for b in batches[args.warmup :]])
     flops_per_token = encoder_flops_per_token(cfg, int(width), masked_fraction=masked / padded)
 
-    print(f"size {args.size}: {ours.num_parameters() / 1e6:.1f}M parameters, vocab {args.vocab_size}, "
-          f"batch {args.batch_size} x seq {args.seq_len}, torch threads {args.threads}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, attention dropout {args.attention_dropout}")
-    print(f"timed steps {args.steps} per model after {args.warmup} warmup; non-pad tokens {tokens / padded:.1%} "
-          f"of padded, masked {masked / padded:.1%}")
+    print(
+        f"size {args.size}: {ours.num_parameters() / 1e6:.1f}M parameters, vocab {args.vocab_size}, "
+        f"batch {args.batch_size} x seq {args.seq_len}, torch threads {args.threads}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, attention dropout {args.attention_dropout}"
+    )
+    print(
+        f"timed steps {args.steps} per model after {args.warmup} warmup; non-pad tokens {tokens / padded:.1%} "
+        f"of padded, masked {masked / padded:.1%}"
+    )
     print("loss at start (eval, same weights): " + ", ".join(f"{n} {v:.4f}" for n, v in start_losses.items()))
     for name in models:
         ratio = "" if name == "bertcore" else f"   bertcore is {seconds[name] / seconds['bertcore']:.2f}x faster"
-        print(f"{name:>22}: {tokens / seconds[name]:9.1f} non-pad tokens/s  "
-              f"({seconds[name] / args.steps * 1e3:7.1f} ms/step){ratio}")
-    print(f"bertcore model FLOP rate (encoder + masked head, padded tokens): "
-          f"{flops_per_token * padded / seconds['bertcore'] / 1e9:.1f} GFLOP/s")
+        print(
+            f"{name:>22}: {tokens / seconds[name]:9.1f} non-pad tokens/s  "
+            f"({seconds[name] / args.steps * 1e3:7.1f} ms/step){ratio}"
+        )
+    print(
+        f"bertcore model FLOP rate (encoder + masked head, padded tokens): "
+        f"{flops_per_token * padded / seconds['bertcore'] / 1e9:.1f} GFLOP/s"
+    )
 
 
 if __name__ == "__main__":

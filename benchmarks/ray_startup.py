@@ -47,7 +47,12 @@ print(json.dumps({{"seconds": seconds, "pss_mb": pss / 2**20, "processes": len(c
 
 
 def trial(dashboard: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), dashboard=dashboard)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD.format(root=str(ROOT), dashboard=dashboard)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -48,11 +48,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not an installed package
 
-from benchmarks.examples import EXAMPLES, run_tokenizer  # noqa: E402
-from benchmarks.vocab import ENV, demo_config, measure, run_stage_measured  # noqa: E402
+from benchmarks.examples import EXAMPLES, run_tokenizer
+from benchmarks.vocab import ENV, demo_config, measure, run_stage_measured
 
 NAME = "enwiki-20990101-pages-articles-multistream"
 # what the projection scales to
@@ -71,9 +70,19 @@ def copies_of(pages: list[tuple[int, str, bytes]], copies: int):
             if k:
                 new_title = f"{title} ({k})"
                 page = page.replace(f"<title>{title}</title>".encode(), f"<title>{new_title}</title>".encode(), 1)
-                page = re.sub(rb"<id>(\d+)</id>", lambda m: b"<id>%d</id>" % (int(m.group(1)) + k * 10**8), page, count=1)
+                page = re.sub(
+                    rb"<id>(\d+)</id>",
+                    lambda m: b"<id>%d</id>" % (int(m.group(1)) + k * 10**8),  # noqa: B023 - re.sub calls it at once
+                    page,
+                    count=1,
+                )
                 # at the start of the text: the end is back matter (References, ...), which is dropped
-                page = re.sub(rb"(<text[^>]*>)", lambda m: m.group(1) + f"This is copy {k} of the article.\n\n".encode(), page, count=1)
+                page = re.sub(
+                    rb"(<text[^>]*>)",
+                    lambda m: m.group(1) + f"This is copy {k} of the article.\n\n".encode(),  # noqa: B023 - run at once
+                    page,
+                    count=1,
+                )
                 page_id, title = page_id + k * 10**8, new_title
             yield page_id, title, page
 
@@ -87,8 +96,11 @@ def build(folder: Path, xml_mb: float) -> dict[str, Path]:
     from bertcore.sample_data import ENWIKI_DUMP, gensim_data_dir
     from bertcore.text.multistream import split_dump, write_multistream
 
-    paths = {"single": folder / "single" / f"{NAME}.xml.bz2", "multi": folder / "multi" / f"{NAME}.xml.bz2",
-             "gzip": folder / "gzip" / f"{NAME}.xml.gz"}
+    paths = {
+        "single": folder / "single" / f"{NAME}.xml.bz2",
+        "multi": folder / "multi" / f"{NAME}.xml.bz2",
+        "gzip": folder / "gzip" / f"{NAME}.xml.gz",
+    }
     done = folder / "built.json"
     if done.exists() and all(p.exists() for p in paths.values()):
         return {**paths, **json.loads(done.read_text())}
@@ -123,20 +135,37 @@ def build(folder: Path, xml_mb: float) -> dict[str, Path]:
 
 
 def corpus_overrides(dump: Path, workers: int) -> list[str]:
-    split = max(2**20, -(-dump.stat().st_size // 8))  # rounded up: 8 byte ranges, not 9 (a ninth would run alone at the end)
-    return [f"ray.num_cpus={workers}", f"corpus.inputs=[{{uri: '{dump}', name: enwiki}}]", f"corpus.split_bytes={split}", "corpus.validation_fraction=0.01"]
+    split = max(
+        2**20, -(-dump.stat().st_size // 8)
+    )  # rounded up: 8 byte ranges, not 9 (a ninth would run alone at the end)
+    return [
+        f"ray.num_cpus={workers}",
+        f"corpus.inputs=[{{uri: '{dump}', name: enwiki}}]",
+        f"corpus.split_bytes={split}",
+        "corpus.validation_fraction=0.01",
+    ]
 
 
 def child_corpus(root: str, dump: str, workers: int) -> dict:
     manifest, measured = run_stage_measured("corpus", demo_config(Path(root), corpus_overrides(Path(dump), workers)))
-    return {**measured, "stats": {k: manifest.stats[k] for k in ("bytes", "work_units", "streamed_units", "characters", "sentences", "documents_kept")}}
+    return {
+        **measured,
+        "stats": {
+            k: manifest.stats[k]
+            for k in ("bytes", "work_units", "streamed_units", "characters", "sentences", "documents_kept")
+        },
+    }
 
 
 def child_examples(root: str, dump: str, workers: int) -> dict:
     overrides = [*corpus_overrides(Path(dump), workers), *EXAMPLES]
     manifest, measured = run_stage_measured("examples", demo_config(Path(root), overrides))
     phase = manifest.stats["phases"]["seq128"]
-    return {**measured, "out_tokens": sum(s["tokens"] for s in phase.values()), "sentence_tokens": manifest.stats["sentence_tokens"]}
+    return {
+        **measured,
+        "out_tokens": sum(s["tokens"] for s in phase.values()),
+        "sentence_tokens": manifest.stats["sentence_tokens"],
+    }
 
 
 def child_tokenizer(root: str, dump: str, workers: int) -> dict:
@@ -169,15 +198,29 @@ def loader_row(path: Path | None) -> str | None:
     cores = {(c["model"], c["seq"], c["masking"]): c["bertpipe"] for c in json.loads(path.read_text())["cores_per_gpu"]}
 
     def cell(size: str) -> str:
-        parts = [f"{cores[(size, seq, 'dynamic-wwm')]:.2f} (seq{seq})" for seq in (128, 512) if cores.get((size, seq, "dynamic-wwm")) is not None]
+        parts = [
+            f"{cores[(size, seq, 'dynamic-wwm')]:.2f} (seq{seq})"
+            for seq in (128, 512)
+            if cores.get((size, seq, "dynamic-wwm")) is not None
+        ]
         return f"BERT-{size}: " + ", ".join(parts)
 
-    return (f"| loader cores per GPU (H100 at 50% MFU, dynamic whole-word masking; benchmarks/loader.py) | {cell('base')} | "
-            f"{cell('large')} | {cell('small')} | {cell('mini')} |")
+    return (
+        f"| loader cores per GPU (H100 at 50% MFU, dynamic whole-word masking; benchmarks/loader.py) | {cell('base')} "
+        f"| {cell('large')} | {cell('small')} | {cell('mini')} |"
+    )
 
 
-def projection(rate_per_core: float, efficiency: float, tokens_per_char: float, chars_per_xml_byte: float,
-               examples_tokens_per_cpu_s: float, cores: int, usd: float, loader: str | None = None) -> str:
+def projection(
+    rate_per_core: float,
+    efficiency: float,
+    tokens_per_char: float,
+    chars_per_xml_byte: float,
+    examples_tokens_per_cpu_s: float,
+    cores: int,
+    usd: float,
+    loader: str | None = None,
+) -> str:
     """Markdown: wall time and cost of corpus + examples for English Wikipedia and a
     BookCorpus-sized book set on 1, 8 and 64 nodes of `cores` cores; with `loader`, a last
     row of the loader cores one GPU needs."""
@@ -187,7 +230,10 @@ def projection(rate_per_core: float, efficiency: float, tokens_per_char: float, 
     text_chars = ENWIKI_XML_GB * 2**30 * chars_per_xml_byte + BOOKS_TEXT_GB * 2**30
     tokens = text_chars * tokens_per_char
     lines = [
-        f"| nodes ({cores} cores each) | corpus stage | examples stage (seq128, 1 pass) | node-hours | cost at ${usd:.2f}/node-hour |",
+        (
+            f"| nodes ({cores} cores each) | corpus stage | examples stage (seq128, 1 pass) | node-hours | cost "
+            f"at ${usd:.2f}/node-hour |"
+        ),
         "|---|---|---|---|---|",
     ]
     for nodes in (1, 8, 64):
@@ -195,7 +241,10 @@ def projection(rate_per_core: float, efficiency: float, tokens_per_char: float, 
         corpus_s = (xml_mb + BOOKS_TEXT_GB * 1024) / (rate_per_core * workers * efficiency)
         examples_s = tokens / (examples_tokens_per_cpu_s * workers * efficiency)
         hours = (corpus_s + examples_s) / 3600
-        lines.append(f"| {nodes} | {duration(corpus_s)} | {duration(examples_s)} | {hours * nodes:.2f} | ${hours * nodes * usd:,.2f} |")
+        lines.append(
+            f"| {nodes} | {duration(corpus_s)} | {duration(examples_s)} | {hours * nodes:.2f} | "
+            f"${hours * nodes * usd:,.2f} |"
+        )
     if loader:
         lines.append(loader)
     return "\n".join(lines)
@@ -204,16 +253,25 @@ def projection(rate_per_core: float, efficiency: float, tokens_per_char: float, 
 def report(args, inputs, results) -> None:
     xml_mb = inputs["full"]["xml_bytes"] / 2**20
     sizes = ", ".join(f"{form} {inputs['full'][form].stat().st_size / 2**20:.0f} MB" for form in FORMS)
-    print(f"input: {xml_mb:.0f} MB of XML ({inputs['full']['copies']} copies of the sample; built in {inputs['full']['build_s']} s), "
-          f"x1 {inputs['x1']['xml_bytes'] / 2**20:.1f} MB; compressed: {sizes}")
-    print(f"{'run':<26} {'s':>8} {'CPU s':>8} {'MB/s/core':>10} {'MB/CPU-s':>9} {'decompressed/XML':>17} {'+planning':>10} {'RSS driver MB':>14} {'RSS worker MB':>14}  trials")
+    print(
+        f"input: {xml_mb:.0f} MB of XML ({inputs['full']['copies']} copies of the sample; built in "
+        f"{inputs['full']['build_s']} s), x1 {inputs['x1']['xml_bytes'] / 2**20:.1f} MB; compressed: {sizes}"
+    )
+    print(
+        f"{'run':<26} {'s':>8} {'CPU s':>8} {'MB/s/core':>10} {'MB/CPU-s':>9} {'decompressed/XML':>17} "
+        f"{'+planning':>10} {'RSS driver MB':>14} {'RSS worker MB':>14}  trials"
+    )
     for key, r in results.items():
         kind, size, form, workers = key
         mb = (inputs[size]["xml_bytes"] / 2**20) if kind == "corpus" else None
         line = f"{kind + ' ' + size + ' ' + form + ' w' + str(workers):<26} {r['seconds']:8.1f} {r['cpu_s']:8.1f} "
         if kind == "corpus":
             b = r["stats"]["bytes"]
-            line += f"{mb / r['seconds'] / workers:10.2f} {mb / r['cpu_s']:9.2f} {b['decompressed'] / inputs[size]['xml_bytes']:17.4f} {(b['decompressed'] + b['planning']) / inputs[size]['xml_bytes']:10.4f} "
+            line += (
+                f"{mb / r['seconds'] / workers:10.2f} {mb / r['cpu_s']:9.2f} "
+                f"{b['decompressed'] / inputs[size]['xml_bytes']:17.4f} "
+                f"{(b['decompressed'] + b['planning']) / inputs[size]['xml_bytes']:10.4f} "
+            )
         else:
             line += f"{'':>10} {'':>9} {'':>17} {'':>10} "
         line += f"{r['peak_rss_driver_mb']:14.0f} {r.get('peak_rss_worker_mb', 0):14.0f}  {r['trials']}"
@@ -223,20 +281,31 @@ def report(args, inputs, results) -> None:
         print(f"corpus {form}: scaling efficiency 1 -> 2 workers {t1 / t2 / 2:.2f} (goal >= 0.85)")
     for form in FORMS:
         a, b = results[("corpus", "x1", form, 2)], results[("corpus", "full", form, 2)]
-        print(f"corpus {form}: peak RSS x1 -> full ({xml_mb / (inputs['x1']['xml_bytes'] / 2**20):.0f}x the input): "
-              f"driver {b['peak_rss_driver_mb'] / a['peak_rss_driver_mb']:.2f}, largest worker {b['peak_rss_worker_mb'] / a['peak_rss_worker_mb']:.2f} (goal <= 1.1)")
+        print(
+            f"corpus {form}: peak RSS x1 -> full ({xml_mb / (inputs['x1']['xml_bytes'] / 2**20):.0f}x the input): "
+            f"driver {b['peak_rss_driver_mb'] / a['peak_rss_driver_mb']:.2f}, largest worker "
+            f"{b['peak_rss_worker_mb'] / a['peak_rss_worker_mb']:.2f} (goal <= 1.1)"
+        )
     if args.corpus_only:
         return
     tok = results[("tokenizer", "full", "multi", os.cpu_count() or 1)]
+    scaling = (
+        results[("examples", "full", "multi", 1)]["seconds"] / results[("examples", "full", "multi", 2)]["seconds"]
+    )
     for workers in (1, 2):
         ex = results[("examples", "full", "multi", workers)]
         busy = ex["cpu_s"] - ex["idle_cpu_per_s"] * ex["seconds"]  # less what Ray's own processes burn when idle
-        print(f"examples w{workers}: corpus tokens per CPU-second {tok['tokens'] / ex['cpu_s']:,.0f} vs encode_batch_fast "
-              f"{tok['tokens'] / tok['cpu_s']:,.0f}: ratio {tok['cpu_s'] / ex['cpu_s']:.2f} (goal >= 1.0), {tok['cpu_s'] / busy:.2f} "
-              f"less Ray's idle CPU ({ex['idle_cpu_per_s']:.2f} s/s); scaling 1 -> 2 "
-              f"{results[('examples', 'full', 'multi', 1)]['seconds'] / results[('examples', 'full', 'multi', 2)]['seconds'] / 2:.2f}")
+        print(
+            f"examples w{workers}: corpus tokens per CPU-second {tok['tokens'] / ex['cpu_s']:,.0f} vs "
+            f"encode_batch_fast {tok['tokens'] / tok['cpu_s']:,.0f}: ratio {tok['cpu_s'] / ex['cpu_s']:.2f} "
+            f"(goal >= 1.0), {tok['cpu_s'] / busy:.2f} less Ray's idle CPU ({ex['idle_cpu_per_s']:.2f} s/s); "
+            f"scaling 1 -> 2 {scaling / 2:.2f}"
+        )
     ex1, ex2 = results[("examples", "x1", "multi", 2)], results[("examples", "full", "multi", 2)]
-    print(f"examples: peak RSS x1 -> full: driver {ex2['peak_rss_driver_mb'] / ex1['peak_rss_driver_mb']:.2f}, largest worker {ex2['peak_rss_worker_mb'] / ex1['peak_rss_worker_mb']:.2f}")
+    print(
+        f"examples: peak RSS x1 -> full: driver {ex2['peak_rss_driver_mb'] / ex1['peak_rss_driver_mb']:.2f}, "
+        f"largest worker {ex2['peak_rss_worker_mb'] / ex1['peak_rss_worker_mb']:.2f}"
+    )
     print(f"examples tokens per sentence (full corpus): {json.dumps(ex2['sentence_tokens'])}")
 
     multi1, multi2 = results[("corpus", "full", "multi", 1)], results[("corpus", "full", "multi", 2)]
@@ -246,27 +315,50 @@ def report(args, inputs, results) -> None:
     tokens_per_char = tok["tokens"] / multi2["stats"]["characters"]
     examples_rate = tok["tokens"] / results[("examples", "full", "multi", 1)]["cpu_s"]
     print()
-    print(f"Projection (markdown): English Wikipedia ({ENWIKI_XML_GB:.0f} GB of XML as a multistream dump) + a BookCorpus-sized "
-          f"book set ({BOOKS_TEXT_GB} GB of text, counted at the Wikipedia XML rate: book text needs no wikitext parsing, so "
-          f"this is an upper bound), from this run: {rate:.2f} MB of XML/s per core (1 worker, multistream), scaling "
-          f"efficiency {efficiency:.2f} applied to every node count (measured 1 -> 2 workers only), {chars_per_xml_byte:.3f} "
-          f"characters of corpus text per XML byte, {tokens_per_char:.3f} tokens per character, {examples_rate:,.0f} corpus "
-          f"tokens per CPU-second in the examples stage; {args.cores_per_node} cores per node, ${args.node_hour_usd}/node-hour; "
-          "the vocab stage (sampled, one node) and reading from object storage are not included.")
+    print(
+        f"Projection (markdown): English Wikipedia ({ENWIKI_XML_GB:.0f} GB of XML as a multistream dump) + a "
+        "BookCorpus-sized "
+        f"book set ({BOOKS_TEXT_GB} GB of text, counted at the Wikipedia XML rate: book text needs no "
+        "wikitext parsing, so "
+        f"this is an upper bound), from this run: {rate:.2f} MB of XML/s per core (1 worker, multistream), scaling "
+        f"efficiency {efficiency:.2f} applied to every node count (measured 1 -> 2 workers only), "
+        f"{chars_per_xml_byte:.3f} "
+        f"characters of corpus text per XML byte, {tokens_per_char:.3f} tokens per character, "
+        f"{examples_rate:,.0f} corpus "
+        f"tokens per CPU-second in the examples stage; {args.cores_per_node} cores per node, "
+        f"${args.node_hour_usd}/node-hour; "
+        "the vocab stage (sampled, one node) and reading from object storage are not included."
+    )
     print()
-    print(projection(rate, efficiency, tokens_per_char, chars_per_xml_byte, examples_rate, args.cores_per_node, args.node_hour_usd,
-                     loader_row(args.loader_json)))
+    print(
+        projection(
+            rate,
+            efficiency,
+            tokens_per_char,
+            chars_per_xml_byte,
+            examples_rate,
+            args.cores_per_node,
+            args.node_hour_usd,
+            loader_row(args.loader_json),
+        )
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--xml-mb", type=float, default=1024, help="MB of XML of the full-size input")
-    parser.add_argument("--workdir", type=Path, help="keep inputs and runs here (inputs are reused); default: a temporary folder")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep inputs and runs here (inputs are reused); default: a temporary folder"
+    )
     parser.add_argument("--trials", type=int, default=1, help="runs per row; the fastest is reported")
     parser.add_argument("--cores-per-node", type=int, default=32)
     parser.add_argument("--node-hour-usd", type=float, default=1.5)
-    parser.add_argument("--loader-json", type=Path, help="benchmarks/loader.py --json output: adds the loader cores per GPU row")
-    parser.add_argument("--corpus-only", action="store_true", help="the corpus stage's rows only (no examples stage, no projection)")
+    parser.add_argument(
+        "--loader-json", type=Path, help="benchmarks/loader.py --json output: adds the loader cores per GPU row"
+    )
+    parser.add_argument(
+        "--corpus-only", action="store_true", help="the corpus stage's rows only (no examples stage, no projection)"
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -278,18 +370,40 @@ def main() -> None:
         work = args.workdir or Path(tmp)
         inputs = {"x1": build(work / "input-x1", 0), "full": build(work / f"input-{args.xml_mb:g}mb", args.xml_mb)}
         jobs = {}
-        for size, form, workers in [("x1", form, 2) for form in FORMS] + [("full", form, w) for form in FORMS for w in (1, 2)]:
-            jobs[("corpus", size, form, workers)] = ["--child", "corpus", str(work / f"run-{size}-{form}"), str(inputs[size][form]), str(workers)]
+        for size, form, workers in [("x1", form, 2) for form in FORMS] + [
+            ("full", form, w) for form in FORMS for w in (1, 2)
+        ]:
+            jobs[("corpus", size, form, workers)] = [
+                "--child",
+                "corpus",
+                str(work / f"run-{size}-{form}"),
+                str(inputs[size][form]),
+                str(workers),
+            ]
         results = measure(__file__, jobs, args.trials)
         if args.corpus_only:
             report(args, inputs, results)
             return
         for size in ("x1", "full"):
             prepare_vocab(work / f"run-{size}-multi", inputs[size]["multi"])
-        jobs = {("examples", size, "multi", w): ["--child", "examples", str(work / f"run-{size}-multi"), str(inputs[size]["multi"]), str(w)]
-                for size, w in (("x1", 2), ("full", 1), ("full", 2))}
+        jobs = {
+            ("examples", size, "multi", w): [
+                "--child",
+                "examples",
+                str(work / f"run-{size}-multi"),
+                str(inputs[size]["multi"]),
+                str(w),
+            ]
+            for size, w in (("x1", 2), ("full", 1), ("full", 2))
+        }
         cpus = os.cpu_count() or 1
-        jobs[("tokenizer", "full", "multi", cpus)] = ["--child", "tokenizer", str(work / "run-full-multi"), str(inputs["full"]["multi"]), str(cpus)]
+        jobs[("tokenizer", "full", "multi", cpus)] = [
+            "--child",
+            "tokenizer",
+            str(work / "run-full-multi"),
+            str(inputs["full"]["multi"]),
+            str(cpus),
+        ]
         results.update(measure(__file__, jobs, args.trials))
         report(args, inputs, results)
 

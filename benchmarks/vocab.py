@@ -181,14 +181,15 @@ class TreeUsage:
 
 def warm_workers(cpus: int) -> None:
     """Have `cpus` Ray workers import the stage modules, as the stages before this one in a
-    flow (or earlier runs on a long-lived cluster) would have (a cold worker spends a second or more importing pyarrow and tokenizers)."""
+    flow (or earlier runs on a long-lived cluster) would have (a cold worker spends a second or more importing pyarrow
+    and tokenizers)."""
     import ray
 
     @ray.remote(num_cpus=1)
     def warm() -> None:
-        import pipelines.stages.corpus.work  # noqa: F401
-        import pipelines.stages.examples.work  # noqa: F401
-        import pipelines.stages.vocab.work  # noqa: F401
+        import pipelines.stages.corpus.work
+        import pipelines.stages.examples.work
+        import pipelines.stages.vocab.work  # noqa: F401 - imported to warm the worker
 
         time.sleep(2)  # hold the CPU so that each warm-up lands on its own worker
 
@@ -208,9 +209,10 @@ def settle(quiet_cpu_per_s: float = 0.1, max_s: float = 30.0) -> float:
 
 
 def run_stage_measured(stage: str, cfg) -> tuple:
-    """(manifest, measurements) of one forced run of a stage ("vocab", "examples") on an embedded Ray whose workers are warm and whose processes have
-    settled: wall seconds, Ray's idle PSS and CPU rate, the tree's peak memory and CPU
-    time (`TreeUsage.report`), and the Ray task timeline."""
+    """(manifest, measurements) of one forced run of a stage ("vocab", "examples") on an
+    embedded Ray whose workers are warm and whose processes have settled: wall seconds,
+    Ray's idle PSS and CPU rate, the tree's peak memory and CPU time
+    (`TreeUsage.report`), and the Ray task timeline."""
     from pipelines.ray_runtime import ensure_ray
     from pipelines.runner import Pipeline
 
@@ -245,7 +247,9 @@ def ray_task_times(since: float) -> dict[str, list]:
 
 
 def describe_tasks(tasks: dict[str, list]) -> str:
-    return "; ".join(f"{name} x{n} busy {busy:.1f} s in {first:.1f}-{last:.1f} s" for name, (n, busy, first, last) in tasks.items())
+    return "; ".join(
+        f"{name} x{n} busy {busy:.1f} s in {first:.1f}-{last:.1f} s" for name, (n, busy, first, last) in tasks.items()
+    )
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -281,7 +285,10 @@ def repeat_corpus(source_root: Path, target_root: Path, times: int) -> None:
             for i, shard in enumerate(originals):
                 with pa.memory_map(str(src / shard.path)) as stream:
                     table = ipc.open_file(stream).read_all()
-                ids = [hashlib.blake2b(f"{d}\x1fcopy{k}".encode(), digest_size=12).hexdigest() for d in table.column("doc_id").to_pylist()]
+                ids = [
+                    hashlib.blake2b(f"{d}\x1fcopy{k}".encode(), digest_size=12).hexdigest()
+                    for d in table.column("doc_id").to_pylist()
+                ]
                 table = table.set_column(table.schema.get_field_index("doc_id"), "doc_id", pa.array(ids, pa.string()))
                 relative = f"{split}/part-{k * len(originals) + i:05d}.arrow"
                 with pa.OSFile(str(dst / relative), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
@@ -296,7 +303,9 @@ def repeat_corpus(source_root: Path, target_root: Path, times: int) -> None:
             split_stats[key] *= times
     manifest = replace(
         source,
-        fingerprint=fingerprint("corpus", source.code_version, source.config, {"repeated": source.fingerprint, "times": times}),
+        fingerprint=fingerprint(
+            "corpus", source.code_version, source.config, {"repeated": source.fingerprint, "times": times}
+        ),
         inputs={"repeated_from": source.fingerprint, "times": times},
         shards=shards,
         stats=stats,
@@ -387,8 +396,18 @@ def child_library(root: str) -> None:
         alphabet_s = time.perf_counter() - start
         tokenizer = train_wordpiece(sentences, cfg, alphabet=alphabet)
         seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "alphabet_s": alphabet_s, "train_s": seconds - alphabet_s, "held_mb": held_mb,
-                      "vocab_entries": tokenizer.get_vocab_size(), **usage.report()}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "alphabet_s": alphabet_s,
+                "train_s": seconds - alphabet_s,
+                "held_mb": held_mb,
+                "vocab_entries": tokenizer.get_vocab_size(),
+                **usage.report(),
+            }
+        )
+    )
 
 
 def measure(script: str, jobs: dict, trials: int) -> dict:
@@ -415,7 +434,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--trials", type=int, default=1, help="runs per input; the fastest is reported")
-    parser.add_argument("--workdir", type=Path, help="keep the corpora here (reused by later runs); default: a temporary folder")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the corpora here (reused by later runs); default: a temporary folder"
+    )
     parser.add_argument("--skip-library", action="store_true", help="skip the in-process timing of the library calls")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-library", help=argparse.SUPPRESS)
@@ -435,32 +456,46 @@ def main() -> None:
         repeat_corpus(x1, xn, args.repeat)
 
         inputs = {"x1": x1, f"x{args.repeat}": xn}
-        rows = list(measure(__file__, {name: ["--child", str(root)] for name, root in inputs.items()}, args.trials).items())
+        rows = list(
+            measure(__file__, {name: ["--child", str(root)] for name, root in inputs.items()}, args.trials).items()
+        )
         cpus = rows[0][1]["cpus"]
         print(f"vocab stage, vocab_size={VOCAB_SIZE}, embedded local Ray with {cpus} CPUs, Ray start not timed")
         print(
             f"{'corpus':<7} {'sentences':>10} {'entries':>8} {'s':>7} {'CPU s':>7} "
-            f"{'PSS idle MB':>12} {'PSS peak MB':>12} {'RSS 1 proc MB':>14} {'RSS driver MB':>14} {'idle CPU s/s':>13}  trials wall s/CPU s@load"
+            f"{'PSS idle MB':>12} {'PSS peak MB':>12} {'RSS 1 proc MB':>14} {'RSS driver MB':>14} "
+            f"{'idle CPU s/s':>13}  trials wall s/CPU s@load"
         )
         for name, r in rows:
             print(
                 f"{name:<7} {r['sentences']:>10} {r['vocab_entries']:>8} {r['seconds']:7.1f} {r['cpu_s']:7.1f} "
-                f"{r['idle_pss_mb']:12.0f} {r['peak_pss_mb']:12.0f} {r['peak_rss_one_mb']:14.0f} {r['peak_rss_driver_mb']:14.0f} {r['idle_cpu_per_s']:13.2f}  {r['trials']}"
+                f"{r['idle_pss_mb']:12.0f} {r['peak_pss_mb']:12.0f} {r['peak_rss_one_mb']:14.0f} "
+                f"{r['peak_rss_driver_mb']:14.0f} {r['idle_cpu_per_s']:13.2f}  {r['trials']}"
             )
         for name, r in rows:
             print(f"{name} Ray tasks (fastest trial; seconds after the stage started): {describe_tasks(r['tasks'])}")
         a, b = rows[0][1], rows[1][1]
-        print(f"growth x1 -> x{args.repeat}: time {b['seconds'] / a['seconds']:.2f}, CPU time {b['cpu_s'] / a['cpu_s']:.2f}, "
-              f"peak PSS (all processes) {b['peak_pss_mb'] / a['peak_pss_mb']:.2f}, "
-              f"peak PSS above idle {(b['peak_pss_mb'] - b['idle_pss_mb']) / (a['peak_pss_mb'] - a['idle_pss_mb']):.2f}, "
-              f"largest process RSS {b['peak_rss_one_mb'] / a['peak_rss_one_mb']:.2f}")
+        print(
+            f"growth x1 -> x{args.repeat}: time {b['seconds'] / a['seconds']:.2f}, CPU time "
+            f"{b['cpu_s'] / a['cpu_s']:.2f}, peak PSS (all processes) {b['peak_pss_mb'] / a['peak_pss_mb']:.2f}, peak "
+            f"PSS above idle {(b['peak_pss_mb'] - b['idle_pss_mb']) / (a['peak_pss_mb'] - a['idle_pss_mb']):.2f}, "
+            f"largest process RSS {b['peak_rss_one_mb'] / a['peak_rss_one_mb']:.2f}"
+        )
 
         if not args.skip_library:
             print("library calls in one process (count_alphabet, then train_wordpiece), sentences already in memory:")
-            print(f"{'corpus':<7} {'alphabet s':>11} {'train s':>8} {'CPU s':>7} {'RSS held MB':>12} {'RSS peak MB':>12}  trials wall s/CPU s@load")
-            library = measure(__file__, {name: ["--child-library", str(root)] for name, root in inputs.items()}, args.trials)
+            print(
+                f"{'corpus':<7} {'alphabet s':>11} {'train s':>8} {'CPU s':>7} {'RSS held MB':>12} "
+                f"{'RSS peak MB':>12}  trials wall s/CPU s@load"
+            )
+            library = measure(
+                __file__, {name: ["--child-library", str(root)] for name, root in inputs.items()}, args.trials
+            )
             for name, r in library.items():
-                print(f"{name:<7} {r['alphabet_s']:11.1f} {r['train_s']:8.1f} {r['cpu_s']:7.1f} {r['held_mb']:12.0f} {r['peak_rss_one_mb']:12.0f}  {r['trials']}")
+                print(
+                    f"{name:<7} {r['alphabet_s']:11.1f} {r['train_s']:8.1f} {r['cpu_s']:7.1f} "
+                    f"{r['held_mb']:12.0f} {r['peak_rss_one_mb']:12.0f}  {r['trials']}"
+                )
 
         docs = corpus_sentences(x1)
         half, full = distinct_words(docs[::2]), distinct_words(docs)
@@ -468,7 +503,7 @@ def main() -> None:
         print(
             f"distinct words (BERT pre-tokenizer): every other document {half}, demo corpus {full} "
             f"(Heaps exponent {beta:.2f}); x{args.repeat} by repetition {full}, a real corpus "
-            f"{args.repeat}x larger about {full * args.repeat ** beta:,.0f}"
+            f"{args.repeat}x larger about {full * args.repeat**beta:,.0f}"
         )
 
 

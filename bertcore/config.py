@@ -26,7 +26,8 @@ class RunConfig(Section):
     """Where the run lives and how it is seeded."""
 
     root: str = "runs/demo"
-    """URI under which every stage directory lives: a local path or s3://bucket/prefix; `~` and `$VAR` are expanded (an unset variable, an empty root and `/` are refused)."""
+    """URI under which every stage directory lives: a local path or s3://bucket/prefix; `~` and `$VAR` are expanded (an
+    unset variable, an empty root and `/` are refused)."""
     seed: int = 12345
     """Seed of every random choice; each draw is keyed by (seed, stage, shard or document, pass)."""
 
@@ -52,11 +53,16 @@ def resolve_root(value: str) -> str:
         raise ValueError("is empty; give a folder (e.g. runs/demo) or s3://bucket/prefix")
     expanded = os.path.expandvars(value)
     if unset := _VARIABLE.search(expanded):
-        raise ValueError(f"{value!r}: the environment variable {unset.group(1).strip('{}')} is not set; set it or write the path out")
+        raise ValueError(
+            f"{value!r}: the environment variable {unset.group(1).strip('{}')} is not set; set it or write the path out"
+        )
     if "://" in expanded:
         scheme, _, rest = expanded.partition("://")
         if not rest.strip("/"):
-            raise ValueError(f"{value!r} is a whole file system or bucket list; give a folder inside it (e.g. {scheme}://bucket/runs)")
+            raise ValueError(
+                f"{value!r} is a whole file system or bucket list; give a folder inside it (e.g. "
+                f"{scheme}://bucket/runs)"
+            )
         return expanded.rstrip("/")
     resolved = Path(expanded).expanduser().resolve()
     if resolved == Path(resolved.anchor):
@@ -81,7 +87,8 @@ class StorageConfig(Section):
     written to manifests or resolved configs."""
 
     endpoint_url: str | None = Field(None, validate_default=True)
-    """S3-compatible endpoint (MinIO, Ceph, moto); default: $AWS_ENDPOINT_URL (read when the config is loaded) or AWS itself."""
+    """S3-compatible endpoint (MinIO, Ceph, moto); default: $AWS_ENDPOINT_URL (read when the config is loaded) or AWS
+    itself."""
     region: str | None = None
     """S3 region; default: from the environment."""
     anon: bool = False
@@ -162,7 +169,10 @@ def load_yaml(text: str, where: str) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML ({' '.join(str(exc).split())[:300]})") from None
     if _shared_container(data):
-        raise ConfigError(f"{where}: YAML aliases (*name) of lists or mappings are not allowed in recipes; write the value out, or use `extends`")
+        raise ConfigError(
+            f"{where}: YAML aliases (*name) of lists or mappings are not allowed in recipes; write the value "
+            "out, or use `extends`"
+        )
     return data
 
 
@@ -187,7 +197,9 @@ def _read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} is not a regular file")
     if path.stat().st_size > MAX_RECIPE_BYTES:
-        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a recipe may hold at most {MAX_RECIPE_BYTES:,} (256 KiB)")
+        raise ConfigError(
+            f"{path}: {path.stat().st_size:,} bytes; a recipe may hold at most {MAX_RECIPE_BYTES:,} (256 KiB)"
+        )
     try:
         text = path.read_bytes()[: MAX_RECIPE_BYTES + 1].decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -218,7 +230,9 @@ def apply_override(data: dict, assignment: str) -> None:
     except yaml.YAMLError:
         value = raw
     if _shared_container(value):
-        raise ConfigError(f"--set {key}: YAML aliases (*name) of lists or mappings are not allowed; write the value out")
+        raise ConfigError(
+            f"--set {key}: YAML aliases (*name) of lists or mappings are not allowed; write the value out"
+        )
     node[parts[-1]] = value
 
 
@@ -245,7 +259,10 @@ def describe_errors(error: ValidationError) -> str:
         elif item["type"].endswith("_type") and not isinstance(item.get("input"), (dict, list)):
             shown = item.get("input")
             shown = shown[:80] + "..." if isinstance(shown, str) and len(shown) > 80 else shown
-            message += f" (got {yaml.safe_dump(shown, default_flow_style=True, width=1 << 20).strip().removesuffix('...').strip()})"
+            message += (
+                " (got "
+                f"{yaml.safe_dump(shown, default_flow_style=True, width=1 << 20).strip().removesuffix('...').strip()})"
+            )
         lines.append(f"{where}: {message}")
     if len(items) > MAX_ERRORS:
         lines.append(f"and {len(items) - MAX_ERRORS} more")

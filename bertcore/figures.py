@@ -18,7 +18,8 @@ import math
 from typing import Any
 
 RAW_SCALE = ("loss", "perplexity", "mse", "count", "sequences", "batches", "tokens", "threshold", "anisotropy")
-"""Metric names containing these are quantities with their own scale; every other metric is a score shown in percent (x 100)."""
+"""Metric names containing these are quantities with their own scale; every other metric is a score shown in
+percent (x 100)."""
 
 NAMES = {
     "accuracy": "accuracy",
@@ -129,14 +130,17 @@ def duration(seconds: float | None) -> str:
 
 
 def count(n: float) -> str:
-    """1,234 / 12.3k / 4.56M: short enough for one log line."""
+    """1,234 / 12.3k / 4.56M / 1.0M: short enough for one log line (three significant
+    digits, at least one decimal below 100, and the next unit up where rounding reaches 1,000)."""
     n = float(n)
     if abs(n) < 10_000:
         return f"{n:,.0f}"
-    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= factor:
-            return f"{n / factor:.3g}{suffix}"
-    return f"{n:.0f}"
+    for factor, suffix in ((1e3, "k"), (1e6, "M"), (1e9, "G")):
+        value = n / factor
+        if abs(float(f"{value:.3g}")) < 1000:
+            text = f"{value:.3g}"
+            return f"{value:.1f}{suffix}" if abs(value) < 99.95 and "." not in text else f"{text}{suffix}"
+    return f"{n / 1e9:,.0f}G"
 
 
 def size(nbytes: float) -> str:

@@ -32,7 +32,9 @@ def inside(path: str, folder: str) -> str:
     really is; PathEscape otherwise."""
     real = os.path.realpath(path)
     if not is_within(real, os.path.realpath(folder)):
-        raise PathEscape(f"{path} leads to {real}, outside {folder} (through a symbolic link); remove the link and run again")
+        raise PathEscape(
+            f"{path} leads to {real}, outside {folder} (through a symbolic link); remove the link and run again"
+        )
     return path
 
 
@@ -70,8 +72,13 @@ def remove_within(path: str, folder: str, recursive: bool = False) -> None:
         os.unlink(path)
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+)
 
 
 def not_regular(path: str) -> str | None:
@@ -115,7 +122,9 @@ def walk(folder: str) -> tuple[list[str], list[str], list[tuple[str, str]]]:
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
                 if not is_within(target, real_folder):
-                    skipped.append((entry.path, f"a symbolic link to {target}, outside the input folder (not followed)"))
+                    skipped.append(
+                        (entry.path, f"a symbolic link to {target}, outside the input folder (not followed)")
+                    )
                 elif os.path.isdir(target):
                     skipped.append((entry.path, "a symbolic link to a folder (not followed)"))
                 elif problem := not_regular(entry.path):

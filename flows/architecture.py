@@ -31,7 +31,10 @@ def render_table() -> str:
         if stage.identify is not None and stage.reads:
             reads += " + files outside run.root"
         section = f"`{stage.section.__name__}` ({_source(stage.section)})"
-        lines.append(f"| {stage.name} | `{stage.directory}/` | {reads} | {stage.writes} | {os.path.relpath(stage.work_file(), ROOT)} | {section} |")
+        lines.append(
+            f"| {stage.name} | `{stage.directory}/` | {reads} | {stage.writes} | "
+            f"{os.path.relpath(stage.work_file(), ROOT)} | {section} |"
+        )
     return "\n".join(lines) + "\n"
 
 

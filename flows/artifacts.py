@@ -14,8 +14,8 @@ from prefect.exceptions import MissingContextError
 
 from bertcore import figures
 from bertcore.figures import count
-from bertcore.train.metrics_log import METRICS, VALIDATION, intervals
 from bertcore.redact import mask_text, masked
+from bertcore.train.metrics_log import METRICS, VALIDATION, intervals
 from pipelines.stage_dir import Manifest, StageDir
 
 MAX_STATISTICS = 200
@@ -54,7 +54,9 @@ def publish_stage(name: str, manifest: Manifest, directory: StageDir, computed: 
     )
     if manifest.report:
         report = directory.storage.read_text(directory.path(manifest.report))
-        create_markdown_artifact(markdown=report, key=f"{name}-report", description=f"{name} report ({directory.path(manifest.report)})")
+        create_markdown_artifact(
+            markdown=report, key=f"{name}-report", description=f"{name} report ({directory.path(manifest.report)})"
+        )
     for key, rows in manifest.tables.items():
         if rows:
             create_table_artifact(table=rows, key=key, description=f"{name}: {key}")
@@ -63,8 +65,11 @@ def publish_stage(name: str, manifest: Manifest, directory: StageDir, computed: 
         steps = _records(directory, METRICS)
         validations = _records(directory, VALIDATION) if VALIDATION in logs else []
         every = int((manifest.config or {}).get("log_every") or 1)
-        create_markdown_artifact(markdown=training_curves(steps, validations, every), key=f"{name}-curves",
-                                 description=f"{name} training curves ({directory.path(METRICS)})")
+        create_markdown_artifact(
+            markdown=training_curves(steps, validations, every),
+            key=f"{name}-curves",
+            description=f"{name} training curves ({directory.path(METRICS)})",
+        )
     return True
 
 
@@ -80,20 +85,44 @@ def training_curves(steps: list[dict], validations: list[dict], every: int = 1) 
     lines = ["# Training curves", ""]
     means = intervals(steps, max(1, every))
     if means:
-        lines += [f"Training loss (means of {every} steps), steps {steps[0]['step']}-{steps[-1]['step']}: `{sparkline([m['loss'] for m in means])}`", ""]
+        lines += [
+            (
+                f"Training loss (means of {every} steps), steps {steps[0]['step']}-{steps[-1]['step']}: "
+                f"`{sparkline([m['loss'] for m in means])}`"
+            ),
+            "",
+        ]
     if validations:
         lines += [f"Validation MLM loss: `{sparkline([r['mlm_loss'] for r in validations])}`", ""]
     for m in means:
         m["steps_covered"] = f"{m['first_step']}-{m['step']}"
     lines += _table(
-        f"Training (metrics.jsonl, means over intervals of {every} steps)", means,
-        [("steps", "steps_covered"), ("phase", "phase"), ("loss", "loss"), ("MLM loss", "mlm_loss"), ("MLM acc.", "mlm_accuracy"),
-         ("NSP acc.", "nsp_accuracy"), ("learning rate", "lr"), ("tokens/s", "tokens_per_s")],
+        f"Training (metrics.jsonl, means over intervals of {every} steps)",
+        means,
+        [
+            ("steps", "steps_covered"),
+            ("phase", "phase"),
+            ("loss", "loss"),
+            ("MLM loss", "mlm_loss"),
+            ("MLM acc.", "mlm_accuracy"),
+            ("NSP acc.", "nsp_accuracy"),
+            ("learning rate", "lr"),
+            ("tokens/s", "tokens_per_s"),
+        ],
     )
     lines += _table(
-        "Validation (validation.jsonl: a fixed held-out sample)", validations,
-        [("step", "step"), ("phase", "phase"), ("sequences", "sequences"), ("loss", "loss"), ("MLM loss", "mlm_loss"),
-         ("MLM acc.", "mlm_accuracy"), ("NSP loss", "nsp_loss"), ("NSP acc.", "nsp_accuracy")],
+        "Validation (validation.jsonl: a fixed held-out sample)",
+        validations,
+        [
+            ("step", "step"),
+            ("phase", "phase"),
+            ("sequences", "sequences"),
+            ("loss", "loss"),
+            ("MLM loss", "mlm_loss"),
+            ("MLM acc.", "mlm_accuracy"),
+            ("NSP loss", "nsp_loss"),
+            ("NSP acc.", "nsp_accuracy"),
+        ],
     )
     return "\n".join(lines) + "\n"
 

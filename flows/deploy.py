@@ -13,10 +13,10 @@ Three kinds of deployment share one recipe:
 The flow's parameter is the pydantic `PipelineConfig`, so the Prefect UI shows the recipe
 as a typed form; each deployment stores the recipe resolved by `load_config` as that
 parameter's default value (secrets are excluded from the dump and never reach the Prefect
-database; a recipe with a password inside a URI is refused). The code is not packaged or pushed anywhere: the deployments point at this
-checkout (a `set_working_directory` pull step) and run on a process work pool, so a
-`prefect worker start --pool <pool>` on a machine with this checkout and its virtualenv runs
-them.
+database; a recipe with a password inside a URI is refused). The code is not packaged or
+pushed anywhere: the deployments point at this checkout (a `set_working_directory` pull
+step) and run on a process work pool, so a `prefect worker start --pool <pool>` on a machine
+with this checkout and its virtualenv runs them.
 """
 
 from __future__ import annotations
@@ -76,13 +76,19 @@ KINDS: dict[str, DeploymentKind] = {
     for kind in (
         DeploymentKind(
             "full",
-            "Every stage, raw text to an evaluated model; complete stages with unchanged inputs and settings are cached.",
+            (
+                "Every stage, raw text to an evaluated model; complete stages with unchanged inputs and settings "
+                "are cached."
+            ),
             None,
             "0 2 * * 6",  # Saturdays 02:00, after that night's corpus refresh
         ),
         DeploymentKind(
             "corpus-refresh",
-            "Only the corpus stage: recomputed when the input files changed; later stages become stale until the next full run.",
+            (
+                "Only the corpus stage: recomputed when the input files changed; later stages become stale until "
+                "the next full run."
+            ),
             ("corpus",),
             "0 1 * * *",  # daily 01:00
         ),
@@ -164,7 +170,9 @@ def plan_deployments(
             try:
                 validate_cron_string(cron)
             except ValueError:
-                raise ConfigError(f"deploy schedules.{name}: {cron!r} is not a valid cron expression (e.g. '0 2 * * 6')") from None
+                raise ConfigError(
+                    f"deploy schedules.{name}: {cron!r} is not a valid cron expression (e.g. '0 2 * * 6')"
+                ) from None
         plans.append(
             DeploymentPlan(
                 name=f"{name_prefix}-{name}",
@@ -229,13 +237,19 @@ def load_automations(path: str | os.PathLike = AUTOMATIONS, crash_after_s: float
     from prefect.events.schemas.automations import AutomationCore
 
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    items = data["automations"] if isinstance(data, dict) and "automations" in data else data if isinstance(data, list) else [data]
+    items = (
+        data["automations"]
+        if isinstance(data, dict) and "automations" in data
+        else data
+        if isinstance(data, list)
+        else [data]
+    )
     automations = [AutomationCore.model_validate(item) for item in items]
     if crash_after_s is not None:
         if crash_after_s < HEARTBEAT_S + 15:
             raise ConfigError(
-                f"deploy crash_after_s: {crash_after_s:g} s leaves less than 15 s beyond one heartbeat interval ({HEARTBEAT_S} s); "
-                "a busy run would be taken for a dead one"
+                f"deploy crash_after_s: {crash_after_s:g} s leaves less than 15 s beyond one heartbeat interval "
+                f"({HEARTBEAT_S} s); a busy run would be taken for a dead one"
             )
         for automation in automations:
             if automation.name == HEARTBEAT_AUTOMATION:
@@ -333,7 +347,9 @@ def deploy(
         )
         for plan in plans
     ]
-    ids = prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False, ignore_warnings=True)
+    ids = prefect_deploy(
+        *deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False, ignore_warnings=True
+    )
     apply_automations(automations)
     log.info(
         "automations %s: a run without heartbeats for %g s is marked crashed, a crashed run is rescheduled; "

@@ -19,7 +19,15 @@ import ray.exceptions
 
 from bertcore.redact import mask_text
 
-TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE}
+TRANSIENT_ERRNOS = {
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.EPIPE,
+}
 PERMANENT_ERRNOS = {
     errno.ENOSPC: "disk full",
     errno.EDQUOT: "disk quota exceeded",
@@ -100,9 +108,11 @@ def _describe(stage: str, exc: BaseException, root: str) -> str:
         }[cause.errno]
         return f"{stage}: {what}{target} ({text}); {hint}"
     if type(cause).__name__ in CREDENTIALS_ERROR_NAMES:
-        return (f"{stage}: no object-store credentials ({text}); give this process credentials for the s3:// URIs of the recipe "
-                f"(run.root {root}, and any s3:// input, distill.teacher or init_from): AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                "AWS_PROFILE, an instance role, or storage.key/storage.secret")
+        return (
+            f"{stage}: no object-store credentials ({text}); give this process credentials for the s3:// URIs of the "
+            f"recipe (run.root {root}, and any s3:// input, distill.teacher or init_from): AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance role, or storage.key/storage.secret"
+        )
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
         return f"{stage}: the bucket does not exist ({text}); create it, or fix run.root ({root}) or corpus.inputs"
     failures = getattr(cause, "worker_failures", None)
@@ -143,7 +153,7 @@ def write_traceback(stage: str, exc: BaseException, root: str | None = None, sto
         try:
             storage.write_bytes(uri, text.encode("utf-8"))
             return mask_text(uri)
-        except Exception:  # the root is what failed: keep the traceback on this machine
+        except Exception:  # noqa: BLE001 - the root is what failed: keep the traceback on this machine
             pass
     handle, path = tempfile.mkstemp(prefix=f"bertpipe-{stage}-", suffix="-traceback.log")
     with os.fdopen(handle, "w", encoding="utf-8") as out:

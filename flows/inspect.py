@@ -4,7 +4,8 @@ its manifest (pipelines/stage.py) and shared shard I/O (pipelines/shards.py), wi
 Each stage has one function returning a JSON-able dict (`--json` prints it) and one that
 renders it as lines for people:
 
-- corpus:   documents of a split with their sentences;
+- corpus:   documents of a split with their sentences, or (`--dropped FILTER`) samples of
+            what a filter or drop reason removed;
 - vocab:    size, alphabet, special tokens, the most frequent and the longest pieces, and
             how a given text tokenizes (`--text`);
 - examples: sequences decoded to text with [MASK]ed, replaced and kept positions marked,
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from bertcore import figures
+from bertcore.errors import ConfigError
+from bertcore.eval.scores import score_rows
+from bertcore.examples.decode import LEGEND, NSP_LABELS, decode_example
+from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.train import metrics_log
 from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE
-from bertcore.examples.decode import LEGEND, NSP_LABELS, decode_example
-from bertcore.errors import ConfigError
-from bertcore.eval.report import score_rows
-from bertcore.model.hf_files import MLM_SUFFIX, MODEL_DIR
 from bertcore.train.metrics_log import METRICS
 from bertcore.vocab.config import BPE_SPECIAL_TOKENS, tokenizer_files
 from bertcore.vocab.tokenizer import PREFIX, SPECIAL_TOKENS, UNK, load_tokenizer, vocab_list
@@ -47,6 +48,7 @@ class Options:
     split: str = "train"
     phase: str | None = None
     text: str | None = None
+    dropped: str | None = None
 
 
 def stage_dir(storage: Storage, root: str, name: str) -> tuple[StageDir, Manifest]:
@@ -56,7 +58,9 @@ def stage_dir(storage: Storage, root: str, name: str) -> tuple[StageDir, Manifes
     directory = StageDir(storage, root, REGISTRY[name].directory)
     manifest = directory.manifest()
     if manifest is None:
-        raise UpstreamMissing(f"the {name} stage has no complete output under {directory.uri}: run `bertpipe run --only {name}` first")
+        raise UpstreamMissing(
+            f"the {name} stage has no complete output under {directory.uri}: run `bertpipe run --only {name}` first"
+        )
     return directory, manifest
 
 
@@ -82,6 +86,8 @@ def _rows(directory: StageDir, manifest: Manifest, prefix: str, n: int) -> tuple
 
 
 def corpus(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> dict[str, Any]:
+    if opts.dropped is not None:
+        return corpus_dropped(manifest, opts, directory.uri)
     found, total = _rows(directory, manifest, f"{opts.split}/", opts.n)
     return {
         "stage": "corpus",
@@ -93,12 +99,55 @@ def corpus(directory: StageDir, manifest: Manifest, opts: Options, root: str) ->
     }
 
 
+def corpus_dropped(manifest: Manifest, opts: Options, uri: str) -> dict[str, Any]:
+    """Samples of what one filter removed, as the stage kept them (the same whatever the
+    number of workers: pipelines/stages/corpus/dropped.py)."""
+    samples = manifest.stats.get("dropped_samples", {})
+    filters = manifest.stats.get("filters", {})
+    if opts.dropped not in samples:
+        known = (
+            ", ".join(sorted(samples)) or "none (this corpus was made before samples were kept, or nothing was dropped)"
+        )
+        raise ConfigError(
+            f"--dropped {opts.dropped}: no samples of that filter under {uri}; filters with samples: {known}"
+        )
+    return {
+        "stage": "corpus",
+        "uri": uri,
+        "filter": opts.dropped,
+        "counts": filters.get(opts.dropped, {}),
+        "samples": [{k: v for k, v in s.items() if k not in ("rank", "file")} for s in samples[opts.dropped][: opts.n]],
+    }
+
+
 def render_corpus(data: dict[str, Any]) -> list[str]:
+    if "filter" in data:
+        c = data["counts"]
+        lines = [
+            (
+                f"corpus: {data['filter']} dropped {count(c.get('documents', 0))} documents and removed "
+                f"{count(c.get('lines', 0))} lines "
+                f"({count(c.get('characters', 0))} characters) under {data['uri']}; {len(data['samples'])} samples:"
+            )
+        ]
+        if c.get("rules"):
+            lines.append(
+                "rules: "
+                + ", ".join(f"{rule} {count(n)}" for rule, n in sorted(c["rules"].items(), key=lambda r: -r[1]))
+            )
+        for i, sample in enumerate(data["samples"], 1):
+            why = f"{sample['rule']}: {sample['detail']}" if sample["detail"] else sample["rule"] or data["filter"]
+            lines.append(f"[{i}] {sample['url'] or sample['title']}  (doc {sample['doc_id']}; {why})")
+            lines.extend(f"    {line}" for line in sample["text"].splitlines()[:SENTENCES_SHOWN])
+        return lines
     splits = ", ".join(f"{k} {count(v)}" for k, v in data["splits"].items())
     lines = [f"corpus: {splits} documents under {data['uri']}; the first {len(data['documents'])} of {data['split']}:"]
     for i, doc in enumerate(data["documents"], 1):
         sentences = doc["sentences"]
-        lines.append(f"[{i}] {doc['title'] or '(untitled)'}  ({doc['source']}, doc {doc['doc_id']}, {len(sentences)} sentences, {doc['shard']} row {doc['row']})")
+        lines.append(
+            f"[{i}] {doc['title'] or '(untitled)'}  ({doc['source']}, doc {doc['doc_id']}, {len(sentences)} "
+            f"sentences, {doc['shard']} row {doc['row']})"
+        )
         lines.extend(f"    {k:>3}  {s}" for k, s in enumerate(sentences[:SENTENCES_SHOWN], 1))
         if len(sentences) > SENTENCES_SHOWN:
             lines.append(f"         … {len(sentences) - SENTENCES_SHOWN} more sentences (--json shows all)")
@@ -144,7 +193,10 @@ def vocab(directory: StageDir, manifest: Manifest, opts: Options, root: str) -> 
 def render_vocab(data: dict[str, Any]) -> list[str]:
     held = data["held_out"]
     lines = [
-        f"vocab: {count(data['vocab_size'])} entries under {data['uri']} ({count(data['continuations'])} ## continuations)",
+        (
+            f"vocab: {count(data['vocab_size'])} entries under {data['uri']} ({count(data['continuations'])} ## "
+            "continuations)"
+        ),
         f"special tokens: {' '.join(data['special_tokens'])}",
         f"alphabet ({len(data['alphabet'])} characters): {''.join(data['alphabet'])[:160]}",
     ]
@@ -183,7 +235,9 @@ def examples(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
     decoded = []
     for path, row, record in found:
         example = decode_example(record, pieces)
-        decoded.append({"shard": path, "row": row, "length": record["length"], **example.to_json(), "_lines": example.render()})
+        decoded.append(
+            {"shard": path, "row": row, "length": record["length"], **example.to_json(), "_lines": example.render()}
+        )
     return {
         "stage": "examples",
         "uri": directory.uri,
@@ -198,14 +252,18 @@ def examples(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
 
 def render_examples(data: dict[str, Any]) -> list[str]:
     lines = [
-        f"examples: {count(data['sequences_in_split'])} sequences in {data['phase']}/{data['split']} "
-        f"({data['objective']}, {data['masking']} masking); the first {len(data['examples'])}:",
+        (
+            f"examples: {count(data['sequences_in_split'])} sequences in {data['phase']}/{data['split']} "
+            f"({data['objective']}, {data['masking']} masking); the first {len(data['examples'])}:"
+        ),
         LEGEND,
     ]
     for i, ex in enumerate(data["examples"], 1):
         label = ex["next_sentence_label"]
-        lines.append(f"[{i}] {ex['shard']} row {ex['row']} · {ex['length']} tokens · segment B from token {ex['segment_b_start']} · "
-                     f"NSP label {label} ({NSP_LABELS.get(label, '?')})")
+        lines.append(
+            f"[{i}] {ex['shard']} row {ex['row']} · {ex['length']} tokens · segment B from token "
+            f"{ex['segment_b_start']} · NSP label {label} ({NSP_LABELS.get(label, '?')})"
+        )
         lines.extend(ex["_lines"])
     return lines
 
@@ -251,7 +309,13 @@ def pretrain(directory: StageDir, manifest: Manifest, opts: Options, root: str) 
             }
         )
     models = {
-        folder: {"uri": directory.path(folder), "files": [{"file": s.path.removeprefix(f"{folder}/"), "bytes": s.bytes} for s in manifest.shards_under(f"{folder}/")]}
+        folder: {
+            "uri": directory.path(folder),
+            "files": [
+                {"file": s.path.removeprefix(f"{folder}/"), "bytes": s.bytes}
+                for s in manifest.shards_under(f"{folder}/")
+            ],
+        }
         for folder in (MODEL_DIR, MODEL_DIR + MLM_SUFFIX)
     }
     stats = manifest.stats
@@ -278,22 +342,46 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_pretrain(data: dict[str, Any]) -> list[str]:
     final, validation = data["final"] or {}, data["validation"] or {}
-    lines = [f"{data['stage']}: {data['steps']} steps under {data['uri']}; training figures are means over intervals of {data['log_every']} steps"]
+    lines = [
+        (
+            f"{data['stage']}: {data['steps']} steps under {data['uri']}; training figures are means over "
+            f"intervals of {data['log_every']} steps"
+        )
+    ]
     if final:
-        lines.append(f"final training figures ({metrics_log.steps_text(final)}): loss {figures.loss(final.get('loss'))}, "
-                     f"MLM accuracy {figures.percent(final.get('mlm_accuracy'))}")
+        lines.append(
+            f"final training figures ({metrics_log.steps_text(final)}): loss {figures.loss(final.get('loss'))}, "
+            f"MLM accuracy {figures.percent(final.get('mlm_accuracy'))}"
+        )
     if validation:
-        lines.append(f"validation at step {validation.get('step')} ({count(validation.get('sequences') or 0)} held-out sequences): "
-                     f"loss {figures.loss(validation.get('loss'))}, MLM accuracy {figures.percent(validation.get('mlm_accuracy'))}")
+        lines.append(
+            f"validation at step {validation.get('step')} ({count(validation.get('sequences') or 0)} held-out "
+            f"sequences): loss {figures.loss(validation.get('loss'))}, MLM accuracy "
+            f"{figures.percent(validation.get('mlm_accuracy'))}"
+        )
     for jump in data["loss_jumps"][:10]:
-        lines.append(f"loss jump at step {jump['step']}: {jump['loss']:.2f}, {jump['factor']:.1f}x the running mean (training went on)")
+        lines.append(
+            f"loss jump at step {jump['step']}: {jump['loss']:.2f}, {jump['factor']:.1f}x the running mean "
+            "(training went on)"
+        )
     lines.append("checkpoints (loss and MLM accuracy: means of the interval up to the checkpoint):")
     rows = [
-        [c["tag"], c["phase"] or "-", figures.loss(c["loss"]), figures.percent(c["mlm_accuracy"]), count(c["tokens_seen"] or 0),
-         duration(c["train_time_s"]), size(c["bytes"]), c["stopped_by"] or ""]
+        [
+            c["tag"],
+            c["phase"] or "-",
+            figures.loss(c["loss"]),
+            figures.percent(c["mlm_accuracy"]),
+            count(c["tokens_seen"] or 0),
+            duration(c["train_time_s"]),
+            size(c["bytes"]),
+            c["stopped_by"] or "",
+        ]
         for c in data["checkpoints"]
     ]
-    lines += ["    " + line for line in table(["checkpoint", "phase", "loss", "MLM acc.", "tokens", "time", "size", "stopped by"], rows)]
+    lines += [
+        "    " + line
+        for line in table(["checkpoint", "phase", "loss", "MLM acc.", "tokens", "time", "size", "stopped by"], rows)
+    ]
     files = ", ".join(f"{f['file']} ({size(f['bytes'])})" for f in data["model"]["files"])
     lines.append(f"model: {data['model']['uri']}: {files}")
     if data.get("model_mlm"):
@@ -338,16 +426,31 @@ def render_evaluate(data: dict[str, Any]) -> list[str]:
     scores (accuracy in percent, correlations x 100, gains in points), then the verdicts
     as the report words them."""
     subject = data.get("subject", "pretrained")
-    lines = [f"evaluate: scores under {data['uri']} ({subject} median over seeds; accuracy in %, correlations x 100, gains in points)"]
+    lines = [
+        (
+            f"evaluate: scores under {data['uri']} ({subject} median over seeds; accuracy in %, correlations x "
+            "100, gains in points)"
+        )
+    ]
     for section in dict.fromkeys(r["section"] for r in data["scores"]):
         rows = [
-            [r["name"], figures.name(r["metric"]), _score(r["metric"], r["pretrained"]), _score(r["metric"], r["random_init"]),
-             _gain(r["metric"], r["gain"]), f"{_score(r['metric'], r['baseline'])} ({r['baseline_name']})" if r["baseline"] is not None else "-",
-             _seeds(r)]
-            for r in data["scores"] if r["section"] == section
+            [
+                r["name"],
+                figures.name(r["metric"]),
+                _score(r["metric"], r["pretrained"]),
+                _score(r["metric"], r["random_init"]),
+                _gain(r["metric"], r["gain"]),
+                f"{_score(r['metric'], r['baseline'])} ({r['baseline_name']})" if r["baseline"] is not None else "-",
+                _seeds(r),
+            ]
+            for r in data["scores"]
+            if r["section"] == section
         ]
         lines.append(f"{section}:")
-        lines += ["    " + line for line in table(["name", "metric", subject, "random init", "gain", "learning nothing", "seeds"], rows)]
+        lines += [
+            "    " + line
+            for line in table(["name", "metric", subject, "random init", "gain", "learning nothing", "seeds"], rows)
+        ]
     if data["verdicts"]:
         lines.append("verdicts:")
         lines += [f"    {verdict}" for verdict in data["verdicts"]]

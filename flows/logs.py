@@ -34,7 +34,10 @@ WORKERS = logging.getLogger("bertpipe.workers")
 RAY_OUTPUT = logging.getLogger("bertpipe.ray")
 """What Ray itself relays (its controllers' and raylets' accounts, worker tracebacks, library
 warnings): DEBUG records that the console shows only with -v; log files keep them."""
-_OURS = re.compile(r"^(?:\([^)]*\) )?(?:(?:corpus|vocab|examples|pretrain|distill|evaluate|export|bertpipe)\b[\w.\[\] -]*: |object store unreachable\b)")
+_OURS = re.compile(
+    r"^(?:\([^)]*\) )?(?:(?:corpus|vocab|examples|pretrain|distill|evaluate|export|bertpipe)\b[\w.\[\] -]*: "
+    r"|object store unreachable\b)"
+)
 """A relayed line that is one of bertpipe's own messages from a worker (`pretrain: resumed
 from step-0000010`, or pipelines/storage.py's `object store unreachable ...`), after Ray's
 `(RayTrainWorker pid=...)` prefix."""
@@ -104,7 +107,7 @@ class StderrHandler(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     @property
-    def stream(self):  # noqa: D102 - the current stderr
+    def stream(self):  # the current stderr
         return sys.stderr
 
     @stream.setter
@@ -223,21 +226,30 @@ def route_ray_output() -> bool:
     Ray still composes each line (its `(TrainController pid=...)` prefix, the deduplication
     of lines repeated across workers, the filtering of autoscaler output); only where it
     prints changes, also for what the deduplication still holds when Ray disconnects at
-    exit (else printed below the command's error line). Ray's printer stays in place where this Ray lacks those hooks, or where
-    neither the command nor a worker's flow run set up logging. Call after ray.init; returns
-    whether lines are routed."""
+    exit (else printed below the command's error line). Ray's printer stays in place where
+    this Ray lacks those hooks, or where neither the command nor a worker's flow run set up
+    logging. Call after ray.init; returns whether lines are routed."""
     if _configured is None and not _worker_run:
         return False
     try:
         from ray._private import worker
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-        hooks = (worker.print_worker_logs, worker.stdout_deduplicator, worker.stderr_deduplicator, dispatcher.remove_handler)
+        hooks = (
+            worker.print_worker_logs,
+            worker.stdout_deduplicator,
+            worker.stderr_deduplicator,
+            dispatcher.remove_handler,
+        )
     except (ImportError, AttributeError):  # pragma: no cover - another Ray: keep its printer
         return False
     del hooks
     os.environ["RAY_COLOR_PREFIX"] = "0"  # plain prefixes: the formatter adds no terminal colours
-    ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker) if hasattr(worker, "_should_ignore_worker_log_prefix") else False
+    ignore_prefix = (
+        worker._should_ignore_worker_log_prefix(worker.global_worker)
+        if hasattr(worker, "_should_ignore_worker_log_prefix")
+        else False
+    )
 
     def relay(data: dict) -> None:
         deduplicator = worker.stderr_deduplicator if data["is_err"] else worker.stdout_deduplicator
@@ -272,7 +284,13 @@ class _LogSink:
     @classmethod
     def of(cls, data: dict) -> _LogSink:
         """The sink for one batch of lines Ray relays (its pid, worker name and stream)."""
-        return cls({"pid": data.get("pid"), "worker": data.get("actor_name") or data.get("task_name") or "", "stream": "stderr" if data.get("is_err") else "stdout"})
+        return cls(
+            {
+                "pid": data.get("pid"),
+                "worker": data.get("actor_name") or data.get("task_name") or "",
+                "stream": "stderr" if data.get("is_err") else "stdout",
+            }
+        )
 
     def write(self, text: str) -> int:
         self.buffer += text

@@ -75,9 +75,11 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     except BertpipeError as exc:
         # A user's mistake: fail with one clear line instead of a traceback.
         return Failed(name=USER_ERROR, message=mask_text(f"{name}: {exc}"))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a bug or an outage: retried when transient, else the stage fails
         # the traceback goes to a file under run.root, not to the console: its last line is the error
-        logger.error("%s failed; full traceback in %s", name, write_traceback(name, exc, pipeline.cfg.run.root, pipeline.storage))
+        logger.error(
+            "%s failed; full traceback in %s", name, write_traceback(name, exc, pipeline.cfg.run.root, pipeline.storage)
+        )
         if is_transient(exc):  # Prefect tries the stage again; finished units are kept
             raise TransientStageError(describe(name, exc, pipeline.cfg.run.root)) from None
         return Failed(name=PERMANENT_ERROR, message=describe(name, exc, pipeline.cfg.run.root))
@@ -99,7 +101,9 @@ def run_stage(name: str, pipeline: Pipeline, force: bool) -> dict[str, Any]:
     for folder in (MODEL_DIR + MLM_SUFFIX, MODEL_DIR):  # the folder AutoModelForMaskedLM loads without unexpected keys
         if manifest.shards_under(f"{folder}/"):
             summary["model"] = mask_text(directory.path(folder))
-            summary["model_kind"] = "sentence-transformers" if manifest.shards_under(f"{folder}/{MODULES_FILE}") else "masked-lm"
+            summary["model_kind"] = (
+                "sentence-transformers" if manifest.shards_under(f"{folder}/{MODULES_FILE}") else "masked-lm"
+            )
             break
     if manifest.stats.get(PRE_TOKENIZER_KEY):
         summary["morphemes"] = manifest.stats[PRE_TOKENIZER_KEY]  # the vocabulary splits Korean morphemes (vocab)
@@ -156,8 +160,10 @@ def _run(pipeline: Pipeline, stages: list[str], force: bool, watch: supervise.Wa
                 summaries.append(state.result())
     except BertpipeError as exc:  # the root is held by another writer, or was taken over
         return Failed(message=mask_text(str(exc)))
-    except Exception as exc:  # e.g. the lease cannot be written: a read-only root, a missing bucket
-        get_run_logger().error("the run failed; full traceback in %s", write_traceback("run", exc, config.run.root, pipeline.storage))
+    except Exception as exc:  # noqa: BLE001 - e.g. the lease cannot be written: a read-only root, a missing bucket
+        get_run_logger().error(
+            "the run failed; full traceback in %s", write_traceback("run", exc, config.run.root, pipeline.storage)
+        )
         return Failed(message=describe("run", exc, config.run.root))
     return summaries
 
@@ -193,5 +199,9 @@ def one_writer(pipeline: Pipeline) -> Iterator[RootLease]:
             from prefect.concurrency.sync import concurrency
 
             # a dead holder's slot frees within the crash window, when its run is rescheduled
-            stack.enter_context(concurrency(root_limit(pipeline.cfg.run.root), occupy=1, strict=False, lease_duration=supervise.slot_lease_s()))
+            stack.enter_context(
+                concurrency(
+                    root_limit(pipeline.cfg.run.root), occupy=1, strict=False, lease_duration=supervise.slot_lease_s()
+                )
+            )
         yield stack.enter_context(RootLease(pipeline.storage, pipeline.cfg.run.root, holder))

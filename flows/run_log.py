@@ -82,7 +82,7 @@ class RunLog(logging.Handler):
             self._write(self.format(record))
         except OSError as exc:  # a full disk, a vanished mount: the file ends here, the run goes on
             self._give_up(exc)
-        except Exception:  # a log that cannot be written must not end the run
+        except Exception:  # noqa: BLE001 - a log that cannot be written must not end the run
             self.handleError(record)
 
     def _give_up(self, exc: OSError) -> None:
@@ -94,7 +94,11 @@ class RunLog(logging.Handler):
                 return
             with contextlib.suppress(OSError):
                 self._file.close()  # flushing what is buffered fails the same way
-        log.warning("the run log stopped at %s: %s; Prefect's log of the run has every line", mask_text(self.uri), exc.strerror or exc)
+        log.warning(
+            "the run log stopped at %s: %s; Prefect's log of the run has every line",
+            mask_text(self.uri),
+            exc.strerror or exc,
+        )
 
     def note(self, message: str, level: int = logging.INFO) -> None:
         """A line in the file only (what the console shows otherwise, or nothing), in the
@@ -125,7 +129,7 @@ class RunLog(logging.Handler):
             fs, path = self.storage.fs(self.uri)
             fs.put_file(self.buffer, path)
             return True
-        except Exception:
+        except Exception:  # noqa: BLE001 - tried again at the next upload
             self._dirty = True
             return False
 
@@ -140,7 +144,11 @@ class RunLog(logging.Handler):
             if self._upload():
                 os.unlink(self.buffer)
             else:
-                log.warning("the run log could not be uploaded to %s; it is kept on this machine at %s", mask_text(self.uri), self.buffer)
+                log.warning(
+                    "the run log could not be uploaded to %s; it is kept on this machine at %s",
+                    mask_text(self.uri),
+                    self.buffer,
+                )
         super().close()
 
 
@@ -226,8 +234,10 @@ def recorded(root: str, storage: Storage) -> Iterator[Record]:
     uri = join(root, LOGS, file_name(getattr(flow_run, "created", None), name))
     try:
         handler = RunLog(storage, uri)
-    except Exception as exc:
-        log.warning("the run log cannot be written to %s (%s); Prefect's log of the run has every line", mask_text(uri), exc)
+    except Exception as exc:  # noqa: BLE001 - a run log that cannot be opened must not stop the run
+        log.warning(
+            "the run log cannot be written to %s (%s); Prefect's log of the run has every line", mask_text(uri), exc
+        )
         yield Record(None, bool(deployment.id))
         return
     top = logging.getLogger()
@@ -235,7 +245,13 @@ def recorded(root: str, storage: Storage) -> Iterator[Record]:
     try:
         attempt = getattr(flow_run, "run_count", 1) or 1
         where = f"{socket.gethostname()} pid {os.getpid()}"
-        log.info("flow run %s: attempt %d on %s; its full log: %s", name, attempt, where, mask_text(uri if not is_local(uri) else handler.local))
+        log.info(
+            "flow run %s: attempt %d on %s; its full log: %s",
+            name,
+            attempt,
+            where,
+            mask_text(uri if not is_local(uri) else handler.local),
+        )
         yield Record(handler, bool(deployment.id))
     except BaseException as exc:  # a signal (the worker stopping it), Ctrl-C, a bug: the file says so
         handler.note(f"run ended: interrupted by {_what(exc)}", logging.ERROR)

@@ -75,19 +75,26 @@ def next_commands(summaries: list[dict[str, Any]], root: str, config: str | None
     for stage, what in (("pretrain", "the model"), ("distill", "the student")):
         if "model" in by_stage.get(stage, {}):
             folder = _shown(by_stage[stage]["model"])
-            if by_stage[stage].get("model_kind") == "sentence-transformers":  # an embedding model, as its teacher is published
-                lines.append(f'{f"load {what}:":<16} SentenceTransformer("{folder}")  (sentence-transformers; its encoder alone: AutoModel)')
+            if (
+                by_stage[stage].get("model_kind") == "sentence-transformers"
+            ):  # an embedding model, as its teacher is published
+                lines.append(
+                    f'{f"load {what}:":<16} SentenceTransformer("{folder}")  (sentence-transformers; its '
+                    "encoder alone: AutoModel)"
+                )
             else:
                 lines.append(f'{f"load {what}:":<16} AutoModelForMaskedLM.from_pretrained("{folder}")  (transformers)')
             if split:
                 from bertcore.vocab.morphemes import run_note
 
-                lines.append(f'{"":<16} {run_note(split, folder)}')
+                lines.append(f"{'':<16} {run_note(split, folder)}")
     if "report" in by_stage.get("evaluate", {}):
         lines.append(f"read the report: {_shown(by_stage['evaluate']['report'])}")
     if summaries:
         look = "examples" if "examples" in by_stage else summaries[-1]["stage"]
         where = recipe if (config and not overrides) else f" --root {shlex.quote(_shown(root))}"
         lines.append(f"look inside:     bertpipe inspect {look}{where} --n 2")
-    lines.append(f"status:          bertpipe status{recipe}" + ("  (with this run's --set options)" if overrides else ""))
+    lines.append(
+        f"status:          bertpipe status{recipe}" + ("  (with this run's --set options)" if overrides else "")
+    )
     return lines

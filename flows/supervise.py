@@ -78,7 +78,11 @@ def _flow_run() -> Any:
 def started_by_worker(flow_run: Any) -> bool:
     """Whether this process is a worker's flow-run process for `flow_run` (the worker puts
     the run's id in its environment; a run in `bertpipe run` or a test has no worker)."""
-    return flow_run is not None and flow_run.deployment_id is not None and os.environ.get("PREFECT__FLOW_RUN_ID") == str(flow_run.id)
+    return (
+        flow_run is not None
+        and flow_run.deployment_id is not None
+        and os.environ.get("PREFECT__FLOW_RUN_ID") == str(flow_run.id)
+    )
 
 
 def reschedules_in_a_row(states: list[Any]) -> int:
@@ -135,9 +139,9 @@ class Watch:
             return None
         return Failed(
             message=(
-                f"flow run {self.flow_run.name} crashed and was rescheduled {times} times in a row (its worker or its process died "
-                f"each time); not running it again: read its log under run.root/_logs and the worker's output, then retry it "
-                f"from the Prefect UI or `prefect deployment run`"
+                f"flow run {self.flow_run.name} crashed and was rescheduled {times} times in a row (its worker or its "
+                "process died each time); not running it again: read its log under run.root/_logs and the worker's "
+                "output, then retry it from the Prefect UI or `prefect deployment run`"
             )
         )
 
@@ -147,8 +151,8 @@ class Watch:
         from prefect.states import Crashed
 
         message = (
-            f"its Prefect worker (pid {self.parent}) died; this process finished the stage that was running and stops before "
-            f"{next_stage}: the run is rescheduled and goes on from there under a live worker"
+            f"its Prefect worker (pid {self.parent}) died; this process finished the stage that was running and stops "
+            f"before {next_stage}: the run is rescheduled and goes on from there under a live worker"
         )
         log.warning("flow run %s: %s", self.flow_run.name, message)
         return Crashed(message=message)
@@ -165,8 +169,8 @@ class Watch:
 
                 logs.detach_console()  # nobody reads the pipes to the worker any more
                 log.warning(
-                    "flow run %s: its Prefect worker (pid %d) died; the stage that is running finishes while the Prefect server "
-                    "can be reached, then the run is rescheduled",
+                    "flow run %s: its Prefect worker (pid %d) died; the stage that is running finishes while the "
+                    "Prefect server can be reached, then the run is rescheduled",
                     self.flow_run.name,
                     self.parent,
                 )
@@ -176,12 +180,13 @@ class Watch:
             next_server_check = time.monotonic() + SERVER_CHECK_S
             try:
                 state = self._server_state()
-            except Exception as exc:  # the server cannot be reached
+            except Exception as exc:  # noqa: BLE001 - the server cannot be reached
                 unreachable_since = unreachable_since or time.monotonic()
                 waited = time.monotonic() - unreachable_since
                 if self.worker_lost and waited > crash_after_s():
                     self._stop_now(
-                        f"flow run {self.flow_run.name}: its worker is gone and the Prefect server has not answered for {waited:.0f} s "
+                        f"flow run {self.flow_run.name}: its worker is gone and the Prefect server has not "
+                        f"answered for {waited:.0f} s "
                         f"({type(exc).__name__}), so its heartbeats do not reach it either",
                         code=1,
                     )
@@ -189,8 +194,8 @@ class Watch:
             unreachable_since = None
             if state is not None and self._state_id is not None and state.id != self._state_id:
                 self._stop_now(
-                    f"flow run {self.flow_run.name}: the Prefect server shows it {state.name} ({' '.join(str(state.message or '').split())}), "
-                    f"not the attempt this process runs",
+                    f"flow run {self.flow_run.name}: the Prefect server shows it {state.name} "
+                    f"({' '.join(str(state.message or '').split())}), not the attempt this process runs",
                     code=0,
                 )
 
@@ -203,7 +208,13 @@ class Watch:
     def _stop_now(self, reason: str, code: int) -> None:
         """Log why, give the lease back, stop Ray and exit at once: the flow's own code is not
         unwound (Prefect would report a crash over a state the server already moved on from)."""
-        log.error("%s; this process stops now: finished units and checkpoints are kept, and the run goes on from them when it runs again", reason)
+        log.error(
+            (
+                "%s; this process stops now: finished units and checkpoints are kept, and the run goes on from "
+                "them when it runs again"
+            ),
+            reason,
+        )
         _bounded(_flush_logs, 10)
         from pipelines.lease import release_all
 
@@ -219,12 +230,18 @@ def _flush_logs() -> None:
     buffer to an object store)."""
     from flows.run_log import RunLog
 
-    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", "pipelines", "bertcore", "flows"))]
+    loggers = [
+        logging.getLogger(),
+        *(
+            logging.getLogger(name)
+            for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", "pipelines", "bertcore", "flows")
+        ),
+    ]
     for logger in loggers:
         for handler in list(logger.handlers):
             try:
                 handler.close() if isinstance(handler, RunLog) else handler.flush()
-            except Exception:
+            except Exception:  # noqa: BLE001 - one handler that fails must not keep the others from sending
                 pass
 
 

@@ -68,8 +68,8 @@ class HashCache:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(self.path, timeout=30)
                 self._db.execute(
-                    "CREATE TABLE IF NOT EXISTS hashes (path TEXT, size INTEGER, mtime_ns INTEGER, inode INTEGER, digest TEXT, "
-                    "PRIMARY KEY (path, size, mtime_ns, inode))"
+                    "CREATE TABLE IF NOT EXISTS hashes (path TEXT, size INTEGER, mtime_ns INTEGER, inode INTEGER, "
+                    "digest TEXT, PRIMARY KEY (path, size, mtime_ns, inode))"
                 )
             except (OSError, sqlite3.Error):
                 self._db, self._unavailable = None, True
@@ -83,7 +83,9 @@ class HashCache:
         key = (real, st.st_size, st.st_mtime_ns, st.st_ino)
         db = self._connect()
         if db is not None and not _REHASH.get():
-            row = db.execute("SELECT digest FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?", key).fetchone()
+            row = db.execute(
+                "SELECT digest FROM hashes WHERE path=? AND size=? AND mtime_ns=? AND inode=?", key
+            ).fetchone()
             if row:
                 return row[0]
         with open(real, "rb") as handle:

@@ -13,15 +13,8 @@ import posixpath
 from dataclasses import dataclass
 
 from bertcore.errors import ConfigError, InputDataError
-from bertcore.model.hf_files import (
-    CONFIG_FILE,
-    PYTORCH_BIN,
-    SAFETENSORS_INDEX,
-    WEIGHT_FILES,
-    shard_names,
-    weight_files,
-)
 from bertcore.model.folder import bin_refusal
+from bertcore.model.hf_files import CONFIG_FILE, PYTORCH_BIN, SAFETENSORS_INDEX, WEIGHT_FILES, shard_names, weight_files
 from bertcore.model.sentence_files import MAX_BYTES, MODULES_FILE, listed_files, parse_modules
 from bertcore.vocab.config import CONFIG_FILE as TOKENIZER_CONFIG
 from bertcore.vocab.config import MERGES_FILE, TOKENIZER_FILE, VOCAB_FILE, VOCAB_JSON
@@ -80,8 +73,11 @@ def model_folder(storage: Storage, uri: str, key: str, *, sentence_files: bool =
         try:
             listed = listed_files(parse_modules(json.loads(text), modules))
         except (ValueError, InputDataError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ConfigError(f"{key}: {modules} is not a sentence-transformers modules.json ({' '.join(str(exc).split())[:160]}); fix or remove it") from None
-        files += [name for name in listed if name in names or "/" in name and storage.exists(join(uri, name))]
+            raise ConfigError(
+                f"{key}: {modules} is not a sentence-transformers modules.json "
+                f"({' '.join(str(exc).split())[:160]}); fix or remove it"
+            ) from None
+        files += [name for name in listed if name in names or ("/" in name and storage.exists(join(uri, name)))]
     return external_folder(storage, uri, files)
 
 
@@ -96,7 +92,10 @@ def vocabulary_files(storage: Storage, uri: str, key: str, *, byte_level: bool =
         folder, name = posixpath.dirname(uri), posixpath.basename(uri)
         if byte_level and name == VOCAB_JSON:
             if MERGES_FILE not in storage.listdir(folder):
-                raise ConfigError(f"{key}: {uri} is a vocab.json without the merges.txt a byte-level BPE needs beside it; put them in one folder")
+                raise ConfigError(
+                    f"{key}: {uri} is a vocab.json without the merges.txt a byte-level BPE needs beside it; "
+                    "put them in one folder"
+                )
             return external_folder(storage, folder, [VOCAB_JSON, MERGES_FILE])
         return external_folder(storage, folder, [name])
     names = storage.listdir(uri)
@@ -104,13 +103,16 @@ def vocabulary_files(storage: Storage, uri: str, key: str, *, byte_level: bool =
     if byte_level:
         if not bpe_pair and TOKENIZER_FILE not in names:
             raise ConfigError(
-                f"{key}: {uri} holds neither vocab.json + merges.txt nor a tokenizer.json; point it at a RoBERTa model's folder "
-                "(vocab.model is byte_level_bpe)"
+                f"{key}: {uri} holds neither vocab.json + merges.txt nor a tokenizer.json; point it at a RoBERTa "
+                "model's folder (vocab.model is byte_level_bpe)"
             )
         return external_folder(storage, uri, [n for n in (VOCAB_JSON, MERGES_FILE, TOKENIZER_FILE) if n in names])
     if VOCAB_FILE not in names and TOKENIZER_FILE not in names:
-        hint = "; it holds a byte-level BPE (vocab.json + merges.txt): set vocab.model: byte_level_bpe" if bpe_pair else ""
+        hint = (
+            "; it holds a byte-level BPE (vocab.json + merges.txt): set vocab.model: byte_level_bpe" if bpe_pair else ""
+        )
         raise ConfigError(
-            f"{key}: {uri} is neither a vocab.txt, a tokenizer.json nor a folder holding one; point it at a BERT model's folder or file{hint}"
+            f"{key}: {uri} is neither a vocab.txt, a tokenizer.json nor a folder holding one; point it at a "
+            f"BERT model's folder or file{hint}"
         )
     return external_folder(storage, uri, [n for n in (VOCAB_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG) if n in names])

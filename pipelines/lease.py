@@ -100,7 +100,7 @@ def release_all() -> None:
     for lease in list(_HELD):
         try:
             lease.release()
-        except Exception as exc:  # the process is ending: say so, go on
+        except Exception as exc:  # noqa: BLE001 - the process is ending: say so, go on
             log.warning("run.root %s: the lease could not be given back (%s)", lease.root, exc)
 
 
@@ -209,10 +209,18 @@ class RootLease:
                 raise self._held(current)
             if self._replace(version):
                 why = "its process is gone" if gone else "its heartbeat stopped"
-                log.warning("run.root %s: took over the stale lease of %s: %s (%s)", self.root, current.describe(), why, self.uri)
+                log.warning(
+                    "run.root %s: took over the stale lease of %s: %s (%s)",
+                    self.root,
+                    current.describe(),
+                    why,
+                    self.uri,
+                )
                 break
         else:
-            raise LeaseHeld(f"run.root {self.root}: could not take the lease (another writer keeps taking it); try again")
+            raise LeaseHeld(
+                f"run.root {self.root}: could not take the lease (another writer keeps taking it); try again"
+            )
         self._thread = threading.Thread(target=self._heartbeat, name="bertpipe-lease", daemon=True)
         self._thread.start()
         _HELD.add(self)
@@ -223,7 +231,8 @@ class RootLease:
         left = max(0, current.expires_at - time.time())
         return LeaseHeld(
             f"run.root {self.root} is in use by {current.describe()}; wait for it to finish "
-            f"(if it died, its lease expires in {left:.0f} s and the next run takes the root over), or use another run.root"
+            f"(if it died, its lease expires in {left:.0f} s and the next run takes the root over), or use "
+            "another run.root"
         )
 
     def _check_write(self, uri: str) -> None:
@@ -241,7 +250,7 @@ class RootLease:
         while not self._stop.wait(self.ttl_s / 4):
             try:
                 self.renew()
-            except Exception as exc:  # keep trying: a transient error must not end the run
+            except Exception as exc:  # noqa: BLE001 - keep trying: a transient error must not end the run
                 log.warning("run.root %s: lease heartbeat failed (%s)", self.root, exc)
 
     def renew(self) -> None:
@@ -253,7 +262,11 @@ class RootLease:
         current, version = self._read()
         if current is None:
             if self._create():
-                log.warning("run.root %s: the lease file %s was gone and no one else held the root; took it again", self.root, self.uri)
+                log.warning(
+                    "run.root %s: the lease file %s was gone and no one else held the root; took it again",
+                    self.root,
+                    self.uri,
+                )
                 return
             current, version = self._read()  # another writer created it in between
         if current is None or current.token != self.record.token:
@@ -273,15 +286,19 @@ class RootLease:
         if not self.lost:
             self.lost = True
             self.taken_by = current.describe() if current else "another writer"
-            log.error("run.root %s: another writer took over this run's lease (%s); this run writes nothing more", self.root, self.taken_by)
+            log.error(
+                "run.root %s: another writer took over this run's lease (%s); this run writes nothing more",
+                self.root,
+                self.taken_by,
+            )
 
     def check(self) -> None:
         """Raise LeaseLost when another writer took the root over."""
         if self.lost:
             raise LeaseLost(
                 f"run.root {self.root}: {self.taken_by} took over this run's lease (its heartbeat could not reach "
-                f"{self.uri} for over {self.ttl_s:.0f} s); this run stopped before writing more. Check what that writer is doing "
-                "before you run again: two writers on one root would overwrite each other"
+                f"{self.uri} for over {self.ttl_s:.0f} s); this run stopped before writing more. Check what that "
+                "writer is doing before you run again: two writers on one root would overwrite each other"
             )
 
     def release(self) -> None:
@@ -301,7 +318,15 @@ class RootLease:
         self.release()
 
 
-_FIELD_TYPES = {"holder": str, "host": str, "pid": int, "token": str, "acquired_at": float, "heartbeat_at": float, "expires_at": float}
+_FIELD_TYPES = {
+    "holder": str,
+    "host": str,
+    "pid": int,
+    "token": str,
+    "acquired_at": float,
+    "heartbeat_at": float,
+    "expires_at": float,
+}
 
 
 def _parse(text: str) -> LeaseRecord:

@@ -69,7 +69,11 @@ class Progress:
         self.done = self.rows = self.bytes = 0
         self.started = self.last_line = time.perf_counter()
         show_bar = is_terminal() if bar is None else bar
-        self._bar = tqdm(total=total, desc=label, unit=unit[:-1] if unit.endswith("s") else unit, leave=False) if show_bar else None
+        self._bar = (
+            tqdm(total=total, desc=label, unit=unit[:-1] if unit.endswith("s") else unit, leave=False)
+            if show_bar
+            else None
+        )
 
     def advance(self, n: int = 1, *, rows: int = 0, nbytes: int = 0) -> None:
         self.done += n
@@ -134,4 +138,3 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

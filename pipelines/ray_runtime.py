@@ -32,7 +32,9 @@ def ensure_ray(cfg: RayConfig) -> None:
     if cfg.address:
         address = cluster_address(cfg.address)
         _loopback_only(_loopback_only_cluster(address))
-        ray.init(address=address, runtime_env=_cluster_env(address), log_to_driver=True, configure_logging=configure_logging)
+        ray.init(
+            address=address, runtime_env=_cluster_env(address), log_to_driver=True, configure_logging=configure_logging
+        )
         log.info("ray: joined %s (%s CPUs)", address, ray.cluster_resources().get("CPU"))
         return
     _embedded_settings()
@@ -56,12 +58,24 @@ def ensure_ray(cfg: RayConfig) -> None:
             )
             break
         except Exception as exc:
-            taken = f"127.0.0.1:{dashboard_port} because it's already occupied" in str(exc) or "valid port for dashboard" in str(exc)
+            taken = f"127.0.0.1:{dashboard_port} because it's already occupied" in str(
+                exc
+            ) or "valid port for dashboard" in str(exc)
             if not taken or attempt == DASHBOARD_ATTEMPTS:
                 raise
-            log.warning("ray: port %d, free a moment before, was taken before Ray's dashboard bound it; starting again on another", dashboard_port)
+            log.warning(
+                (
+                    "ray: port %d, free a moment before, was taken before Ray's dashboard bound it; starting "
+                    "again on another"
+                ),
+                dashboard_port,
+            )
             ray.shutdown()
-    log.info("ray: started a local Ray with %d CPUs (dashboard %s)", int(ray.cluster_resources().get("CPU", 0)), context.dashboard_url or "off")
+    log.info(
+        "ray: started a local Ray with %d CPUs (dashboard %s)",
+        int(ray.cluster_resources().get("CPU", 0)),
+        context.dashboard_url or "off",
+    )
 
 
 def cluster_address(address: str) -> str:
@@ -195,8 +209,8 @@ def _loopback_only(on: bool = True) -> None:
     processes Ray starts get the address as an argument; the dashboard is bound by
     `dashboard_host`. (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 ray start --head
     --node-ip-address 127.0.0.1` binds a head the same way, but then no node may join it:
-    tests/test_ray_cluster.py runs its two nodes in a loopback-only network namespace.)
-    tests/test_security.py and tests/test_ray_runtime_loopback.py check every listening socket."""
+    tests/stages/test_ray_cluster.py runs its two nodes in a loopback-only network namespace.)
+    tests/stages/test_security.py and tests/stages/test_ray_runtime_loopback.py check every listening socket."""
     from ray._private import ray_constants
 
     default = ray_constants.env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)

@@ -17,16 +17,11 @@ from typing import Any
 from pydantic import Field, create_model, model_validator
 
 from bertcore.config import RayConfig, RunConfig, StorageConfig, read_recipe, validate
-from bertcore.inference.config import ServeConfig
 from bertcore.errors import ConfigError
+from bertcore.inference.config import ServeConfig
 from bertcore.section import Section
 from pipelines.stage import Stage
-from pipelines.stages import corpus
-from pipelines.stages import distill
-from pipelines.stages import evaluate
-from pipelines.stages import examples
-from pipelines.stages import pretrain
-from pipelines.stages import vocab
+from pipelines.stages import corpus, distill, evaluate, examples, pretrain, vocab
 
 STAGES: tuple[Stage, ...] = (
     corpus.STAGE,
@@ -131,7 +126,7 @@ def select(only: list[str] | None, from_stage: str | None, off: Mapping[str, str
     if only:
         chosen = [s for s in STAGE_NAMES if s in only]
     elif from_stage:
-        chosen = list(STAGE_NAMES[STAGE_NAMES.index(from_stage):])
+        chosen = list(STAGE_NAMES[STAGE_NAMES.index(from_stage) :])
     else:
         chosen = list(STAGE_NAMES)
     return [name for name in chosen if name not in off]

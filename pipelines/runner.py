@@ -53,7 +53,8 @@ def upstream(stage: Stage, root: str, storage: Storage, reads: tuple[str, ...] |
             raise DamagedManifest(f"{exc} (run `bertpipe run --only {name}`)") from None
         if manifest is None:
             raise UpstreamMissing(
-                f"the {name} stage has no output under {directory.uri}: run `bertpipe run --only {name}` (or the whole flow) first"
+                f"the {name} stage has no output under {directory.uri}: run `bertpipe run --only {name}` (or "
+                "the whole flow) first"
             )
         found[name] = Upstream(directory, manifest)
     return found
@@ -110,7 +111,10 @@ def run_stage(
         stage=stage.name,
         code_version=stage.code_version,
         fingerprint=fp,
-        inputs={**stage.fingerprint_inputs(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external), **output.inputs},
+        inputs={
+            **stage.fingerprint_inputs(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external),
+            **output.inputs,
+        },
         config=section.model_dump(mode="json"),
         shards=output.shards,
         stats=output.stats,
@@ -155,9 +159,13 @@ def explain_stale(stage: Stage, section: Any, manifest: Manifest, inputs: dict[s
     for name, value in inputs.items():
         old = manifest.inputs.get(name)
         if name == "external":
-            reasons += [f"input {key}: {a!r} -> {b!r}" for key, a, b in _differences(old or {}, value)] or ([] if old == value else ["its input files"])
+            reasons += [f"input {key}: {a!r} -> {b!r}" for key, a, b in _differences(old or {}, value)] or (
+                [] if old == value else ["its input files"]
+            )
         elif old != value:
-            reasons.append(f"run.seed: {old} -> {value}" if name == "seed" else f"upstream {name} changed ({old} -> {value})")
+            reasons.append(
+                f"run.seed: {old} -> {value}" if name == "seed" else f"upstream {name} changed ({old} -> {value})"
+            )
     return reasons or ["recorded before the fingerprint's inputs were kept in manifests"]
 
 
@@ -196,7 +204,9 @@ class Pipeline:
         if name not in self._external:
             stage = REGISTRY[name]
             with rehashing() if self.verify else contextlib.nullcontext():
-                self._external[name] = None if stage.identify is None else stage.identify(self.section(name), self.storage)
+                self._external[name] = (
+                    None if stage.identify is None else stage.identify(self.section(name), self.storage)
+                )
         return self._external[name]
 
     def expected_fingerprint(self, name: str) -> str:
@@ -204,7 +214,9 @@ class Pipeline:
         if name not in self._expected:
             stage = REGISTRY[name]
             upstream_fps = {read: self.expected_fingerprint(read) for read in self.reads(name)}
-            self._expected[name] = stage.fingerprint(self.section(name), self.cfg.run.seed, upstream_fps, self.external(name))
+            self._expected[name] = stage.fingerprint(
+                self.section(name), self.cfg.run.seed, upstream_fps, self.external(name)
+            )
         return self._expected[name]
 
     def reads(self, name: str) -> tuple[str, ...]:
@@ -260,7 +272,8 @@ class Pipeline:
                 directory = self.dir(read).uri
                 if read not in stages and not self.storage.exists(join(directory, MANIFEST)):
                     raise UpstreamMissing(
-                        f"{name}: the {read} stage has no output under {directory}: run `bertpipe run --only {read}` (or the whole flow) first"
+                        f"{name}: the {read} stage has no output under {directory}: run `bertpipe run --only "
+                        f"{read}` (or the whole flow) first"
                     )
 
     def _check_model_folder(self, name: str) -> None:
@@ -297,8 +310,10 @@ class Pipeline:
                 changed = "; ".join(self.why_stale(read, manifest)[:2])
             except (BertpipeError, OSError):
                 continue
-            lines.append(f"{name}: reads the {read} stage's output, which is stale ({changed}); "
-                         f"`bertpipe run --only {read},{name}` recomputes both")
+            lines.append(
+                f"{name}: reads the {read} stage's output, which is stale ({changed}); "
+                f"`bertpipe run --only {read},{name}` recomputes both"
+            )
         return lines
 
     def running(self) -> dict[str, Any] | None:
@@ -323,7 +338,11 @@ class Pipeline:
         writer = self.running()
         if writer is not None:
             for row in rows:  # a stage that starts removes its manifest first, then writes its work
-                if row["state"] != "off" and not self.storage.exists(join(row["uri"], MANIFEST)) and self.storage.listdir(row["uri"]):
+                if (
+                    row["state"] != "off"
+                    and not self.storage.exists(join(row["uri"], MANIFEST))
+                    and self.storage.listdir(row["uri"])
+                ):
                     row.update(state="running", running=writer)
                     break
         return rows
@@ -333,8 +352,20 @@ class Pipeline:
         for name in REGISTRY:
             directory = self.dir(name)
             if name in self.off:
-                rows.append({"stage": name, "state": "off", "fingerprint": None, "expected_fingerprint": None, "rows": None, "bytes": None,
-                             "seconds": None, "uri": directory.uri, "note": self.off[name], "changed": []})
+                rows.append(
+                    {
+                        "stage": name,
+                        "state": "off",
+                        "fingerprint": None,
+                        "expected_fingerprint": None,
+                        "rows": None,
+                        "bytes": None,
+                        "seconds": None,
+                        "uri": directory.uri,
+                        "note": self.off[name],
+                        "changed": [],
+                    }
+                )
                 continue
             damaged = False
             try:
@@ -375,12 +406,29 @@ class Pipeline:
             try:
                 manifest = directory.manifest()
             except DamagedManifest as exc:
-                rows.append({"stage": name, "state": "damaged", "problems": {MANIFEST: "damaged"}, "note": str(exc), "uri": directory.uri})
+                rows.append(
+                    {
+                        "stage": name,
+                        "state": "damaged",
+                        "problems": {MANIFEST: "damaged"},
+                        "note": str(exc),
+                        "uri": directory.uri,
+                    }
+                )
                 continue
             if manifest is None:
                 rows.append({"stage": name, "state": "missing", "problems": {}, "note": "", "uri": directory.uri})
                 continue
             problems = directory.problems(manifest)
             state = "damaged" if "damaged" in problems.values() else "incomplete" if problems else "complete"
-            rows.append({"stage": name, "state": state, "problems": problems, "note": "", "shards": len(manifest.shards), "uri": directory.uri})
+            rows.append(
+                {
+                    "stage": name,
+                    "state": state,
+                    "problems": problems,
+                    "note": "",
+                    "shards": len(manifest.shards),
+                    "uri": directory.uri,
+                }
+            )
         return rows

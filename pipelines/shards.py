@@ -20,7 +20,8 @@ BATCH_ROWS = 1024
 
 
 def read_table(storage: Storage, uri: str, columns: list[str] | None = None) -> pa.Table:
-    """A whole Arrow shard (memory-mapped when local)."""
+    """A whole Arrow shard, or `columns` of it (memory-mapped when local; from an object
+    store, only those columns are read)."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -28,6 +29,14 @@ def read_table(storage: Storage, uri: str, columns: list[str] | None = None) -> 
     if local is not None:
         with pa.memory_map(local) as source:
             table = ipc.open_file(source).read_all()
+    elif columns:  # only those columns' buffers travel (a work file's metadata, not its text)
+        with storage.open(uri, "rb") as handle:
+            reader = ipc.open_file(handle)
+            names = reader.schema.names
+            reader = ipc.open_file(
+                handle, options=ipc.IpcReadOptions(included_fields=[names.index(c) for c in columns])
+            )
+            table = reader.read_all()
     else:
         with storage.open(uri, "rb") as handle:
             table = ipc.open_file(pa.py_buffer(handle.read())).read_all()
@@ -65,7 +74,7 @@ def take_rows(storage: Storage, uri: str, rows: Sequence[int], columns: list[str
     order = np.argsort(wanted, kind="stable")
     ascending = wanted[order]
     local = storage.local_path(uri)
-    with (pa.memory_map(local) if local is not None else storage.open(uri, "rb")) as source:
+    with pa.memory_map(local) if local is not None else storage.open(uri, "rb") as source:
         reader = ipc.open_file(source)
         schema = reader.schema if columns is None else pa.schema([reader.schema.field(c) for c in columns])
         if len(ascending) and ascending[0] < 0:

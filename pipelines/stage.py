@@ -12,7 +12,7 @@ names: `identify`, `inherit`, `check`) imports only its config section and light
 the registry, `bertpipe status`, `config show` and `--help` import every declaration. Its
 work (`pipelines/stages/<name>/work.py`: `run`, its Ray tasks, and whatever they need: Ray, torch,
 pyarrow, DeepSpeed) is named in the declaration by its dotted name, `run="pipelines.
-stages.<name>.work:run"`, and imported only when the stage runs (`Stage.work`). tests/test_architecture.py
+stages.<name>.work:run"`, and imported only when the stage runs (`Stage.work`). tests/repo/test_architecture.py
 fails when loading a recipe imports torch, Ray, matplotlib or another heavy package.
 
 What a stage directory holds and how it is checked is pipelines/stage_dir.py's:
@@ -51,7 +51,6 @@ from typing import Any
 from bertcore.errors import BertpipeError
 from pipelines.stage_dir import Manifest, ShardInfo, StageDir
 from pipelines.storage import Storage
-
 
 MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
@@ -152,7 +151,8 @@ class Stage:
     reads: tuple[str, ...] = ()
     """Stages whose outputs it reads (those the recipe runs, see `off`); their fingerprints are part of its own."""
     off: Callable[[Mapping[str, Any]], str | None] | None = None
-    """Whether a recipe leaves the stage out: ({stage: section} of the recipe) -> why, in a few words, or None when it runs (default: it always runs). The stages that read it then go without it; `bertpipe status` shows it as off."""
+    """Whether a recipe leaves the stage out: ({stage: section} of the recipe) -> why, in a few words, or None when it
+    runs (default: it always runs). The stages that read it then go without it; `bertpipe status` shows it as off."""
     writes: str = ""
     """What the directory holds, in a few words (for the docs' stage table)."""
     code_version: str = "1"
@@ -161,9 +161,11 @@ class Stage:
     identify: Callable[[Any, Storage], External | None] | None = None
     """Content identity of the files it reads from outside the run root (None: none with these settings)."""
     inherit: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
-    """Defaults its section takes from other sections when the recipe loads: (own section, {stage: section} of every stage) -> {field: value}; raises ValueError naming the key."""
+    """Defaults its section takes from other sections when the recipe loads: (own section, {stage: section} of every
+    stage) -> {field: value}; raises ValueError naming the key."""
     check: Callable[[Any, dict[str, Any]], None] | None = None
-    """Cross-section check run when the config loads: (own section, {read stage: section}); raises ValueError naming the key."""
+    """Cross-section check run when the config loads: (own section, {read stage: section}); raises ValueError naming the
+    key."""
     seeded: bool | Callable[[Any], bool] = True
     """Whether run.seed is part of its fingerprint (or a function of its section that says so)."""
     resumable: bool = True
@@ -203,7 +205,9 @@ class Stage:
             config = self.section.fingerprint_json(config)
         return self.fingerprint_config(config) if self.fingerprint_config is not None else config
 
-    def fingerprint_inputs(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> dict[str, Any]:
+    def fingerprint_inputs(
+        self, section: Any, seed: int, upstream: dict[str, str], external: External | None
+    ) -> dict[str, Any]:
         """Everything but the section that goes into the fingerprint (recorded in the manifest)."""
         inputs: dict[str, Any] = dict(upstream)
         if self.seeded(section) if callable(self.seeded) else self.seeded:
@@ -214,4 +218,6 @@ class Stage:
 
     def fingerprint(self, section: Any, seed: int, upstream: dict[str, str], external: External | None) -> str:
         config = self.config_identity(section.model_dump(mode="json"))
-        return fingerprint(self.name, self.code_version, config, self.fingerprint_inputs(section, seed, upstream, external))
+        return fingerprint(
+            self.name, self.code_version, config, self.fingerprint_inputs(section, seed, upstream, external)
+        )

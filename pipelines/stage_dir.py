@@ -141,7 +141,9 @@ class StageDir:
         would leave it ('..', an absolute path)."""
         clean = posixpath.normpath(relative)
         if relative.startswith("/") or clean == ".." or clean.startswith("../"):
-            raise PathEscape(f"{relative!r} would leave {self.uri}; names of phases, tasks and files must not contain '/' or '..'")
+            raise PathEscape(
+                f"{relative!r} would leave {self.uri}; names of phases, tasks and files must not contain '/' or '..'"
+            )
         return join(self.uri, clean)
 
     def path(self, relative: str) -> str:
@@ -164,7 +166,9 @@ class StageDir:
             return Manifest.from_json(self.storage.read_json(uri))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # JSONDecodeError is a ValueError
             reason = " ".join(str(exc).split())[:200]
-            raise DamagedManifest(f"{uri} is damaged ({type(exc).__name__}: {reason}); `bertpipe run` recomputes the stage") from None
+            raise DamagedManifest(
+                f"{uri} is damaged ({type(exc).__name__}: {reason}); `bertpipe run` recomputes the stage"
+            ) from None
 
     def check(self, shard: ShardInfo) -> str:
         """ok | missing | damaged: the shard's file against its recorded size and sha256 (the
@@ -262,19 +266,25 @@ class StageDir:
 
     def complete(self, unit: str, fp: str, shards: list[ShardInfo], result: Any = None) -> Unit:
         """Record a finished unit (after its shards are published)."""
-        self.storage.write_json(self._marker(unit), masked({"fingerprint": fp, "shards": [asdict(s) for s in shards], "result": result}))
+        self.storage.write_json(
+            self._marker(unit), masked({"fingerprint": fp, "shards": [asdict(s) for s in shards], "result": result})
+        )
         return Unit(shards, result)
 
     def publish(self, relative: str, write: Callable[[str], Any], rows: int, extra: dict | None = None) -> ShardInfo:
         """Publish a shard atomically (`write(local_tmp_path)` produces it)."""
         written = self.storage.write_file(self.path(relative), write)
-        return ShardInfo(path=relative, rows=rows, bytes=written.bytes, sha256=written.sha256, extra=extra or {}, stamp=written.stamp)
+        return ShardInfo(
+            path=relative, rows=rows, bytes=written.bytes, sha256=written.sha256, extra=extra or {}, stamp=written.stamp
+        )
 
     def publish_copy(self, relative: str, local: str, rows: int, extra: dict | None = None) -> ShardInfo:
         """Publish a finished local file as a shard."""
         return self.publish(relative, lambda path: shutil.copyfile(local, path), rows, extra)
 
-    def write_shard(self, relative: str, fp: str, write: Callable[[str], Any], rows: int, extra: dict | None = None) -> ShardInfo:
+    def write_shard(
+        self, relative: str, fp: str, write: Callable[[str], Any], rows: int, extra: dict | None = None
+    ) -> ShardInfo:
         """A unit of one shard, named after it: publish, then record."""
         info = self.publish(relative, write, rows, extra)
         self.complete(relative, fp, [info])

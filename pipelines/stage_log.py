@@ -64,7 +64,9 @@ def plan_text(inputs: dict[str, Upstream], external: External | None, parallelis
     return f"reads {', '.join(reads) or 'nothing'} · workers {_workers(parallelism)}"
 
 
-def started(name: str, fingerprint: str, inputs: dict[str, Upstream], external: External | None, parallelism: int | None) -> None:
+def started(
+    name: str, fingerprint: str, inputs: dict[str, Upstream], external: External | None, parallelism: int | None
+) -> None:
     log.info(
         "%s: start · %s · fingerprint %s",
         name,

@@ -21,7 +21,6 @@ how long (`_Outage`). A longer outage fails the request; the flow retries the st
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import hashlib
@@ -139,9 +138,16 @@ class _Outage:
                 self._since[url] = since, failed + 1
         if caught_exception is not None and failed == 1:
             cause = " ".join(str(caught_exception).split())
-            log.warning("object store unreachable at %s (%s); retrying each request for %s", url, cause, S3_RETRY_WINDOW)
+            log.warning(
+                "object store unreachable at %s (%s); retrying each request for %s", url, cause, S3_RETRY_WINDOW
+            )
         elif caught_exception is None and failed >= 2:
-            log.warning("object store unreachable for %.0f s at %s; retried %d times until it answered again", now - since, url, failed)
+            log.warning(
+                "object store unreachable for %.0f s at %s; retried %d times until it answered again",
+                now - since,
+                url,
+                failed,
+            )
         return None  # the decision is the retry handler's
 
 
@@ -175,7 +181,7 @@ def _whole_answers() -> type:
                 return response
             try:
                 body = await response.content
-            except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ServerTimeoutError) as e:
                 raise ReadTimeoutError(endpoint_url=request.url, error=e) from e
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
                 raise ConnectionClosedError(error=e, request=request, endpoint_url=request.url) from e
@@ -404,7 +410,9 @@ class Storage:
             return self.sha256(uri)[:20]  # a regular file only
         info = self.info(uri)
         tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("crc32c")
-        return str(tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}").strip('"')
+        return str(
+            tag or f"{info.get('size')}-{info.get('LastModified') or info.get('mtime') or info.get('updated')}"
+        ).strip('"')
 
     def remove(self, uri: str, recursive: bool = False, within: str | None = None) -> None:
         """Delete a file (or a folder, `recursive`). Locally a symbolic link is never
@@ -448,7 +456,11 @@ def _local_matches(path: str) -> tuple[list[str], list[tuple[str, str]]]:
         files = [p for p in files if pattern.match(p)]
         # a folder the pattern names (`*.jsonl` meeting `x.jsonl/`) and none of whose files it matches
         holding = {parent for f in files for parent in _parents(f, folder)}
-        skipped += [(p, "a folder (a glob matches files; name the folder itself to read what it holds)") for p in folders if p not in holding]
+        skipped += [
+            (p, "a folder (a glob matches files; name the folder itself to read what it holds)")
+            for p in folders
+            if p not in holding
+        ]
         return files, sorted((p, r) for p, r in skipped if pattern.match(p))
     if os.path.isdir(path):  # a folder named explicitly may be a link to one
         return walk_files(path)

@@ -50,6 +50,7 @@ def ray_cluster():
 def s3_server():
     """A real S3 HTTP endpoint (moto) on 127.0.0.1; yields its URL."""
     from moto.server import ThreadedMotoServer
+
     from processes import free_port
 
     port = free_port()
@@ -101,10 +102,13 @@ def demo_pipeline(tmp_path_factory, ray_cluster):
 def world_of_one():
     """torch.distributed with one gloo process in this process (what DeepSpeed needs)."""
     import torch
+
     from processes import free_port
 
     if not torch.distributed.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
         torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     yield
 
@@ -123,7 +127,11 @@ def minilm_or_stand_in(tmp_path, monkeypatch):
         return None
     from tiny_bert import save_tiny_bert
 
-    folder = Path(save_tiny_bert(tmp_path / "minilm-stand-in", ["a small stand-in for the teacher", "with a few words"], vocab_size=60))
+    folder = Path(
+        save_tiny_bert(
+            tmp_path / "minilm-stand-in", ["a small stand-in for the teacher", "with a few words"], vocab_size=60
+        )
+    )
     monkeypatch.setattr(sample_data, "minilm_dir", lambda check=True: folder)
     return folder
 
@@ -156,4 +164,6 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if not item.get_closest_marker("gpu")]
     seconds = json.loads((Path(__file__).parent / "durations.json").read_text())
     root = Path(__file__).resolve().parents[1]
-    items.sort(key=lambda item: -seconds.get(item.path.relative_to(root).as_posix(), 0))  # stable: a file's tests keep their order
+    items.sort(
+        key=lambda item: -seconds.get(item.path.relative_to(root).as_posix(), 0)
+    )  # stable: a file's tests keep their order

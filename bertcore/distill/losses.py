@@ -66,7 +66,9 @@ def attention_loss(
     queries = mask[:, None, :].expand(-1, student.shape[1], -1)  # (B, heads, T)
     if metric == "kl":
         # padded keys carry no probability on either side; their terms are left out
-        terms = torch.where(keys & (teacher > 0), teacher * (teacher.clamp(min=EPS).log() - student.clamp(min=EPS).log()), 0.0)
+        terms = torch.where(
+            keys & (teacher > 0), teacher * (teacher.clamp(min=EPS).log() - student.clamp(min=EPS).log()), 0.0
+        )
         return _masked_mean(terms.sum(-1), queries)  # per (B, heads, query)
     pairs = queries[..., None] & keys  # (B, heads, T, T)
     return _masked_mean((student - teacher).pow(2), pairs)

@@ -21,9 +21,15 @@ from torch import nn
 from bertcore.distill import losses
 from bertcore.distill.config import DistillLoss
 from bertcore.distill.student import from_teacher_state
-from bertcore.model.bert import IGNORE_INDEX, BertForPreTraining, ModelConfig, _masked_cross_entropy, encoder_flops_per_token
-from bertcore.train.objectives import MicroBatchResult, model_inputs, ratio
+from bertcore.model.bert import (
+    IGNORE_INDEX,
+    BertForPreTraining,
+    ModelConfig,
+    _masked_cross_entropy,
+    encoder_flops_per_token,
+)
 from bertcore.model.pretrained import load_into
+from bertcore.train.objectives import MicroBatchResult, model_inputs, ratio
 
 PROJECTIONS = "hidden_projections."
 """Prefix of the projections' entries in the student's checkpoint (not exported)."""
@@ -55,11 +61,15 @@ class DistillStudent(BertForPreTraining):
     """The student with, when `teacher_hidden` differs from its width, one learned linear
     projection per student layer onto the teacher's width (`hidden_projections`)."""
 
-    def __init__(self, cfg: ModelConfig, teacher_hidden: int, weights: DistillLoss, generator: torch.Generator | None = None):
+    def __init__(
+        self, cfg: ModelConfig, teacher_hidden: int, weights: DistillLoss, generator: torch.Generator | None = None
+    ):
         super().__init__(cfg, generator)
         self.weights = weights
         if teacher_hidden != cfg.hidden_size:
-            self.hidden_projections = nn.ModuleList(nn.Linear(cfg.hidden_size, teacher_hidden) for _ in range(cfg.num_hidden_layers))
+            self.hidden_projections = nn.ModuleList(
+                nn.Linear(cfg.hidden_size, teacher_hidden) for _ in range(cfg.num_hidden_layers)
+            )
             with torch.no_grad():
                 for projection in self.hidden_projections:
                     nn.init.normal_(projection.weight, 0.0, cfg.hidden_size**-0.5, generator=generator)
@@ -67,7 +77,9 @@ class DistillStudent(BertForPreTraining):
         else:
             self.hidden_projections = None
 
-    def forward(self, input_ids, token_type_ids, attention_mask, labels, teacher: TeacherSignals) -> DistillOutput:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self, input_ids, token_type_ids, attention_mask, labels, teacher: TeacherSignals
+    ) -> DistillOutput:
         w = self.weights
         layers = self.bert.every_layer(input_ids, token_type_ids, attention_mask, attentions=w.attention > 0)
         real = attention_mask.bool()  # (B, T)
@@ -87,18 +99,25 @@ class DistillStudent(BertForPreTraining):
             terms["hidden"] = torch.stack(per_layer).mean()
         if w.attention > 0 and teacher.attentions is not None:
             terms["attention"] = torch.stack(
-                [losses.attention_loss(mine, theirs, real, w.attention_metric) for mine, theirs in zip(layers.attentions, teacher.attentions)]
+                [
+                    losses.attention_loss(mine, theirs, real, w.attention_metric)
+                    for mine, theirs in zip(layers.attentions, teacher.attentions)
+                ]
             ).mean()
         weight = {"mlm": w.mlm, "soft_targets": w.soft_targets, "hidden": w.hidden, "attention": w.attention}
         loss = sum(weight[name] * value for name, value in terms.items() if weight[name] > 0)
         return DistillOutput(loss=loss, terms=terms, mlm_correct=correct, mlm_count=count)
 
 
-def teacher_signals(teacher: BertForPreTraining, inputs: dict[str, torch.Tensor], pairs: list[int], *, attentions: bool, logits: bool) -> TeacherSignals:
+def teacher_signals(
+    teacher: BertForPreTraining, inputs: dict[str, torch.Tensor], pairs: list[int], *, attentions: bool, logits: bool
+) -> TeacherSignals:
     """The teacher's side of one batch: the outputs (and attention distributions) of the
     layers `pairs` names (1-based), and its MLM logits at the labelled positions."""
     with torch.no_grad():
-        out = teacher.bert.every_layer(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"], attentions=attentions)
+        out = teacher.bert.every_layer(
+            inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"], attentions=attentions
+        )
         scores = None
         if logits:
             scores = teacher.cls.predictions(out.hidden_states[-1][inputs["labels"] != IGNORE_INDEX])  # (M, V)
@@ -142,15 +161,27 @@ class Distillation:
     def forward(self, module: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> MicroBatchResult:
         inputs = model_inputs(batch, device, "input_ids", "token_type_ids", "attention_mask", "labels")
         w = self.weights
-        signals = teacher_signals(self.teacher, inputs, self.pairs, attentions=w.attention > 0, logits=self.soft_targets and w.soft_targets > 0)
+        signals = teacher_signals(
+            self.teacher,
+            inputs,
+            self.pairs,
+            attentions=w.attention > 0,
+            logits=self.soft_targets and w.soft_targets > 0,
+        )
         out: DistillOutput = module(**inputs, teacher=signals)
         tokens = int(batch["attention_mask"].sum())
         mlm_n = int(out.mlm_count)
-        sums = {name: out.terms[name].item() if name in out.terms else 0.0 for name in ("soft_targets", "hidden", "attention", "mlm")}
+        sums = {
+            name: out.terms[name].item() if name in out.terms else 0.0
+            for name in ("soft_targets", "hidden", "attention", "mlm")
+        }
         sums.update(mlm_ok=int(out.mlm_correct), mlm_n=mlm_n)
         length, masked = batch["input_ids"].shape[1], mlm_n / max(1, tokens)
         # the student trains (forward and backward), the teacher only runs forward: a third of its training cost
-        flops = (encoder_flops_per_token(self.student_cfg, length, masked) + encoder_flops_per_token(self.teacher_cfg, length, masked) / 3) * tokens
+        flops = (
+            encoder_flops_per_token(self.student_cfg, length, masked)
+            + encoder_flops_per_token(self.teacher_cfg, length, masked) / 3
+        ) * tokens
         return MicroBatchResult(out.loss, sums, flops)
 
     def summarise(self, totals: dict[str, float], micro_batches: float) -> dict[str, Any]:

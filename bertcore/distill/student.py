@@ -30,7 +30,8 @@ def student_config(cfg: StudentConfig, teacher: ModelConfig) -> ModelConfig:
     shape = {
         "num_hidden_layers": cfg.layers(teacher.num_hidden_layers),
         "hidden_size": cfg.hidden_size or (NAMED_SIZES[cfg.model_size][1] if cfg.model_size else teacher.hidden_size),
-        "num_attention_heads": cfg.num_attention_heads or (NAMED_SIZES[cfg.model_size][2] if cfg.model_size else teacher.num_attention_heads),
+        "num_attention_heads": cfg.num_attention_heads
+        or (NAMED_SIZES[cfg.model_size][2] if cfg.model_size else teacher.num_attention_heads),
     }
     if cfg.intermediate_size is not None:
         shape["intermediate_size"] = cfg.intermediate_size
@@ -48,19 +49,33 @@ def layer_map(cfg: DistillConfig, student_layers: int, teacher_layers: int) -> l
     """distill.layer_map, or the evenly spaced default; checked against both models."""
     chosen = cfg.layer_map or default_layer_map(student_layers, teacher_layers)
     if len(chosen) != student_layers:
-        raise ConfigError(f"distill.layer_map names {len(chosen)} teacher layers but the student has {student_layers}; give one per student layer")
+        raise ConfigError(
+            f"distill.layer_map names {len(chosen)} teacher layers but the student has {student_layers}; "
+            "give one per student layer"
+        )
     if max(chosen) > teacher_layers:
-        raise ConfigError(f"distill.layer_map {chosen}: the teacher has {teacher_layers} layers; name layers 1 to {teacher_layers}")
+        raise ConfigError(
+            f"distill.layer_map {chosen}: the teacher has {teacher_layers} layers; name layers 1 to {teacher_layers}"
+        )
     return chosen
 
 
 def check_from_teacher(student: ModelConfig, teacher: ModelConfig) -> None:
     """init: from_teacher copies weights, so every copied shape must be the teacher's."""
-    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings", "type_vocab_size", "vocab_size"):
+    for key in (
+        "hidden_size",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "vocab_size",
+    ):
         if getattr(student, key) != getattr(teacher, key):
             raise ConfigError(
-                f"distill.student.init: from_teacher copies the teacher's layers, but the student's {key} is {getattr(student, key)} "
-                f"and the teacher's {getattr(teacher, key)}; keep the teacher's {key} or set distill.student.init: random"
+                f"distill.student.init: from_teacher copies the teacher's layers, but the student's {key} is "
+                f"{getattr(student, key)} "
+                f"and the teacher's {getattr(teacher, key)}; keep the teacher's {key} or set "
+                "distill.student.init: random"
             )
 
 

@@ -2,7 +2,8 @@
 beside it.
 
 - Tasks: the majority class (always predict the training data's most frequent label) and
-  chance (uniform random guessing: accuracy 1/C, correlation 0).
+  chance (uniform random guessing: accuracy 1/C, correlation 0), each kind's own
+  (bertcore/eval/kinds/: `majority`, `chance`) with `most_frequent` from here.
 - Masked LM: the unigram predictor, which always guesses the most frequent token and
   scores each target by its frequency in the training sequences. A freshly trained BERT
   first learns exactly this ("the unigram plateau"): held-out accuracy near the share of
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -31,17 +32,9 @@ def most_frequent(values: Iterable):
     return min(v for v, c in counts.items() if c == top)
 
 
-def chance(task_type: str, labels: Sequence[str]) -> dict[str, float]:
-    """Expected scores of guessing uniformly at random (no entry where that expectation
-    is not a simple number: tagging and QA spans)."""
-    if task_type == "classification" and labels:
-        return {"accuracy": 1.0 / len(labels), "mcc": 0.0}
-    if task_type in ("regression", "word_similarity"):
-        return {"spearman": 0.0, "pearson": 0.0}
-    return {}
-
-
-def target_counts(batches: Iterable, vocab_size: int, special_ids: Iterable[int] = (), max_rows: int | None = None) -> np.ndarray:
+def target_counts(
+    batches: Iterable, vocab_size: int, special_ids: Iterable[int] = (), max_rows: int | None = None
+) -> np.ndarray:
     """(V,) int64 counts of MLM targets in examples record batches (Arrow): the stored
     `masked_ids` (static masking), or every non-special token of `input_ids` when masks
     are drawn at training time (the targets are drawn from those uniformly). At most
@@ -85,7 +78,11 @@ class UnigramMeter:
     def result(self) -> dict[str, float | int]:
         if not self.count:
             return {}
-        return {"token_id": self.token, "mlm_accuracy": self.correct / self.count, "mlm_loss": self.loss_sum / self.count}
+        return {
+            "token_id": self.token,
+            "mlm_accuracy": self.correct / self.count,
+            "mlm_loss": self.loss_sum / self.count,
+        }
 
 
 def nsp_balance(label_counts: dict[int, int]) -> dict[str, float] | None:
@@ -101,7 +98,11 @@ def nsp_balance(label_counts: dict[int, int]) -> dict[str, float] | None:
 def spread(*summaries: dict | None) -> float | None:
     """The seed spread of a comparison: the largest max - min over seeds among the given
     summaries ({median, min, max, n}); None when no summary has two or more seeds."""
-    ranges = [s["max"] - s["min"] for s in summaries if s and s.get("n", 0) > 1 and _finite(s.get("max")) and _finite(s.get("min"))]
+    ranges = [
+        s["max"] - s["min"]
+        for s in summaries
+        if s and s.get("n", 0) > 1 and _finite(s.get("max")) and _finite(s.get("min"))
+    ]
     return max(ranges) if ranges else None
 
 

@@ -42,7 +42,11 @@ def tokenizer_agreement(model_dir: str, vocab_dir: str, sentences: Sequence[str]
     fine_tuning = load_tokenizer(model_dir)
     pretraining = load_vocab_tokenizer(vocab_dir)
     same = sum(fine_tuning(s)["input_ids"] == pretraining.encode(s).ids for s in sentences)
-    return {"sentences": len(sentences), "identical": same, "share": same / len(sentences) if sentences else float("nan")}
+    return {
+        "sentences": len(sentences),
+        "identical": same,
+        "share": same / len(sentences) if sentences else float("nan"),
+    }
 
 
 def pair_layout(model_dir: str, first: str, second: str) -> dict:
@@ -63,10 +67,13 @@ def pair_layout(model_dir: str, first: str, second: str) -> dict:
 
 
 @torch.no_grad()
-def mlm_scores_of_encoder(model_dir: str, encoder_state: dict[str, torch.Tensor] | None, batches: Iterable[dict], max_batches: int = 20) -> dict[str, float]:
-    """Held-out MLM (and NSP) scores (accuracy, loss, perplexity) of the pretrained model with its encoder weights replaced by
-    `encoder_state` (a transformers BertModel state dict, e.g. after fine-tuning; None
-    keeps the pretrained ones). The MLM head stays the pretrained one."""
+def mlm_scores_of_encoder(
+    model_dir: str, encoder_state: dict[str, torch.Tensor] | None, batches: Iterable[dict], max_batches: int = 20
+) -> dict[str, float]:
+    """Held-out MLM (and NSP) scores (accuracy, loss, perplexity) of the pretrained
+    model with its encoder weights replaced by `encoder_state` (a transformers BertModel
+    state dict, e.g. after fine-tuning; None keeps the pretrained ones). The MLM head
+    stays the pretrained one."""
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
 
     model = load_pretraining_model(model_dir)

@@ -44,17 +44,33 @@ def _median(entry: Mapping, model: str, metric: str) -> float | None:
 
 
 def compare(
-    metric: str, teacher: float | None, student: float | None, random_init: float | None, start: float | None = None,
-    start_spread: float | None = None, training_spread: float | None = None,
+    metric: str,
+    teacher: float | None,
+    student: float | None,
+    random_init: float | None,
+    start: float | None = None,
+    start_spread: float | None = None,
+    training_spread: float | None = None,
 ) -> dict[str, Any]:
     """{metric, teacher, student, student_start, random_init, teacher_gain, student_gain,
     kept, start_gain, training_gain, start_spread, training_spread}: kept is None when a
     score is missing or the teacher gains nothing over random init; start_gain (start -
     random init) and training_gain (student - start) are None without the start's score.
     The spreads are those of each part's two models (None: no seeds to spread over)."""
-    out: dict[str, Any] = {"metric": metric, "teacher": teacher, "student": student, START: start, "random_init": random_init,
-                           "teacher_gain": None, "student_gain": None, "kept": None, "start_gain": None, "training_gain": None,
-                           "start_spread": start_spread, "training_spread": training_spread}
+    out: dict[str, Any] = {
+        "metric": metric,
+        "teacher": teacher,
+        "student": student,
+        START: start,
+        "random_init": random_init,
+        "teacher_gain": None,
+        "student_gain": None,
+        "kept": None,
+        "start_gain": None,
+        "training_gain": None,
+        "start_spread": start_spread,
+        "training_spread": training_spread,
+    }
     if None not in (student, random_init, start):
         out["start_gain"], out["training_gain"] = start - random_init, student - start
     if None in (teacher, student, random_init):
@@ -68,8 +84,13 @@ def compare(
 def _task_comparison(task: Mapping[str, Any]) -> dict[str, Any]:
     metric = task["primary_metric"]
     summaries = {m: _summary(task, m, metric) for m in MODELS}
-    return compare(metric, *(_median(task, m, metric) for m in ("teacher", "student", "random_init")), _median(task, START, metric),
-                   spread(summaries[START], summaries["random_init"]), spread(summaries["student"], summaries[START]))
+    return compare(
+        metric,
+        *(_median(task, m, metric) for m in ("teacher", "student", "random_init")),
+        _median(task, START, metric),
+        spread(summaries[START], summaries["random_init"]),
+        spread(summaries["student"], summaries[START]),
+    )
 
 
 def speed_ratio(speed: Mapping[str, Any] | None) -> float | None:
@@ -85,9 +106,11 @@ def comparisons(metrics: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out = {name: _task_comparison(task) for name, task in (metrics.get("tasks") or {}).items()}
     embeddings = metrics.get("embeddings") or {}
     if embeddings.get("sts_pairs"):
-        for pooling in (embeddings.get("student") or {}):
+        for pooling in embeddings.get("student") or {}:
             values = {m: ((embeddings.get(m) or {}).get(pooling) or {}).get("sts_spearman") for m in MODELS}
-            out[f"STS ({pooling} pooling)"] = compare("sts_spearman", values["teacher"], values["student"], values["random_init"], values[START])
+            out[f"STS ({pooling} pooling)"] = compare(
+                "sts_spearman", values["teacher"], values["student"], values["random_init"], values[START]
+            )
     return out
 
 
@@ -111,7 +134,10 @@ def split_text(c: Mapping[str, Any]) -> str:
     if c.get("start_gain") is None:
         return ""
     total = c["student_gain"]
-    start, training = _part(c["start_gain"], c["start_spread"], total), _part(c["training_gain"], c["training_spread"], total)
+    start, training = (
+        _part(c["start_gain"], c["start_spread"], total),
+        _part(c["training_gain"], c["training_spread"], total),
+    )
     if total is not None and total > 0:
         text = f"of its {figures.points(total)} points the start gave {start}, and training {training}"
     else:
@@ -132,12 +158,18 @@ def line(label: str, comparison: Mapping[str, Any], ratio: float | None) -> str:
     if c["teacher_gain"] is None:
         return head + "no three-way comparison (a score is missing)"
     start = f", student start {shown(c[START])}" if c.get(START) is not None else ""
-    scores = f"teacher {shown(c['teacher'])}, student {shown(c['student'])}{start}, random init {shown(c['random_init'])}"
+    scores = (
+        f"teacher {shown(c['teacher'])}, student {shown(c['student'])}{start}, random init {shown(c['random_init'])}"
+    )
     split = f"; {split_text(c)}" if split_text(c) else ""
     if c["kept"] is None:
-        return head + f"the teacher gains nothing over random init, so there is nothing to keep ({scores}){speed}{split}"
-    return (head + f"the student keeps {c['kept']:.0%} of the teacher's gain over random init "
-            f"({figures.points(c['student_gain'])} of {figures.points(c['teacher_gain'])} points; {scores}){speed}{split}")
+        return (
+            head + f"the teacher gains nothing over random init, so there is nothing to keep ({scores}){speed}{split}"
+        )
+    return (
+        head + f"the student keeps {c['kept']:.0%} of the teacher's gain over random init "
+        f"({figures.points(c['student_gain'])} of {figures.points(c['teacher_gain'])} points; {scores}){speed}{split}"
+    )
 
 
 def lines(metrics: Mapping[str, Any]) -> list[str]:
@@ -163,13 +195,21 @@ def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         "Validation medians over seeds (accuracy and F1 in percent, correlations x 100), gains in points. "
         "The random init has the student's architecture. "
         "Kept = (student - random init) / (teacher - random init). "
-        + ("The student start is the student before its first distillation step (distill/student-start/); "
-           "from start = student start - random init, from training = student - student start, each judged against the seed "
-           "spread of its two models where they have seeds (the verdicts say it). " if with_start else "")
-        + (f"Speed: the encoder forward on batches of {measured['batch_size']} x {measured['seq_length']} tokens with "
-           f"{measured['threads']} thread(s) on the machine that evaluated, the models interleaved, median of {measured['passes']} passes"
-           + (" (the student start has the student's architecture, so its speed)." if with_start else ".")
-           if measured else "Speed was not measured (evaluate.speed.enabled: false).")
+        + (
+            "The student start is the student before its first distillation step (distill/student-start/); from start "
+            "= student start - random init, from training = student - student start, each judged against the seed "
+            "spread of its two models where they have seeds (the verdicts say it). "
+            if with_start
+            else ""
+        )
+        + (
+            f"Speed: the encoder forward on batches of {measured['batch_size']} x {measured['seq_length']} tokens with "
+            f"{measured['threads']} thread(s) on the machine that evaluated, the models interleaved, median "
+            f"of {measured['passes']} passes"
+            + (" (the student start has the student's architecture, so its speed)." if with_start else ".")
+            if measured
+            else "Speed was not measured (evaluate.speed.enabled: false)."
+        )
     )
     out.append("")
     teacher_speed = (speed.get("teacher") or {}).get("sequences_per_s")
@@ -180,8 +220,16 @@ def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         shape = model.get("config") or {}
         rate = (speed.get(name) or {}).get("sequences_per_s")
         relative = f"{rate / teacher_speed:.2f}x" if rate and teacher_speed else "–"
-        rows.append([name.replace("_", " "), f"`{model.get('uri', '?')}`", f"{shape.get('num_hidden_layers')} x {shape.get('hidden_size')}",
-                     f"{model.get('parameters', 0):,}", f"{rate:.1f}" if rate else "–", relative])
+        rows.append(
+            [
+                name.replace("_", " "),
+                f"`{model.get('uri', '?')}`",
+                f"{shape.get('num_hidden_layers')} x {shape.get('hidden_size')}",
+                f"{model.get('parameters', 0):,}",
+                f"{rate:.1f}" if rate else "–",
+                relative,
+            ]
+        )
     out += _table(["model", "weights", "layers x hidden", "parameters", "sequences/s", "speed vs teacher"], rows)
     out.append("")
     rows = []
@@ -189,7 +237,17 @@ def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         kept = f"{c['kept']:.0%}" if c["kept"] is not None else "–"
         shown = [figures.metric(c["metric"], c[m]) for m in shown_models]
         split = [figures.points(c["start_gain"]), figures.points(c["training_gain"])] if with_start else []
-        rows.append([label, figures.name(c["metric"]), *shown, figures.points(c["teacher_gain"]), figures.points(c["student_gain"]), *split, kept])
+        rows.append(
+            [
+                label,
+                figures.name(c["metric"]),
+                *shown,
+                figures.points(c["teacher_gain"]),
+                figures.points(c["student_gain"]),
+                *split,
+                kept,
+            ]
+        )
     header = ["task", "metric", *(m.replace("_", " ") for m in shown_models), "teacher gain", "student gain"]
     out += _table(header + (["from start", "from training"] if with_start else []) + ["student keeps"], rows)
     out.append("")

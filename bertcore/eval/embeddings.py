@@ -22,7 +22,8 @@ import torch
 from bertcore.eval import metrics
 from bertcore.eval.config import StsConfig
 from bertcore.eval.encoder import encode, load_encoder, load_tokenizer, mean_pool
-from bertcore.eval.tasks import ReadResult, TextExample, read_rows
+from bertcore.eval.metrics import cosine_rows
+from bertcore.eval.readers import ReadResult, TextExample, read_rows, score
 from bertcore.eval.windows import Windowing, pool_windows, split_windows
 from bertcore.rng import keyed_numpy, keyed_seed
 
@@ -49,7 +50,14 @@ def embed(
         texts = list(sentences[start : start + batch_size])
         owner = None
         if windowing is None:
-            batch = tokenizer(texts, truncation=True, max_length=max_seq_length, padding=True, return_tensors="pt", return_token_type_ids=True)
+            batch = tokenizer(
+                texts,
+                truncation=True,
+                max_length=max_seq_length,
+                padding=True,
+                return_tensors="pt",
+                return_token_type_ids=True,
+            )
         else:
             windows = [split_windows(tokenizer, text, None, windowing).input_ids for text in texts]
             rows = [ids for text_windows in windows for ids in text_windows]
@@ -59,7 +67,9 @@ def embed(
             mask = (torch.arange(ids.shape[1]) < torch.tensor([len(r) for r in rows])[:, None]).long()
             batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
             owner = torch.tensor([i for i, text_windows in enumerate(windows) for _ in text_windows])
-        hidden, _ = encode(encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])  # (B, T, H): B windows with windowing
+        hidden, _ = encode(
+            encoder, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        )  # (B, T, H): B windows with windowing
         pooled = hidden[:, 0] if pooling == "cls" else mean_pool(hidden, batch["attention_mask"])
         if owner is not None:
             pooled = pool_windows(pooled, owner, windowing.pool)  # (B windows, H) -> (sentences, H)
@@ -70,17 +80,16 @@ def embed(
 def read_sts(sts: StsConfig, path: str) -> ReadResult:
     """The sentence pairs and gold scores of an STS-style file (at local `path`)."""
     return read_rows(
-        path, format=sts.format, text_a=sts.text_a, text_b=sts.text_b, label_column=sts.score_column,
-        task_type="regression", header=sts.header, encoding=sts.encoding, on_error=sts.on_error,
+        path,
+        format=sts.format,
+        text_a=sts.text_a,
+        text_b=sts.text_b,
+        label_column=sts.score_column,
+        parse_label=score,
+        header=sts.header,
+        encoding=sts.encoding,
+        on_error=sts.on_error,
     )
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of a[i] and b[i] for every row i; 0 where a vector is zero."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    dots = np.einsum("ij,ij->i", a, b)
-    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
 
 
 def anisotropy(embeddings: np.ndarray, rng: np.random.Generator, num_pairs: int = 1000) -> float:
@@ -115,7 +124,7 @@ def embedding_report(
     """{"cls": {"anisotropy", "sts_spearman"}, "mean": {...}} for the encoder in
     encoder_dir (or, with random_init, its architecture with seeded fresh weights).
     sts_pairs: TextExamples with text_b and a float score, e.g. STS-B read with
-    tasks.read_rows(..., task_type="regression"). windowing: read sentences longer than
+    readers.read_rows(..., parse_label=readers.score). windowing: read sentences longer than
     max_seq_length in windows (None: truncate them)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
@@ -126,12 +135,28 @@ def embedding_report(
             encoder = load_encoder(encoder_dir, random_init=random_init)
         report: dict[str, dict[str, float]] = {}
         for pooling in POOLINGS:
-            vectors = embed(encoder, tokenizer, sentences, pooling=pooling, max_seq_length=max_seq_length, windowing=windowing)
+            vectors = embed(
+                encoder, tokenizer, sentences, pooling=pooling, max_seq_length=max_seq_length, windowing=windowing
+            )
             # Same pairs for both poolings, so the two numbers are comparable.
             entry = {"anisotropy": anisotropy(vectors, keyed_numpy(seed, "embeddings", "pairs"), num_pairs)}
             if sts_pairs:
-                a = embed(encoder, tokenizer, [p.text_a for p in sts_pairs], pooling=pooling, max_seq_length=max_seq_length, windowing=windowing)
-                b = embed(encoder, tokenizer, [p.text_b or "" for p in sts_pairs], pooling=pooling, max_seq_length=max_seq_length, windowing=windowing)
+                a = embed(
+                    encoder,
+                    tokenizer,
+                    [p.text_a for p in sts_pairs],
+                    pooling=pooling,
+                    max_seq_length=max_seq_length,
+                    windowing=windowing,
+                )
+                b = embed(
+                    encoder,
+                    tokenizer,
+                    [p.text_b or "" for p in sts_pairs],
+                    pooling=pooling,
+                    max_seq_length=max_seq_length,
+                    windowing=windowing,
+                )
                 entry["sts_spearman"] = sts_spearman(a, b, [float(p.label) for p in sts_pairs])
             report[pooling] = entry
     finally:

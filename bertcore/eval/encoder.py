@@ -25,12 +25,12 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal, Protocol
 
 import torch
 from torch import nn
 
-from bertcore.eval.config import Combine, Pooling
+from bertcore.eval.settings import Combine, Pooling
 from bertcore.eval.windows import pool_windows
 from bertcore.vocab.morphemes import split_as_recorded
 
@@ -61,7 +61,9 @@ def load_tokenizer(tokenizer_dir: str):
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if not tokenizer.is_fast:
-        raise ValueError(f"{tokenizer_dir}: no fast tokenizer (tokenizer.json) found; the pretrain stage's model/ folder has one")
+        raise ValueError(
+            f"{tokenizer_dir}: no fast tokenizer (tokenizer.json) found; the pretrain stage's model/ folder has one"
+        )
     return split_as_recorded(tokenizer, tokenizer_dir)
 
 
@@ -80,7 +82,7 @@ def load_encoder(encoder_dir: str, *, random_init: bool = False, dropout: float 
 
 
 def pooler_source(encoder_dir: str, *, random_init: bool = False) -> str:
-    """"pretrained" when the folder's weights hold BERT's pooler (trained with the NSP
+    """ "pretrained" when the folder's weights hold BERT's pooler (trained with the NSP
     head), "fresh" when the loader initialises one (a checkpoint without NSP, or the
     random-init baseline)."""
     if random_init:
@@ -97,11 +99,15 @@ def pooler_source(encoder_dir: str, *, random_init: bool = False) -> str:
     return "pretrained" if any(a in ("BertForPreTraining", "BertModel") for a in architectures) else "fresh"
 
 
-def hidden_states(encoder: nn.Module, input_ids, attention_mask, token_type_ids) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+def hidden_states(
+    encoder: nn.Module, input_ids, attention_mask, token_type_ids
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
     """(every hidden state, embeddings output first, each (B, T, H); pooled (B, H) or None).
     An encoder that returns a bare tensor (B, T, H) gives a single hidden state."""
     try:
-        out = encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, output_hidden_states=True)
+        out = encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, output_hidden_states=True
+        )
     except TypeError:  # an encoder without output_hidden_states
         out = encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     if isinstance(out, torch.Tensor):
@@ -133,7 +139,10 @@ def layer_indexes(layers: Sequence[int] | Literal["all"], num_states: int) -> li
     for layer in layers:
         index = layer + num_states if layer < 0 else layer
         if not 0 <= index < num_states:
-            raise ValueError(f"layer {layer} does not exist: the encoder has {num_states} hidden states (0 = embeddings, {num_states - 1} = last layer)")
+            raise ValueError(
+                f"layer {layer} does not exist: the encoder has {num_states} hidden states (0 = embeddings, "
+                f"{num_states - 1} = last layer)"
+            )
         out.append(index)
     return out
 
@@ -170,17 +179,26 @@ class Features:
         return list(self.layers) == [-1] if self.layers != "all" else False
 
 
+class HeadReads(Protocol):
+    """What TaskModel asks of a task kind (a TaskKind of bertcore/eval/kinds/): its name, and
+    whether its head reads one pooled vector per row or every token."""
+
+    name: ClassVar[str]
+    pooled: ClassVar[bool]
+
+
 class TaskModel(nn.Module):
-    """Encoder + one linear head. Sequence tasks (classification, regression) read a pooled
-    vector, token tasks and QA every position; `features` chooses the hidden states
-    (default: BERT's fine-tuning setup, the pooler over the last layer). Inputs read in
-    windows (bertcore/eval/windows.py) come with `window_owner`, and their windows'
-    vectors are combined by `window_pool` before the head."""
+    """Encoder + one linear head. A pooled kind's head (classification, regression,
+    multiple choice) reads one pooled vector per row, the others' (tags, QA spans) every
+    position; `features` chooses the hidden states (default: BERT's fine-tuning setup, the
+    pooler over the last layer). Inputs read in windows (bertcore/eval/windows.py) come
+    with `window_owner`, and their windows' vectors are combined by `window_pool` before
+    the head."""
 
     def __init__(
         self,
         encoder: nn.Module,
-        task_type: str,
+        kind: HeadReads,
         num_outputs: int,
         dropout: float = 0.1,
         hidden_size: int | None = None,
@@ -189,7 +207,8 @@ class TaskModel(nn.Module):
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.task_type = task_type
+        self.kind = kind
+        self.task_type = kind.name  # the name a saved head records (bertcore/eval/heads.py)
         self.features = features
         self.window_pool = window_pool
         config = getattr(encoder, "config", None)
@@ -198,8 +217,10 @@ class TaskModel(nn.Module):
             raise ValueError("TaskModel: pass hidden_size for an encoder without config.hidden_size")
         num_states = getattr(config, "num_hidden_layers", 0) + 1  # 1: an encoder that returns (B, T, H) only
         self.indexes = layer_indexes(features.layers, num_states)
-        if features.pooling == "pooler" and not features.last_only and task_type in ("classification", "regression"):
-            raise ValueError("pooling 'pooler' reads the last layer only; use pooling 'cls' or 'mean' with other layers")
+        if features.pooling == "pooler" and not features.last_only and kind.pooled:
+            raise ValueError(
+                "pooling 'pooler' reads the last layer only; use pooling 'cls' or 'mean' with other layers"
+            )
         self.mix = ScalarMix(len(self.indexes)) if features.combine == "scalar_mix" else None
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(features.width(hidden, num_states), num_outputs)
@@ -214,8 +235,8 @@ class TaskModel(nn.Module):
 
     def head_input(self, states: tuple[torch.Tensor, ...], pooled: torch.Tensor | None, attention_mask) -> torch.Tensor:
         """What the head reads, from the encoder's hidden states and pooled output: (B, F)
-        for sequence tasks, (B, T, F) for token tasks and QA."""
-        if self.task_type in ("classification", "regression"):
+        for a pooled kind, (B, T, F) for the others."""
+        if self.kind.pooled:
             if self.features.pooling == "pooler" and pooled is not None:
                 return pooled  # (B, H)
             if self.features.pooling == "mean":
@@ -223,14 +244,16 @@ class TaskModel(nn.Module):
             return self._combined(states)[:, 0]  # cls, or "pooler" on an encoder without one
         return self._combined(states)  # (B, T, F)
 
-    def forward(self, input_ids, attention_mask, token_type_ids, window_owner: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids, attention_mask, token_type_ids, window_owner: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """window_owner (W,): with windows, the rows are W windows of B inputs and this is
-        each window's input (sequence tasks only)."""
+        each window's input (pooled kinds only)."""
         states, pooled = hidden_states(self.encoder, input_ids, attention_mask, token_type_ids)
         features = self.head_input(states, pooled, attention_mask)
         if window_owner is not None:
             features = pool_windows(features, window_owner, self.window_pool)  # (W, F) -> (B, F)
-        # (B, C) or (B, 1) for sequence tasks; (B, T, C) tags, or (B, T, 2) start/end
+        # the kind's head shape: (B, C) labels, (B, 1) a score or a candidate's, (B, T, C) tags, (B, T, 2) start/end
         return self.head(self.dropout(features))
 
 
@@ -270,7 +293,9 @@ def _no_decay(name: str) -> bool:
     return name.endswith(("bias", "gamma")) or "norm" in name.lower() or "mix.weights" in name
 
 
-def parameter_groups(model: TaskModel, learning_rate: float, weight_decay: float, layer_lr_decay: float = 1.0) -> list[dict]:
+def parameter_groups(
+    model: TaskModel, learning_rate: float, weight_decay: float, layer_lr_decay: float = 1.0
+) -> list[dict]:
     """AdamW groups: weight decay except on biases and LayerNorms; with layer_lr_decay d < 1,
     encoder parameters at depth l (0 embeddings .. L the last layer) get learning_rate *
     d^(L + 1 - l), the head (and pooler, scalar mix) learning_rate."""

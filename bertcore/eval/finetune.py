@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from bertcore.errors import ConfigError
-from bertcore.eval import metrics, scoring
-from bertcore.eval.config import WINDOWED_TYPES
+from bertcore.eval import metrics
 from bertcore.eval.encoder import (
     Features,
     TaskModel,
@@ -39,10 +38,10 @@ from bertcore.eval.encoder import (
     parameter_groups,
     pooler_source,
 )
-from bertcore.eval.features import Feature, make_batch, qa_features, text_features, token_features
 from bertcore.eval.fractions import fraction_subset
-from bertcore.eval.tasks import TaskConfig, TaskDataError, fold_splits, infer_labels, read_split
-from bertcore.eval.windows import long_input_counts
+from bertcore.eval.kinds.base import Feature, TaskKind
+from bertcore.eval.readers import TaskDataError
+from bertcore.eval.tasks import TaskConfig, fold_splits, infer_labels, read_split
 from bertcore.rng import keyed_numpy, keyed_seed
 
 __all__ = ["TaskModel", "compare_with_baseline", "encode", "load_encoder", "load_tokenizer", "run_seeds", "run_task"]
@@ -55,17 +54,6 @@ class TaskSettingError(ConfigError, ValueError):
 def device() -> torch.device:
     """The GPU when this process sees one (a Ray job given `num_gpus`), else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _loss(logits: torch.Tensor, labels: torch.Tensor, task_type: str) -> torch.Tensor:
-    if task_type == "classification":
-        return nn.functional.cross_entropy(logits, labels)
-    if task_type == "regression":
-        return nn.functional.mse_loss(logits.squeeze(-1), labels)
-    if task_type == "token_classification":
-        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-    start, end = logits.unbind(-1)  # (B, T) each
-    return (nn.functional.cross_entropy(start, labels[:, 0]) + nn.functional.cross_entropy(end, labels[:, 1])) / 2
 
 
 # --- training ------------------------------------------------------------------------------
@@ -117,9 +105,9 @@ def _train(
         permutation = torch.randperm(len(features), generator=order).tolist()
         losses = []
         for start in range(0, len(features), task.batch_size):
-            batch = make_batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, task.type, where)
+            batch = task.kind.batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, where)
             labels = batch.pop("labels")
-            step_loss = _loss(model(**batch), labels, task.type)
+            step_loss = task.kind.loss(model(**batch), labels)
             optimizer.zero_grad(set_to_none=True)
             step_loss.backward()
             nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -141,18 +129,17 @@ def _train(
 
 
 @torch.no_grad()
-def _predict(model: TaskModel, features: list[Feature], pad_id: int, task_type: str, batch_size: int) -> list[np.ndarray]:
-    """Per feature: logits (C,), (1,), (T, C) or (T, 2), cut to the feature's length."""
+def _predict(model: TaskModel, kind: TaskKind, features: list[Feature], pad_id: int, batch_size: int) -> list:
+    """Per feature: its logits as its kind splits them ((C,) for a pooled head, (T, C) cut
+    to the feature's length for a per-token one)."""
     model.eval()
     where = next(model.parameters()).device
     outputs: list[np.ndarray] = []
     for start in range(0, len(features), batch_size):
         chunk = features[start : start + batch_size]
-        batch = make_batch(chunk, pad_id, task_type, where)
+        batch = kind.batch(chunk, pad_id, where)
         batch.pop("labels")
-        logits = model(**batch).float().cpu().numpy()
-        for row, f in enumerate(chunk):
-            outputs.append(logits[row] if task_type in ("classification", "regression") else logits[row, : len(f.input_ids)])
+        outputs += kind.split_outputs(model(**batch).float().cpu().numpy(), chunk)
     return outputs
 
 
@@ -163,7 +150,7 @@ def holdout_split(task: TaskConfig, examples: list, seed: int, run_key: str) -> 
     """(fit, held out) for early stopping: `early_stopping_fraction` of the examples (at
     least one, and of each label for classification), keyed by task, fold and seed."""
     rng = keyed_numpy(seed, task.name, run_key, "early-stopping")
-    if task.type == "classification":
+    if task.kind.stratified:
         groups: dict[str, list[int]] = {}
         for i, e in enumerate(examples):
             groups.setdefault(e.label, []).append(i)
@@ -175,7 +162,9 @@ def holdout_split(task: TaskConfig, examples: list, seed: int, run_key: str) -> 
             count = max(1, round(task.early_stopping_fraction * len(members)))
             held.update(int(i) for i in rng.choice(members, size=count, replace=False))
     if not held or len(held) == len(examples):
-        raise TaskDataError(f"task {task.name!r}: too few training examples ({len(examples)}) to hold some out for early stopping")
+        raise TaskDataError(
+            f"task {task.name!r}: too few training examples ({len(examples)}) to hold some out for early stopping"
+        )
     return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
 
 
@@ -193,30 +182,20 @@ def _fit_and_score(
 ) -> tuple[dict[str, dict[str, float]], Trained]:
     """Fine-tunes one model on `train` and scores it on each named set in `evaluate`;
     the model is appended to `keep` when given."""
-    from bertcore.eval.config import PRIMARY_METRIC
-
+    kind = task.kind
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def featurize(examples):
-        if task.type == "qa":
-            return qa_features(examples, tokenizer, task)
-        if task.type == "token_classification":
-            return token_features(examples, tokenizer, task, labels)
-        return text_features(examples, tokenizer, task, labels), None
-
     def score(model, examples) -> dict[str, float]:
-        features, extra = featurize(examples)
-        predictions = _predict(model, features, pad_id, task.type, max(64, task.batch_size))
-        if task.type == "qa":
-            return scoring.score_qa(task, examples, predictions, extra)
-        if task.type == "token_classification":
-            return scoring.score_tokens(task, labels, examples, predictions, extra)
-        return scoring.score_text(task, labels, examples, predictions)
+        features, extra = kind.features(examples, tokenizer, task, labels)
+        outputs = _predict(model, kind, features, pad_id, max(64, task.batch_size))
+        return kind.score(task, labels, examples, outputs, extra)
 
     stop_score = None
     if task.early_stopping_patience is not None:
         train, held = holdout_split(task, train, seed, run_key)
-        stop_score = lambda model: _finite(score(model, held)[PRIMARY_METRIC[task.type]])
+
+        def stop_score(model) -> float:
+            return _finite(score(model, held)[kind.primary_metric])
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "init"))
@@ -224,13 +203,15 @@ def _fit_and_score(
         max_positions = getattr(encoder.config, "max_position_embeddings", None)
         if max_positions is not None and task.max_seq_length > max_positions:
             raise TaskSettingError(
-                f"task {task.name!r}: max_seq_length {task.max_seq_length} exceeds the encoder's max_position_embeddings {max_positions}"
+                f"task {task.name!r}: max_seq_length {task.max_seq_length} exceeds the encoder's "
+                f"max_position_embeddings {max_positions}"
             )
-        outputs = 2 if task.type == "qa" else 1 if task.type == "regression" else len(labels)
         head_dropout = task.dropout if task.dropout is not None else getattr(encoder.config, "hidden_dropout_prob", 0.1)
         features = Features(layers=task.layers, combine=task.combine, pooling=task.pooling)
-        model = TaskModel(encoder, task.type, outputs, head_dropout, features=features, window_pool=task.window_pool).to(device())
-        train_features, _ = featurize(train)
+        outputs = kind.num_outputs(labels)
+        model = TaskModel(encoder, kind, outputs, head_dropout, features=features, window_pool=task.window_pool)
+        model = model.to(device())
+        train_features, _ = kind.features(train, tokenizer, task, labels)
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "dropout"))
         order = torch.Generator().manual_seed(keyed_seed(seed, task.name, run_key, "order") % 2**63)
         trained = _train(model, train_features, task, pad_id, order, stop_score)
@@ -247,7 +228,7 @@ def _finite(value: float) -> float:
 def _read(task: TaskConfig) -> tuple[object, list[str], dict[str, list], dict[str, int], list[str]]:
     """(train ReadResult, labels, {split: examples} to score, {split: rows skipped}, problems)."""
     train = read_split(task, "train")
-    labels = infer_labels(task, train.examples) if task.type in ("classification", "token_classification") else []
+    labels = infer_labels(task, train.examples)
     skipped = {"train": train.skipped}
     problems = list(train.problems)
     evaluate: dict[str, list] = {}
@@ -263,9 +244,16 @@ def _read(task: TaskConfig) -> tuple[object, list[str], dict[str, list], dict[st
 
 
 def _fine_tune(
-    task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, random_init: bool, keep: list | None = None, fraction: float = 1.0, subset_seed: int = 0
+    task: TaskConfig,
+    encoder_dir: str,
+    tokenizer_dir: str,
+    seed: int,
+    random_init: bool,
+    keep: list | None = None,
+    fraction: float = 1.0,
+    subset_seed: int = 0,
 ) -> dict:
-    """The fine-tuning part of `run_task` (every type but word_similarity). `keep`: a list
+    """The fine-tuning part of `run_task` (every kind that trains). `keep`: a list
     that receives the model fine-tuned on the whole training file, or its `fraction` (with
     cross-validation and no test file, one more run fits it). Each fit trains on
     `fraction` of its training examples, a nested subset keyed by (subset_seed, task, fit)."""
@@ -277,8 +265,11 @@ def _fine_tune(
     def fit(examples: list, run_key: str, scored: dict[str, list], keep_model: list | None = None):
         subset = fraction_subset(examples, fraction, task, subset_seed, run_key)
         fitted.append(len(subset))
-        scores, trained = _fit_and_score(task, encoder_dir, tokenizer, labels, seed, random_init, subset, scored, run_key, keep_model)
-        return scores, trained, {split: scoring.majority_scores(task, labels, subset, examples) for split, examples in scored.items()}
+        scores, trained = _fit_and_score(
+            task, encoder_dir, tokenizer, labels, seed, random_init, subset, scored, run_key, keep_model
+        )
+        majority = {split: task.kind.majority(task, labels, subset, examples) for split, examples in scored.items()}
+        return scores, trained, majority
 
     if task.cross_validation_folds is None:
         scores, trained, majority = fit(train.examples, "full", evaluate, keep)
@@ -292,7 +283,11 @@ def _fine_tune(
             per_fold.append(scores["validation"])
             fold_majority.append(majority["validation"])
         result["validation"] = {name: float(np.mean([f[name] for f in per_fold])) for name in per_fold[0]}
-        result["baselines"]["validation"] = None if fold_majority[0] is None else {n: float(np.mean([m[n] for m in fold_majority])) for n in fold_majority[0]}
+        result["baselines"]["validation"] = (
+            None
+            if fold_majority[0] is None
+            else {n: float(np.mean([m[n] for m in fold_majority])) for n in fold_majority[0]}
+        )
         if "test" in evaluate:
             scores, trained, majority = fit(train.examples, "full", {"test": evaluate["test"]}, keep)
             result.update(scores)
@@ -300,10 +295,13 @@ def _fine_tune(
         elif keep is not None:  # the folds' models each miss a fold: fit one on everything to keep
             fit(train.examples, "full", {}, keep)
             fitted.pop()  # kept for export, not scored
-    result["baselines"] = {split: {"majority": scores} for split, scores in result["baselines"].items() if scores is not None}
-    if task.type in WINDOWED_TYPES:
-        read = {"train": train.examples, **({} if task.cross_validation_folds else evaluate)}
-        result["long_inputs"] = {split: long_input_counts(tokenizer, [e.text_a for e in ex], [e.text_b for e in ex], task) for split, ex in read.items()}
+    result["baselines"] = {
+        split: {"majority": scores} for split, scores in result["baselines"].items() if scores is not None
+    }
+    read = {"train": train.examples, **({} if task.cross_validation_folds else evaluate)}
+    long_inputs = {split: task.kind.long_inputs(tokenizer, examples, task) for split, examples in read.items()}
+    if long_inputs["train"] is not None:  # a kind that counts them
+        result["long_inputs"] = long_inputs
     result.update(
         labels=labels,
         train_examples=len(train.examples),
@@ -319,7 +317,13 @@ def _fine_tune(
 
 
 def fine_tuned_model(
-    task: TaskConfig, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool = False, fold: int | None = None
+    task: TaskConfig,
+    encoder_dir: str,
+    tokenizer_dir: str,
+    seed: int,
+    *,
+    random_init: bool = False,
+    fold: int | None = None,
 ) -> TaskModel:
     """The model `run_task` would fine-tune on the whole training file (no folds), for
     diagnostics: what fine-tuning did to the encoder; with `fold` k, the model of
@@ -374,12 +378,10 @@ def run_task(
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        if task.type == "word_similarity":
-            from bertcore.eval.wordsim import run_word_similarity
-
-            result = run_word_similarity(task, encoder_dir, tokenizer_dir, seed, random_init=random_init)
-        else:
+        if task.kind.trains:
             result = _fine_tune(task, encoder_dir, tokenizer_dir, seed, random_init, keep, fraction, subset_seed)
+        else:
+            result = task.kind.score_encoder(task, encoder_dir, tokenizer_dir, seed, random_init=random_init)
     finally:
         torch.set_num_threads(threads)
     return {
@@ -420,7 +422,10 @@ def run_seeds(
 ) -> dict:
     """`run_task` for every seed in task.seeds, summarised by `summarize_seeds`."""
     return summarize_seeds(
-        [run_task(task, encoder_dir, tokenizer_dir, s, random_init=random_init, num_threads=num_threads) for s in task.seeds]
+        [
+            run_task(task, encoder_dir, tokenizer_dir, s, random_init=random_init, num_threads=num_threads)
+            for s in task.seeds
+        ]
     )
 
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertcore.eval.config import TaskConfig
-from bertcore.eval.tasks import TaskDataError, fold_splits, infer_labels, read_split
+from bertcore.eval.readers import TaskDataError
+from bertcore.eval.tasks import fold_splits, infer_labels, read_split
 from bertcore.rng import keyed_numpy
 
 
@@ -46,7 +47,9 @@ def nested_order(labels: Sequence[object] | None, n: int, rng: np.random.Generat
     while len(order) < n:
         k = len(order) + 1
         # the label furthest below its share of the first k places (ties: the first name)
-        name = max((m for m in names if taken[m] < len(queues[m])), key=lambda m: (len(queues[m]) * k / n - taken[m], -rank[m]))
+        name = max(
+            (m for m in names if taken[m] < len(queues[m])), key=lambda m: (len(queues[m]) * k / n - taken[m], -rank[m])
+        )
         order.append(queues[name][taken[name]])
         taken[name] += 1
     return order
@@ -57,7 +60,7 @@ def fraction_subset(examples: Sequence, fraction: float, task: TaskConfig, seed:
     seed: the run seed; fit: "full" or "fold<k>"."""
     if fraction >= 1.0:
         return list(examples)
-    labels = [e.label for e in examples] if task.type == "classification" else None
+    labels = [e.label for e in examples] if task.kind.stratified else None
     order = nested_order(labels, len(examples), keyed_numpy(seed, task.name, fit, "train-fraction"))
     return [examples[i] for i in sorted(order[: subset_size(fraction, len(examples))])]
 
@@ -69,10 +72,12 @@ def check_fractions(task: TaskConfig, key: str) -> None:
     if task.train_fractions == [1.0]:
         return
     examples = read_split(task, "train").examples
-    labels = infer_labels(task, examples) if task.type == "classification" else []
+    labels = infer_labels(task, examples) if task.kind.stratified else []
     pools = [len(examples)]
     if task.cross_validation_folds is not None:
-        pools = [len(fit) for fit, _ in fold_splits(task, examples)] + ([len(examples)] if task.test is not None else [])
+        pools = [len(fit) for fit, _ in fold_splits(task, examples)] + (
+            [len(examples)] if task.test is not None else []
+        )
     need = max(1, len(labels)) + (1 if task.early_stopping_patience is not None else 0)
     for fraction in task.train_fractions:
         kept, n = min((subset_size(fraction, n), n) for n in pools)

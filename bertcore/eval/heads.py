@@ -6,8 +6,9 @@ fine-tuning left it, and the head). Fine-tuning moves every encoder weight unles
 `freeze_encoder` is set, so a head alone on the original encoder would not give the
 fine-tuned predictions. The file's metadata (strings, as safetensors keeps them) says how
 to rebuild it: the task type, labels, what the head reads (layers, combine, pooling), how
-long inputs were read, the seed, what it was trained on, and the sha256 of the encoder
-weights fine-tuning started from, which export compares with the model it exports. No pickles: weights and JSON only.
+long inputs were read, whether it reads text pairs, the seed, what it was trained on, and
+the sha256 of the encoder weights fine-tuning started from, which export compares with the
+model it exports. No pickles: weights and JSON only.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class TaskHead:
 
     task: str
     type: str
-    """classification, regression, token_classification or qa."""
+    """The task's kind (bertcore/eval/kinds/): what its logits are and how they decode."""
     labels: list[str]
     num_outputs: int
     layers: list[int] | str
@@ -52,6 +53,9 @@ class TaskHead:
     The saved model scores one window; to score a long input as fine-tuning did, pool its
     windows' head inputs the same way (with mean pooling, averaging the windows' logits
     gives the same result, the head being linear)."""
+    pairs: bool = False
+    """Fine-tuned on text pairs (the task's `text_b`: MRPC-, STS-, NLI-style): it reads
+    `[CLS] a [SEP] b [SEP]` with token types 0 then 1, and a single text means nothing to it."""
 
 
 def save_task_model(path: str, model, head: TaskHead) -> None:
@@ -88,7 +92,9 @@ def read_head(path: str) -> TaskHead:
     except (OSError, SafetensorError) as exc:
         raise InputDataError(f"{path}: cannot read the saved task model ({exc})") from None
     if metadata.get("format") != FORMAT:
-        raise InputDataError(f"{path}: not a task model saved by bertpipe's evaluate stage (format {metadata.get('format')!r})")
+        raise InputDataError(
+            f"{path}: not a task model saved by bertpipe's evaluate stage (format {metadata.get('format')!r})"
+        )
     return TaskHead(**json.loads(metadata["head"]))
 
 
@@ -97,17 +103,25 @@ def load_task_model(path: str, encoder_dir: str):
     encoder's architecture (config.json), the file gives every weight."""
     import safetensors.torch
 
+    from bertcore.eval import kinds
     from bertcore.eval.encoder import Features, TaskModel, load_encoder
 
     head = read_head(path)
+    try:
+        kind = kinds.get(head.type)
+    except ValueError as exc:
+        raise InputDataError(f"{path}: a saved task model this bertpipe cannot rebuild ({exc})") from None
     encoder = load_encoder(encoder_dir, random_init=True)  # architecture only: every weight is replaced below
     layers = head.layers if isinstance(head.layers, str) else tuple(head.layers)
     features = Features(layers=layers, combine=head.combine, pooling=head.pooling)
-    model = TaskModel(encoder, head.type, head.num_outputs, features=features, window_pool=(head.long_inputs or {}).get("window_pool", "mean"))
+    window_pool = (head.long_inputs or {}).get("window_pool", "mean")
+    model = TaskModel(encoder, kind, head.num_outputs, features=features, window_pool=window_pool)
     state = safetensors.torch.load_file(path)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         reason = " ".join(str(exc).split())[:300]
-        raise InputDataError(f"{path}: the saved task model does not fit the encoder in {encoder_dir} ({reason})") from None
+        raise InputDataError(
+            f"{path}: the saved task model does not fit the encoder in {encoder_dir} ({reason})"
+        ) from None
     return model.eval(), head

@@ -54,11 +54,15 @@ def load_pretraining_model(model_dir: str, *, random_init: bool = False, seed: i
             state = safetensors.torch.load_file(path)
         except (OSError, safetensors.SafetensorError) as exc:
             raise InputDataError(f"{path}: cannot read the weights ({exc})") from None
-        load_into(model, canonical_names(state), where=path)  # a masked-LM export has no NSP head or pooler: those stay seeded
+        load_into(
+            model, canonical_names(state), where=path
+        )  # a masked-LM export has no NSP head or pooler: those stay seeded
     return model.eval()
 
 
-def phases_to_score(cfg: IntrinsicConfig, examples_cfg: ExamplesConfig, trained: Sequence[str], max_positions: int, notes: list[str]) -> list[PhaseConfig]:
+def phases_to_score(
+    cfg: IntrinsicConfig, examples_cfg: ExamplesConfig, trained: Sequence[str], max_positions: int, notes: list[str]
+) -> list[PhaseConfig]:
     """The examples phases to score: `cfg.phases`, else those the pretrain stage trained
     on (`trained`), else all; a phase longer than the model's positions is left out with
     a note."""
@@ -74,7 +78,10 @@ def phases_to_score(cfg: IntrinsicConfig, examples_cfg: ExamplesConfig, trained:
     for name in wanted:
         phase = examples_cfg.phase(name)
         if phase.max_seq_length > max_positions:
-            notes.append(f"intrinsic: phase {name} ({phase.max_seq_length} tokens) is longer than the model's {max_positions} positions; left out")
+            notes.append(
+                f"intrinsic: phase {name} ({phase.max_seq_length} tokens) is longer than the model's "
+                f"{max_positions} positions; left out"
+            )
         else:
             phases.append(phase)
     return phases
@@ -114,7 +121,13 @@ def held_out_scores(
         sequences += batch["input_ids"].shape[0]
         count += 1
     baselines = {"unigram": unigram.result() if unigram is not None else None, "nsp_balance": nsp_balance(nsp_labels)}
-    return {**meter.result(), "sequences": sequences, "batches": count, "masked_tokens": meter.mlm_count, "baselines": baselines}
+    return {
+        **meter.result(),
+        "sequences": sequences,
+        "batches": count,
+        "masked_tokens": meter.mlm_count,
+        "baselines": baselines,
+    }
 
 
 def _maskable(tokens: Sequence[str], specials: set[str]) -> list[int]:
@@ -130,13 +143,28 @@ def _maskable(tokens: Sequence[str], specials: set[str]) -> list[int]:
     for i, token in enumerate(tokens):
         following = tokens[i + 1] if i + 1 < len(tokens) else None
         word = token.removeprefix("\u0120") if byte_level else token
-        if token not in specials and starts_word(token) and (following is None or starts_word(following)) and word.isalpha() and len(word) >= 3:
+        if (
+            token not in specials
+            and starts_word(token)
+            and (following is None or starts_word(following))
+            and word.isalpha()
+            and len(word) >= 3
+        ):
             out.append(i)
     return out
 
 
 @torch.no_grad()
-def fill_mask(model: BertForPreTraining, tokenizer, sentences: Sequence[str], *, seed: int, count: int = 5, top_k: int = 5, max_length: int = 64) -> list[dict]:
+def fill_mask(
+    model: BertForPreTraining,
+    tokenizer,
+    sentences: Sequence[str],
+    *,
+    seed: int,
+    count: int = 5,
+    top_k: int = 5,
+    max_length: int = 64,
+) -> list[dict]:
     """Up to `count` held-out sentences with one word replaced by [MASK] (a keyed random
     choice among whole words of 3+ letters) and the model's `top_k` guesses:
     [{"text", "answer", "predictions": [[token, probability], ...], "answer_rank"
@@ -148,7 +176,9 @@ def fill_mask(model: BertForPreTraining, tokenizer, sentences: Sequence[str], *,
     for index in rng.permutation(len(sentences)):
         if len(out) >= count:
             break
-        encoded = tokenizer(sentences[index], truncation=True, max_length=max_length, return_tensors="pt", return_token_type_ids=True)
+        encoded = tokenizer(
+            sentences[index], truncation=True, max_length=max_length, return_tensors="pt", return_token_type_ids=True
+        )
         ids = encoded["input_ids"][0]
         tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
         candidates = _maskable(tokens, specials)
@@ -157,12 +187,17 @@ def fill_mask(model: BertForPreTraining, tokenizer, sentences: Sequence[str], *,
         position = int(candidates[rng.integers(len(candidates))])
         answer = tokens[position]
         ids[position] = tokenizer.mask_token_id
-        logits = model.full_logits(ids[None], encoded["token_type_ids"], encoded["attention_mask"]).prediction_logits  # (1, T, V)
+        logits = model.full_logits(
+            ids[None], encoded["token_type_ids"], encoded["attention_mask"]
+        ).prediction_logits  # (1, T, V)
         probabilities = torch.softmax(logits[0, position].float(), dim=-1)
         top = torch.topk(probabilities, top_k)
         guesses = tokenizer.convert_ids_to_tokens(top.indices.tolist())
         if answer.startswith("\u0120"):  # a byte-level piece carries the space before it: the mask gets it back
-            text = f"{tokenizer.convert_tokens_to_string(tokens[1:position])} {tokenizer.mask_token}{tokenizer.convert_tokens_to_string(tokens[position + 1 : -1])}"
+            text = (
+                f"{tokenizer.convert_tokens_to_string(tokens[1:position])} "
+                f"{tokenizer.mask_token}{tokenizer.convert_tokens_to_string(tokens[position + 1 : -1])}"
+            )
         else:
             shown = tokens[1:-1]
             shown[position - 1] = tokenizer.mask_token

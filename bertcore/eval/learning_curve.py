@@ -60,16 +60,22 @@ def _examples(point: Mapping[str, Any]) -> str:
 def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
     """The report's section on the tasks with a learning curve ([] when none has one)."""
     subject = metrics.get("subject", "pretrained")
-    curves = {name: task["learning_curve"] for name, task in (metrics.get("tasks") or {}).items() if task.get("learning_curve")}
+    curves = {
+        name: task["learning_curve"]
+        for name, task in (metrics.get("tasks") or {}).items()
+        if task.get("learning_curve")
+    }
     if not curves:
         return []
     out = [
         "## Few labels: scores over the share of training examples",
         "",
-        "Each task fine-tuned on nested seeded subsets of its training examples (the smaller inside the larger; stratified by "
-        "label for classification; the same subsets for every model and seed; with cross-validation, of each fold's training "
-        "part). Validation medians over seeds [min, max]; gain = "
-        f"{subject} median - random-init median, in points, judged against the seed spread as each task is.",
+        (
+            "Each task fine-tuned on nested seeded subsets of its training examples (the smaller inside the larger; "
+            "stratified by label for classification; the same subsets for every model and seed; with "
+            "cross-validation, of each fold's training part). Validation medians over seeds [min, max]; gain = "
+            f"{subject} median - random-init median, in points, judged against the seed spread as each task is."
+        ),
         "",
     ]
     if "label_fractions" in plots:
@@ -79,11 +85,22 @@ def report_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         metric = curve["metric"]
         for point in curve["points"]:
             gain = point.get("gain")
-            rows.append([
-                name, f"{100 * point['fraction']:g}%", _examples(point), _cell(metric, point.get(subject)), _cell(metric, point.get("random_init")),
-                "–" if gain is None else figures.points(gain) if figures.is_score(metric) else figures.metric(metric, gain),
-                figures.metric(metric, point.get("majority")), (point.get("verdict") or {}).get("text", ""),
-            ])
+            rows.append(
+                [
+                    name,
+                    f"{100 * point['fraction']:g}%",
+                    _examples(point),
+                    _cell(metric, point.get(subject)),
+                    _cell(metric, point.get("random_init")),
+                    "–"
+                    if gain is None
+                    else figures.points(gain)
+                    if figures.is_score(metric)
+                    else figures.metric(metric, gain),
+                    figures.metric(metric, point.get("majority")),
+                    (point.get("verdict") or {}).get("text", ""),
+                ]
+            )
     header = ["task", "share", "examples per fit", subject, "random init", "gain (points)", "majority", "verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]

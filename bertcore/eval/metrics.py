@@ -1,4 +1,4 @@
-"""Evaluation metrics: classification, correlation, entity-level tagging, SQuAD, and
+"""Evaluation metrics: classification, correlation, cosine similarity, entity-level tagging, SQuAD, and
 held-out pretraining (MLM/NSP) scores, plus the summary over fine-tuning seeds.
 
 Every score is a fraction in [0, 1] (or a correlation in [-1, 1]); the report multiplies
@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from bertcore.eval.config import TagScheme
+from bertcore.eval.settings import TagScheme
 
 # --- classification and regression -------------------------------------------------------
 
@@ -70,8 +70,15 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return _correlation(stats.spearmanr, x, y)
 
 
-# --- entity-level tagging ------------------------------------------------------------------
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of a[i] and b[i] for every row i; 0 where a vector is zero."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    dots = np.einsum("ij,ij->i", a, b)
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
 
+
+# --- entity-level tagging ------------------------------------------------------------------
 
 
 def entity_scores(
@@ -214,7 +221,9 @@ class PretrainingMeter:
         out: dict[str, float] = {}
         if self.mlm_count:
             loss = self.mlm_loss_sum / self.mlm_count
-            out.update(mlm_loss=loss, mlm_perplexity=math.exp(min(loss, 700.0)), mlm_accuracy=self.mlm_correct / self.mlm_count)
+            out.update(
+                mlm_loss=loss, mlm_perplexity=math.exp(min(loss, 700.0)), mlm_accuracy=self.mlm_correct / self.mlm_count
+            )
         if self.nsp_count:
             out.update(nsp_loss=self.nsp_loss_sum / self.nsp_count, nsp_accuracy=self.nsp_correct / self.nsp_count)
         return out
@@ -231,7 +240,14 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     arr = np.asarray(values, dtype=float)
     finite = arr[~np.isnan(arr)]
     if finite.size == 0:
-        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "std": float("nan"), "n": 0, "n_nan": int(arr.size)}
+        return {
+            "median": float("nan"),
+            "min": float("nan"),
+            "max": float("nan"),
+            "std": float("nan"),
+            "n": 0,
+            "n_nan": int(arr.size),
+        }
     return {
         "median": float(np.median(finite)),
         "min": float(finite.min()),

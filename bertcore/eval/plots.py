@@ -32,7 +32,9 @@ def _binned(steps: np.ndarray, values: np.ndarray, bins: int) -> tuple[np.ndarra
     return np.array([steps[g].mean() for g in groups]), np.array([values[g].mean() for g in groups])
 
 
-def plot_pretraining(records: list[dict], validations: list[dict], every: int, unigram: float | None, path: str) -> bool:
+def plot_pretraining(
+    records: list[dict], validations: list[dict], every: int, unigram: float | None, path: str
+) -> bool:
     """Training loss and MLM accuracy (in percent) against the optimizer step, as the
     console and the trackers show them: the means over each logging interval of `every`
     steps (bertcore.train.metrics_log), with the validations as points, the unigram baseline's
@@ -51,10 +53,16 @@ def plot_pretraining(records: list[dict], validations: list[dict], every: int, u
         points = [(s["step"], s[name] * factor) for s in summaries if s.get(name) is not None]
         if points:
             steps, values = (np.asarray(x, dtype=float) for x in zip(*points))
-            ax.plot(*_binned(steps, values, MAX_PLOTTED_STEPS), linewidth=1.2, label=f"training (mean of {every} steps)")
+            ax.plot(
+                *_binned(steps, values, MAX_PLOTTED_STEPS), linewidth=1.2, label=f"training (mean of {every} steps)"
+            )
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        held = [(v["step"], v[name] * factor) for v in validations if isinstance(v.get(name), (int, float)) and math.isfinite(v[name])]
+        held = [
+            (v["step"], v[name] * factor)
+            for v in validations
+            if isinstance(v.get(name), (int, float)) and math.isfinite(v[name])
+        ]
         if held:
             ax.plot(*zip(*held), "o-", markersize=4, linewidth=0.8, label="validation")
         if name == "mlm_accuracy" and unigram is not None:
@@ -72,7 +80,14 @@ def _mark_phases(ax, records: list[dict]) -> None:
     for record in records[1:]:
         if record.get("phase") != previous:
             ax.axvline(record["step"], color="grey", linestyle="--", linewidth=0.8)
-            ax.text(record["step"], 0.98, f" {record.get('phase')}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+            ax.text(
+                record["step"],
+                0.98,
+                f" {record.get('phase')}",
+                transform=ax.get_xaxis_transform(),
+                va="top",
+                fontsize=8,
+            )
             previous = record.get("phase")
 
 
@@ -129,7 +144,9 @@ def plot_learning_curves(tasks: Mapping[str, dict], path: str) -> bool:
         for model in ("teacher", tasks[name].get("subject", "pretrained"), "random_init"):
             if not all(model in p for p in points):
                 continue
-            median, low, high = (np.array([_number(p[model].get(k)) * factor for p in points]) for k in ("median", "min", "max"))
+            median, low, high = (
+                np.array([_number(p[model].get(k)) * factor for p in points]) for k in ("median", "min", "max")
+            )
             (line,) = ax.plot(fractions, median, "o-", linewidth=1.4, markersize=4, label=model.replace("_", " "))
             ax.fill_between(fractions, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         floors = [p["majority"] for p in points if p.get("majority") is not None]

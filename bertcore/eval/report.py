@@ -1,8 +1,9 @@
-"""The evaluation report: markdown tables, PNG plots, and flat score rows, all made from
-the evaluate stage's metrics dictionary (what it writes as eval/metrics.json).
+"""The evaluation report, eval/report.md: markdown made from the evaluate stage's metrics
+dictionary (what it writes as eval/metrics.json).
 
-The plots are drawn in bertcore/eval/plots.py (matplotlib); this module needs neither
-numpy nor matplotlib, so `bertpipe inspect evaluate` reads metrics.json in an instant.
+Its plots are drawn in bertcore/eval/plots.py (matplotlib); the same scores as flat rows
+and strict JSON are bertcore/eval/scores.py's, the stage's headline figures
+bertcore/eval/summary.py's. This module needs neither numpy nor matplotlib.
 
 The metrics dictionary, as far as the report reads it (SUBJECT is the model judged
 against random init, "pretrained", or "student" after distillation, where "teacher" and
@@ -17,8 +18,8 @@ names it, "pretrained" when absent):
                       "nsp_balance": {"is_next", "random", "majority_accuracy"}}
     fill_mask:       [{"text", "answer", "predictions": [[token, p], ...], "answer_rank"}]
     tasks:           {name: {"subject", "type", "primary_metric", "seeds", "folds", SUBJECT:
-                      {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ..., "student_start": ...,
-                      "gain": {metric: float}, "baselines": {"chance": {metric: value},
+                      {"validation": {metric: summary}, "test": ...}, "random_init": ..., "teacher": ...,
+                      "student_start": ..., "gain": {metric: float}, "baselines": {"chance": {metric: value},
                       "validation": {"majority": {metric: value}}}, "verdict": {"text", ...},
                       "pooler", "pooling", "skipped": {split: rows}, "skipped_problems",
                       "train_fraction", "fit_examples", "long_inputs": {"mode", "max_seq_length",
@@ -26,8 +27,9 @@ names it, "pretrained" when absent):
                       "longer", "cut"}}} (classification, regression), "learning_curve" (with
                       several train_fractions: bertcore/eval/learning_curve.py)}}
     verdicts:        [str], one line per pretraining objective and task
-    embeddings:      {"sentences", "sts_pairs", "long_inputs": {"mode", "max_seq_length", "inputs", "longer", "cut"}, SUBJECT: {pooling: {...}},
-                      "random_init": ..., "teacher": ..., "student_start": ...} or None
+    embeddings:      {"sentences", "sts_pairs", "long_inputs": {"mode", "max_seq_length", "inputs", "longer",
+                      "cut"}, SUBJECT: {pooling: {...}}, "random_init": ..., "teacher": ..., "student_start": ...}
+                      or None
     speed, distillation: after distillation, bertcore/eval/speed.py's and bertcore/eval/distillation.py's
     skipped_rows:    {"total", "files": {uri: rows}}
     notes:           [str]
@@ -36,59 +38,13 @@ where a summary is {median, min, max, std, n, n_nan} over seeds (metrics.summari
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from bertcore import figures
+from bertcore.eval import distillation, kinds, learning_curve
+from bertcore.eval.scores import subject_of
 from bertcore.train import metrics_log
-from bertcore.eval import distillation, learning_curve
-from bertcore.eval.config import TRAINED_TYPES
-
-# --- inputs ---------------------------------------------------------------------------------
-
-
-def read_training_log(lines: Iterable[str]) -> tuple[list[dict], int]:
-    """(records with a numeric `step`, in step order; number of unreadable lines) from the
-    lines of pretrain/metrics.jsonl. A line cut short by a crash, or one without a step,
-    is counted and left out rather than failing the report."""
-    records, bad = [], 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)):
-            bad += 1
-            continue
-        records.append(record)
-    records.sort(key=lambda r: r["step"])
-    return records, bad
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with nan/inf floats replaced by None (strict JSON has no NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():  # a numpy scalar
-        return json_safe(value.item())
-    return value
-
-
-def json_dumps(metrics: Any) -> str:
-    """Strict JSON text of `metrics` (nan and inf as null), indented for reading."""
-    return json.dumps(json_safe(metrics), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-
-
-# --- tables ---------------------------------------------------------------------------------
 
 
 def _fmt(metric: str, value: Any) -> str:
@@ -115,106 +71,21 @@ def _summary_cell(metric: str, summary: Mapping | None, spread: bool = True) -> 
     return text
 
 
-def _subject(metrics: Mapping[str, Any]) -> str:
-    return metrics.get("subject", "pretrained")
-
-
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |" for row in rows]
     return lines
 
 
-_INTRINSIC_COLUMNS = ("sequences", "masked_tokens", "mlm_loss", "mlm_perplexity", "mlm_accuracy", "nsp_loss", "nsp_accuracy")
-
-
-def score_rows(metrics: Mapping[str, Any]) -> list[dict]:
-    """One flat row per (section, name, metric), with the same keys in every row, for a
-    table artifact and `bertpipe inspect evaluate`: section, name, metric, pretrained,
-    pretrained_min, pretrained_max, random_init, gain, baseline (what learning nothing
-    scores: the unigram predictor, the majority NSP label, the majority class) and its
-    name, the seeds of each model (a task that trains nothing scores the pretrained model
-    once and draws random init once per seed). Scores are fractions as in metrics.json (not x 100). Sections:
-    "pretraining" (validation MLM/NSP), "fine-tuning" (tasks that train), "no training"
-    (word similarity), "embeddings". After distillation the "pretrained" columns hold the
-    student's (the subject's)."""
-    subject = _subject(metrics)
-
-    def row(section, name, metric, pretrained, random_init, low=None, high=None, seeds=None, baseline=None, baseline_name=None, random_init_seeds=None):
-        gain = None
-        if isinstance(pretrained, (int, float)) and isinstance(random_init, (int, float)):
-            gain = pretrained - random_init
-        return json_safe(
-            {
-                "section": section, "name": name, "metric": metric,
-                "pretrained": pretrained, "pretrained_min": low, "pretrained_max": high,
-                "random_init": random_init, "gain": gain,
-                "baseline": baseline, "baseline_name": baseline_name if baseline is not None else None,
-                "seeds": seeds, "random_init_seeds": random_init_seeds,
-            }
-        )
-
-    rows = []
-    for phase, by_model in (metrics.get("intrinsic") or {}).items():
-        floors = (by_model.get(subject) or {}).get("baselines") or {}
-        unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
-        baseline = {
-            "mlm_loss": (unigram.get("mlm_loss"), "unigram"),
-            "mlm_accuracy": (unigram.get("mlm_accuracy"), "unigram"),
-            "nsp_accuracy": (balance.get("majority_accuracy"), "majority label"),
-        }
-        for metric in ("mlm_loss", "mlm_perplexity", "mlm_accuracy", "nsp_accuracy"):
-            mine = by_model.get(subject, {}).get(metric)
-            if mine is not None:
-                rows.append(row("pretraining", phase, metric, mine, by_model.get("random_init", {}).get(metric), None, None, None, *baseline.get(metric, (None, None))))
-    for name, task in (metrics.get("tasks") or {}).items():
-        section = "fine-tuning" if task.get("type") in TRAINED_TYPES else "no training"
-        for split in ("validation", "test"):
-            mine = task.get(subject, {}).get(split) or {}
-            theirs = task.get("random_init", {}).get(split) or {}
-            majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
-            label = name if split == "validation" else f"{name} (test)"
-            for metric, summary in mine.items():
-                other = theirs.get(metric, {})
-                rows.append(
-                    row(section, label, metric, summary["median"], other.get("median"), summary["min"], summary["max"], summary["n"],
-                        majority.get(metric), "majority class", other.get("n"))
-                )
-    embeddings = metrics.get("embeddings") or {}
-    for pooling, scores in (embeddings.get(subject) or {}).items():
-        for metric, value in scores.items():
-            rows.append(row("embeddings", pooling, metric, value, (embeddings.get("random_init") or {}).get(pooling, {}).get(metric)))
-    return rows
-
-
-def headline(stats: Mapping[str, Any]) -> dict[str, str]:
-    """The evaluate stage's key figures for its end line (which keeps the first that fit)
-    and the run summary (which wraps them all): how many tasks show a measurable gain, the
-    validation MLM accuracy of the last phase, then each task's primary score, each beside
-    random init, in percent (correlations x 100) and with the metric's full name; after
-    distillation, the student's."""
-    tasks = stats["tasks"]
-    subject = "student" if any("student" in task for task in tasks.values()) else "pretrained"
-    out: dict[str, str] = {}
-    if tasks:
-        gains = sum(1 for task in tasks.values() if task.get("measurable"))
-        out["tasks with a measurable gain"] = f"{gains} of {len(tasks)}"
-    if stats["intrinsic"]:
-        phase, by_model = list(stats["intrinsic"].items())[-1]
-        mine = by_model.get(subject, {}).get("mlm_accuracy")
-        if mine is not None:
-            sequences = by_model.get(subject, {}).get("sequences")
-            text = _against_random("mlm_accuracy", mine, by_model.get("random_init", {}).get("mlm_accuracy"))
-            out[f"{phase} validation MLM accuracy"] = text + (f" ({sequences:,} sequences)" if isinstance(sequences, int) else "")
-    for name, task in tasks.items():
-        metric = task["metric"]
-        out[f"{name} {figures.name(metric)}"] = _against_random(metric, task.get(subject), task.get("random_init"))
-    return out
-
-
-def _against_random(metric: str, mine: Any, theirs: Any) -> str:
-    text = figures.metric(metric, mine)
-    return f"{text} vs {figures.metric(metric, theirs)} for random init" if isinstance(theirs, (int, float)) else text
+_INTRINSIC_COLUMNS = (
+    "sequences",
+    "masked_tokens",
+    "mlm_loss",
+    "mlm_perplexity",
+    "mlm_accuracy",
+    "nsp_loss",
+    "nsp_accuracy",
+)
 
 
 def _heading(title: str, intro: str) -> list[str]:
@@ -240,31 +111,35 @@ def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
     shape = model.get("config") or {}
     if shape:
         out.append(
-            f"Model `{model.get('uri', '?')}` (paths are relative to run.root): {shape.get('num_hidden_layers')} layers, hidden size "
-            f"{shape.get('hidden_size')}, {shape.get('num_attention_heads')} heads, vocabulary {shape.get('vocab_size'):,}, "
-            f"{model.get('parameters', 0):,} parameters. Seed {metrics.get('seed')}."
+            f"Model `{model.get('uri', '?')}` (paths are relative to run.root): {shape.get('num_hidden_layers')} "
+            f"layers, hidden size {shape.get('hidden_size')}, {shape.get('num_attention_heads')} heads, vocabulary "
+            f"{shape.get('vocab_size'):,}, {model.get('parameters', 0):,} parameters. Seed {metrics.get('seed')}."
         )
         out.append("")
-    if _subject(metrics) == "student":
+    if subject_of(metrics) == "student":
         teacher = (metrics.get("models") or {}).get("teacher") or {}
         start = (metrics.get("models") or {}).get("student_start")
         out.append(
             f"This is the distilled student; its teacher `{teacher.get('uri', '?')}` is scored beside it"
-            + (f", and so is its start `{start.get('uri', '?')}` (the student before its first distillation step)" if start else "")
+            + (
+                f", and so is its start `{start.get('uri', '?')}` (the student before its first distillation step)"
+                if start
+                else ""
+            )
             + ", and the random init has the student's architecture."
         )
         out.append("")
     if metrics.get("baseline", True):
         out.append(
-            "Every score is also computed for the same architecture with random weights (\"random init\"), "
-            f"so the difference is what {'distillation' if _subject(metrics) == 'student' else 'pretraining'} bought."
+            'Every score is also computed for the same architecture with random weights ("random init"), '
+            f"so the difference is what {'distillation' if subject_of(metrics) == 'student' else 'pretraining'} bought."
         )
         out.append("")
     return out
 
 
 def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    out = ["## Distillation training" if _subject(metrics) == "student" else "## Pretraining", ""]
+    out = ["## Distillation training" if subject_of(metrics) == "student" else "## Pretraining", ""]
     log = metrics.get("pretraining_log")
     if "pretraining" in plots:
         out += [f"![pretraining curves]({plots['pretraining']})", ""]
@@ -273,14 +148,19 @@ def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -
     every = log.get("log_every", 1)
     out.append(
         f"{log['records']:,} steps logged in `{log.get('uri')}`. Training figures are means over logging intervals of "
-        f"{every} steps, as the console and TensorBoard show them; the plot's points are the validations, on the fixed held-out sample."
+        f"{every} steps, as the console and TensorBoard show them; the plot's points are the validations, on "
+        "the fixed held-out sample."
     )
     final = log.get("final")
     if final:
         out.append(
             f"Final training figures ({metrics_log.steps_text(final)}): loss {figures.loss(final.get('loss'))}, "
             f"MLM accuracy {figures.percent(final.get('mlm_accuracy'))}"
-            + (f", NSP accuracy {figures.percent(final['nsp_accuracy'])}" if final.get("nsp_accuracy") is not None else "")
+            + (
+                f", NSP accuracy {figures.percent(final['nsp_accuracy'])}"
+                if final.get("nsp_accuracy") is not None
+                else ""
+            )
             + "."
         )
     validation = log.get("validation")
@@ -289,13 +169,22 @@ def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -
             f"Validation at step {validation.get('step')} ({validation.get('sequences', '?'):,} held-out sequences; "
             f"{log.get('validations')} validations in all): loss {figures.loss(validation.get('loss'))}, "
             f"MLM accuracy {figures.percent(validation.get('mlm_accuracy'))}"
-            + (f", NSP accuracy {figures.percent(validation['nsp_accuracy'])}" if validation.get("nsp_accuracy") is not None else "")
+            + (
+                f", NSP accuracy {figures.percent(validation['nsp_accuracy'])}"
+                if validation.get("nsp_accuracy") is not None
+                else ""
+            )
             + "."
         )
     jumps = log.get("loss_jumps") or []
     if jumps:
-        listed = "; ".join(f"step {j['step']}: {j['loss']:.2f} ({j['factor']:.1f}x the running mean)" for j in jumps[:10])
-        out.append(f"Loss jumps seen during training (training went on): {listed}" + (f"; and {len(jumps) - 10} more." if len(jumps) > 10 else "."))
+        listed = "; ".join(
+            f"step {j['step']}: {j['loss']:.2f} ({j['factor']:.1f}x the running mean)" for j in jumps[:10]
+        )
+        out.append(
+            f"Loss jumps seen during training (training went on): {listed}"
+            + (f"; and {len(jumps) - 10} more." if len(jumps) > 10 else ".")
+        )
     if log.get("unreadable_lines"):
         out.append(f"{log['unreadable_lines']} unreadable line(s) of the log were left out.")
     out.append("")
@@ -303,10 +192,12 @@ def _pretraining_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -
 
 
 def _verdict_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    what = "distillation" if _subject(metrics) == "student" else "pretraining"
-    return ["## Verdict", "", f"Did {what} pay off? Each line sets a score beside what learning nothing scores.", ""] + [
-        f"- {line}" for line in metrics["verdicts"]
-    ] + [""]
+    what = "distillation" if subject_of(metrics) == "student" else "pretraining"
+    return (
+        ["## Verdict", "", f"Did {what} pay off? Each line sets a score beside what learning nothing scores.", ""]
+        + [f"- {line}" for line in metrics["verdicts"]]
+        + [""]
+    )
 
 
 def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
@@ -323,24 +214,38 @@ def _intrinsic_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> 
     columns = _INTRINSIC_COLUMNS if with_nsp else tuple(c for c in _INTRINSIC_COLUMNS if not c.startswith("nsp"))
     rows = []
     for phase, by_model in intrinsic.items():
-        for model_name in (_subject(metrics), "random_init"):
+        for model_name in (subject_of(metrics), "random_init"):
             if model_name in by_model:
                 scores = by_model[model_name]
                 rows.append([phase, model_name.replace("_", " ")] + [_fmt(c, scores.get(c)) for c in columns])
-        floors = (by_model.get(_subject(metrics)) or {}).get("baselines") or {}
+        floors = (by_model.get(subject_of(metrics)) or {}).get("baselines") or {}
         unigram, balance = floors.get("unigram") or {}, floors.get("nsp_balance") or {}
         if unigram or balance:
             label = f"unigram{' / majority label' if with_nsp else ''} (always {unigram.get('token', '?')!r})"
-            floor = {"mlm_loss": unigram.get("mlm_loss"), "mlm_accuracy": unigram.get("mlm_accuracy"), "nsp_accuracy": balance.get("majority_accuracy")}
+            floor = {
+                "mlm_loss": unigram.get("mlm_loss"),
+                "mlm_accuracy": unigram.get("mlm_accuracy"),
+                "nsp_accuracy": balance.get("majority_accuracy"),
+            }
             rows.append([phase, label] + [_fmt(c, floor.get(c)) for c in columns])
-    header = ["phase", "model", "sequences", "masked tokens", "MLM loss", "MLM perplexity", "MLM acc.", "NSP loss", "NSP acc."]
+    header = [
+        "phase",
+        "model",
+        "sequences",
+        "masked tokens",
+        "MLM loss",
+        "MLM perplexity",
+        "MLM acc.",
+        "NSP loss",
+        "NSP acc.",
+    ]
     out += _table(header[: 2 + len(columns)], rows)
     out.append("")
     return out
 
 
 def _fill_mask_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    whose = "the student's" if _subject(metrics) == "student" else "the pretrained model's"
+    whose = "the student's" if subject_of(metrics) == "student" else "the pretrained model's"
     out = _heading(
         "Fill-mask on held-out sentences",
         f"One word of each held-out corpus sentence replaced by [MASK]; {whose} five most likely tokens. "
@@ -363,7 +268,7 @@ def _floor_cell(task: Mapping[str, Any], metric: str) -> tuple[str, str]:
 
 
 def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
-    tasks, subject = metrics["tasks"], _subject(metrics)
+    tasks, subject = metrics["tasks"], subject_of(metrics)
     out = _heading(
         "Tasks",
         "Validation scores (accuracy and F1 in percent, correlations x 100): median over seeds [min, max]; "
@@ -377,12 +282,27 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
         theirs = (task.get("random_init") or {}).get("validation", {}).get(metric)
         gain = (task.get("gain") or {}).get(metric)
         rows.append(
-            [name, task["type"], figures.name(metric), _summary_cell(metric, mine), _summary_cell(metric, theirs), _gain(metric, gain), *_floor_cell(task, metric), task.get("seeds"), _how(task)]
+            [
+                name,
+                task["type"],
+                figures.name(metric),
+                _summary_cell(metric, mine),
+                _summary_cell(metric, theirs),
+                _gain(metric, gain),
+                *_floor_cell(task, metric),
+                task.get("seeds"),
+                _how(task),
+            ]
         )
-    out += _table(["task", "type", "metric", subject, "random init", "gain (points)", "majority", "chance", "seeds", "scored on"], rows)
+    out += _table(
+        ["task", "type", "metric", subject, "random init", "gain (points)", "majority", "chance", "seeds", "scored on"],
+        rows,
+    )
     out.append("")
     out += [f"- {name}: {task['verdict']['text']}" for name, task in tasks.items() if task.get("verdict")] + [""]
-    long_inputs = [f"- {name}: {_long_inputs(task['long_inputs'])}" for name, task in tasks.items() if task.get("long_inputs")]
+    long_inputs = [
+        f"- {name}: {_long_inputs(task['long_inputs'])}" for name, task in tasks.items() if task.get("long_inputs")
+    ]
     if long_inputs:
         out += ["Inputs longer than the window:", "", *long_inputs, ""]
     if "tasks" in plots:
@@ -395,7 +315,16 @@ def _tasks_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list
             theirs = (task.get("random_init") or {}).get(split) or {}
             majority = ((task.get("baselines") or {}).get(split) or {}).get("majority") or {}
             for metric, summary in mine.items():
-                rows.append([name, split, figures.name(metric), _summary_cell(metric, summary), _summary_cell(metric, theirs.get(metric)), _fmt(metric, majority.get(metric))])
+                rows.append(
+                    [
+                        name,
+                        split,
+                        figures.name(metric),
+                        _summary_cell(metric, summary),
+                        _summary_cell(metric, theirs.get(metric)),
+                        _fmt(metric, majority.get(metric)),
+                    ]
+                )
     out += _table(["task", "split", "metric", subject, "random init", "majority"], rows)
     out.append("")
     return out
@@ -416,7 +345,7 @@ def _long_inputs(long: Mapping[str, Any]) -> str:
 
 def _how(task: Mapping[str, Any]) -> str:
     """How a task was scored, for the summary table."""
-    if task["type"] == "word_similarity":
+    if not kinds.get(task["type"]).trains:  # word similarity: the encoder's word vectors on word pairs
         pairs = task.get("word_pairs") or {}
         return f"{pairs.get('pairs', '?')} word pairs, no training"
     how = f"{task['folds']}-fold CV" if task.get("folds") else "validation file"
@@ -426,7 +355,9 @@ def _how(task: Mapping[str, Any]) -> str:
         how += ", frozen encoder"
     if task.get("pooling"):
         pooler = (task.get("pooler") or {}).get(task.get("subject", "pretrained"))
-        how += f", {task['pooling']} pooling" + (f" (pooler: {pooler})" if task["pooling"] == "pooler" and pooler else "")
+        how += f", {task['pooling']} pooling" + (
+            f" (pooler: {pooler})" if task["pooling"] == "pooler" and pooler else ""
+        )
     return how
 
 
@@ -437,7 +368,10 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
         f"Anisotropy: mean cosine similarity of random pairs of {embeddings.get('sentences', 0):,} held-out corpus "
         "sentences (near 1: every sentence points the same way). "
         + (
-            f"STS: Spearman correlation of cosine similarity with the gold scores of {embeddings.get('sts_pairs'):,} pairs."
+            (
+                "STS: Spearman correlation of cosine similarity with the gold scores of "
+                f"{embeddings.get('sts_pairs'):,} pairs."
+            )
             if embeddings.get("sts_pairs")
             else "No STS file was given."
         )
@@ -445,9 +379,16 @@ def _embeddings_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) ->
     )
     out.append("")
     rows = []
-    for model_name in ("teacher", _subject(metrics), "student_start", "random_init"):
+    for model_name in ("teacher", subject_of(metrics), "student_start", "random_init"):
         for pooling, scores in (embeddings.get(model_name) or {}).items():
-            rows.append([model_name.replace("_", " "), pooling, _fmt("anisotropy", scores.get("anisotropy")), _fmt("sts_spearman", scores.get("sts_spearman"))])
+            rows.append(
+                [
+                    model_name.replace("_", " "),
+                    pooling,
+                    _fmt("anisotropy", scores.get("anisotropy")),
+                    _fmt("sts_spearman", scores.get("sts_spearman")),
+                ]
+            )
     out += _table(["model", "pooling", "anisotropy", "STS Spearman x100"], rows)
     out.append("")
     return out
@@ -458,7 +399,10 @@ def _long_sentences(long: Mapping[str, Any] | None) -> str:
         return ""
     how = "read in windows" if long.get("mode") == "windows" else "truncated"
     cut = f", {long['cut']:,} still cut after the last window" if long.get("cut") else ""
-    return f" {long['longer']:,} of the {long['inputs']:,} sentences (STS included) were longer than {long.get('max_seq_length', '?')} tokens: {how}{cut}."
+    return (
+        f" {long['longer']:,} of the {long['inputs']:,} sentences (STS included) were longer than "
+        f"{long.get('max_seq_length', '?')} tokens: {how}{cut}."
+    )
 
 
 def _skipped_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:

@@ -19,7 +19,9 @@ from bertcore.rng import keyed_seed
 
 
 @torch.inference_mode()
-def measure(models: Mapping[str, tuple[str, bool]], *, batch_size: int, seq_length: int, passes: int, seed: int, threads: int) -> dict[str, dict]:
+def measure(
+    models: Mapping[str, tuple[str, bool]], *, batch_size: int, seq_length: int, passes: int, seed: int, threads: int
+) -> dict[str, dict]:
     """{name: {"sequences_per_s", "seconds_per_batch", "passes", "batch_size", "seq_length",
     "threads"}} for `models` ({name: (model folder, random_init)}): `passes` timed forward
     passes per model after one warm-up pass, the median taken. The batch is random ids of
@@ -32,7 +34,9 @@ def measure(models: Mapping[str, tuple[str, bool]], *, batch_size: int, seq_leng
             encoders[name] = load_encoder(folder, random_init=random_init).eval()
     vocab = min(e.config.vocab_size for e in encoders.values())
     generator = torch.Generator().manual_seed(keyed_seed(seed, "speed", "batch"))
-    ids = torch.randint(5, vocab, (batch_size, seq_length), generator=generator)  # ids below 5: specials in either layout
+    ids = torch.randint(
+        5, vocab, (batch_size, seq_length), generator=generator
+    )  # ids below 5: specials in either layout
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
     seconds: dict[str, list[float]] = {name: [] for name in encoders}
     for encoder in encoders.values():  # warm-up: allocations, kernel choice
@@ -45,6 +49,12 @@ def measure(models: Mapping[str, tuple[str, bool]], *, batch_size: int, seq_leng
     out = {}
     for name, times in seconds.items():
         median = statistics.median(times)
-        out[name] = {"sequences_per_s": batch_size / median, "seconds_per_batch": median, "passes": passes,
-                     "batch_size": batch_size, "seq_length": seq_length, "threads": threads}
+        out[name] = {
+            "sequences_per_s": batch_size / median,
+            "seconds_per_batch": median,
+            "passes": passes,
+            "batch_size": batch_size,
+            "seq_length": seq_length,
+            "threads": threads,
+        }
     return out

@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bertcore import figures
-from bertcore.eval import baselines, finetune
-from bertcore.eval.config import PRIMARY_METRIC, TRAINED_TYPES, TaskConfig
+from bertcore.eval import baselines, finetune, kinds
+from bertcore.eval.config import TaskConfig
 
 AT_FLOOR_POINTS = 1.0
 """A median within this many points (x100) of the majority-class score counts as at that level."""
@@ -57,7 +57,7 @@ def _median(entry: Mapping, model: str, metric: str, split: str = "validation") 
 def seeds_of(task: TaskConfig, random_init: bool) -> list[int]:
     """The seeds a model runs a task with: every seed, except that a pretrained model on a
     task that trains nothing (word_similarity) scores the same on each, so it runs once."""
-    return task.seeds[:1] if task.type not in TRAINED_TYPES and not random_init else list(task.seeds)
+    return task.seeds[:1] if not task.kind.trains and not random_init else list(task.seeds)
 
 
 def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: str = "pretrained") -> dict[str, Any]:
@@ -66,7 +66,7 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: st
     "random_init" when the baseline ran): scores over seeds, the subject's gain over
     random init, the floors and the verdict."""
     first = runs[subject][0]
-    metric = PRIMARY_METRIC[task.type]
+    metric = task.kind.primary_metric
     entry: dict[str, Any] = {
         "subject": subject,
         "type": task.type,
@@ -74,7 +74,7 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: st
         "seeds": len(task.seeds),
         "folds": task.cross_validation_folds,
         "freeze_encoder": task.freeze_encoder,
-        "pooling": task.pooling if task.type in ("classification", "regression") else None,
+        "pooling": task.pooling if task.kind.pooled else None,
         "labels": first["labels"],
         "train_examples": first["train_examples"],
         "train_fraction": first.get("fraction", 1.0),
@@ -87,13 +87,17 @@ def task_entry(task: TaskConfig, runs: Mapping[str, Sequence[dict]], subject: st
         entry[model]["runs"] = [{k: r[k] for k in _RUN_FIELDS if k in r} for r in summary["runs"]]
     if "random_init" in summaries:
         entry["gain"] = finetune.baseline_gain(summaries[subject], summaries["random_init"])
-    entry["baselines"] = {"chance": baselines.chance(task.type, first["labels"]), **(first.get("baselines") or {})}
+    entry["baselines"] = {"chance": task.kind.chance(task, first["labels"]), **(first.get("baselines") or {})}
     if "word_pairs" in first:
         entry["word_pairs"] = first["word_pairs"]
     if first.get("long_inputs") is not None:
         entry["long_inputs"] = {
-            "mode": task.long_inputs, "max_seq_length": task.max_seq_length, "window_stride": task.window_stride,
-            "window_pool": task.window_pool, "max_windows": task.max_windows, "splits": first["long_inputs"],
+            "mode": task.long_inputs,
+            "max_seq_length": task.max_seq_length,
+            "window_stride": task.window_stride,
+            "window_pool": task.window_pool,
+            "max_windows": task.max_windows,
+            "splits": first["long_inputs"],
         }
     entry["skipped"] = first["skipped"]
     entry["skipped_problems"] = first["skipped_problems"]
@@ -109,19 +113,38 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     models = (entry.get("subject", "pretrained"), "random_init")
     mine, theirs = _median(entry, models[0], metric), _median(entry, "random_init", metric)
     majority = ((entry.get("baselines") or {}).get("validation") or {}).get("majority", {}).get(metric)
-    at_floor = [m for m in models if majority is not None and (v := _median(entry, m, metric)) is not None and v <= majority + AT_FLOOR_POINTS / 100]
+    at_floor = [
+        m
+        for m in models
+        if majority is not None
+        and (v := _median(entry, m, metric)) is not None
+        and v <= majority + AT_FLOOR_POINTS / 100
+    ]
     floor = ""
     if majority is not None and mine is not None:
         if len(at_floor) == 2:
-            floor = f"; both models score at the majority-class level ({figures.metric(metric, majority)}): neither learned the task"
+            floor = (
+                f"; both models score at the majority-class level ({figures.metric(metric, majority)}): neither "
+                "learned the task"
+            )
         elif at_floor:
-            floor = f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level ({figures.metric(metric, majority)})"
+            floor = (
+                f"; {at_floor[0].replace('_', ' ')} scores at the majority-class level "
+                f"({figures.metric(metric, majority)})"
+            )
     if mine is None:
         return {"text": f"no {metric} score", "gain": None, "spread": None, "measurable": False}
     if theirs is None:
-        return {"text": f"{figures.name(metric)} {figures.metric(metric, mine)}; no random-init baseline to compare with{floor}", "gain": None, "spread": None, "measurable": False}
+        return {
+            "text": (
+                f"{figures.name(metric)} {figures.metric(metric, mine)}; no random-init baseline to compare with{floor}"
+            ),
+            "gain": None,
+            "spread": None,
+            "measurable": False,
+        }
     gain = mine - theirs
-    if entry.get("type") not in TRAINED_TYPES:
+    if not kinds.get(entry["type"]).trains:
         return _rank_verdict(entry, metric, mine, gain, floor)
     spread = baselines.spread(*(((entry.get(m) or {}).get("validation") or {}).get(metric) for m in models))
     notes = []
@@ -136,9 +159,15 @@ def task_verdict(entry: Mapping[str, Any]) -> dict[str, Any]:
     elif gain > spread:
         text, measurable = f"gain {_points(gain)} points, above the seed spread of {_points(spread)}", True
     elif gain < -spread:
-        text, measurable = f"loss of {_points(-gain)} points, beyond the seed spread of {_points(spread)}: random init does better", True
+        text, measurable = (
+            f"loss of {_points(-gain)} points, beyond the seed spread of {_points(spread)}: random init does better",
+            True,
+        )
     else:
-        text, measurable = f"no measurable gain ({_points(gain)} points, within the seed spread of {_points(spread)})", False
+        text, measurable = (
+            f"no measurable gain ({_points(gain)} points, within the seed spread of {_points(spread)})",
+            False,
+        )
     return {"text": text + floor + _notes(notes), "gain": gain, "spread": spread, "measurable": measurable and gain > 0}
 
 
@@ -150,20 +179,35 @@ def _rank_verdict(entry: Mapping[str, Any], metric: str, mine: float, gain: floa
     """The verdict for a pretrained score that does not depend on the seed, against the
     random-init draws: beyond their whole range by more than that range, it is a gain (or
     a loss) whatever the rank test can resolve; otherwise its rank decides, at p <= 0.05."""
-    draws = sorted(r["validation"][metric] for r in (entry.get("random_init") or {}).get("runs", []) if _finite(r.get("validation", {}).get(metric)))
+    draws = sorted(
+        r["validation"][metric]
+        for r in (entry.get("random_init") or {}).get("runs", [])
+        if _finite(r.get("validation", {}).get(metric))
+    )
     p = (1 + sum(d >= mine for d in draws)) / (len(draws) + 1)
     out = {"gain": gain, "spread": None, "p_value": p}
     notes = []
     if len(draws) + 1 < 1 / RANK_TEST_LEVEL:
-        notes.append(f"the rank test cannot go below p = {1 / (len(draws) + 1):.2f} with {len(draws)} draws (19 or more reach {RANK_TEST_LEVEL})")
+        notes.append(
+            f"the rank test cannot go below p = {1 / (len(draws) + 1):.2f} with {len(draws)} draws (19 or "
+            f"more reach {RANK_TEST_LEVEL})"
+        )
     if draws:
         low, high = draws[0], draws[-1]
         width = high - low
         where = f"{len(draws)} draws from {_points(low)} to {_points(high)}"
         if mine > high + width:
-            return out | {"text": f"gain {_points(gain)} points, beyond every random-init draw ({where}){floor}{_notes(notes)}", "measurable": True}
+            return out | {
+                "text": f"gain {_points(gain)} points, beyond every random-init draw ({where}){floor}{_notes(notes)}",
+                "measurable": True,
+            }
         if mine < low - width:
-            return out | {"text": f"loss of {_points(-gain)} points, below every random-init draw ({where}){floor}{_notes(notes)}", "measurable": False}
+            return out | {
+                "text": (
+                    f"loss of {_points(-gain)} points, below every random-init draw ({where}){floor}{_notes(notes)}"
+                ),
+                "measurable": False,
+            }
     if p <= RANK_TEST_LEVEL and gain > 0:
         text = f"gain {_points(gain)} points: above all {len(draws)} random-init draws (rank test p = {p:.2f})"
         return out | {"text": text + floor, "measurable": True}
@@ -185,7 +229,10 @@ def mlm_verdict(phase: str, scores: Mapping[str, Mapping], subject: str = "pretr
     token = unigram.get("token")
     guess = f"always guessing {token!r}" if token else "the unigram predictor"
     sequences = f" ({mine['sequences']:,} held-out sequences)" if isinstance(mine.get("sequences"), int) else ""
-    text = f"{phase} validation MLM accuracy {_points(accuracy)}%{sequences} vs {_points(unigram['mlm_accuracy'])}% for {guess}"
+    text = (
+        f"{phase} validation MLM accuracy {_points(accuracy)}%{sequences} vs {_points(unigram['mlm_accuracy'])}% "
+        f"for {guess}"
+    )
     if "random_init" in scores:
         text += f" and {_points(scores['random_init'].get('mlm_accuracy'))}% for random init"
     if accuracy <= unigram["mlm_accuracy"] + PLATEAU_POINTS / 100:
@@ -201,7 +248,10 @@ def nsp_verdict(phase: str, scores: Mapping[str, Mapping], subject: str = "pretr
     if accuracy is None or not balance:
         return None
     majority = balance["majority_accuracy"]
-    text = f"{phase} validation NSP accuracy {_points(accuracy)}% vs {_points(majority)}% for always guessing the majority label"
+    text = (
+        f"{phase} validation NSP accuracy {_points(accuracy)}% vs {_points(majority)}% for always guessing the "
+        "majority label"
+    )
     if accuracy <= majority + PLATEAU_POINTS / 100:
         return text + ": the label balance, no next-sentence skill"
     return text + f": {_points(accuracy - majority)} points above it"
@@ -220,11 +270,13 @@ def verdicts(metrics: Mapping[str, Any]) -> list[str]:
 
 def stats(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest's statistics: the headline numbers (medians, intrinsic scores) and the verdicts."""
-    from bertcore.eval.report import json_safe
+    from bertcore.eval.scores import json_safe
 
     stats: dict[str, Any] = {"skipped_rows": metrics["skipped_rows"]["total"], "tasks": {}, "intrinsic": {}}
     for phase, by_model in metrics["intrinsic"].items():
-        stats["intrinsic"][phase] = {m: {k: s.get(k) for k in ("mlm_accuracy", "mlm_perplexity", "nsp_accuracy")} for m, s in by_model.items()}
+        stats["intrinsic"][phase] = {
+            m: {k: s.get(k) for k in ("mlm_accuracy", "mlm_perplexity", "nsp_accuracy")} for m, s in by_model.items()
+        }
     for name, task in metrics["tasks"].items():
         metric = task["primary_metric"]
         models = (task.get("subject", "pretrained"), "random_init", "teacher", "student_start")
@@ -233,3 +285,35 @@ def stats(metrics: Mapping[str, Any]) -> dict[str, Any]:
         }
     stats["verdicts"] = metrics["verdicts"]
     return json_safe(stats)
+
+
+def headline(stats: Mapping[str, Any]) -> dict[str, str]:
+    """The evaluate stage's key figures for its end line (which keeps the first that fit)
+    and the run summary (which wraps them all): how many tasks show a measurable gain, the
+    validation MLM accuracy of the last phase, then each task's primary score, each beside
+    random init, in percent (correlations x 100) and with the metric's full name; after
+    distillation, the student's."""
+    tasks = stats["tasks"]
+    subject = "student" if any("student" in task for task in tasks.values()) else "pretrained"
+    out: dict[str, str] = {}
+    if tasks:
+        gains = sum(1 for task in tasks.values() if task.get("measurable"))
+        out["tasks with a measurable gain"] = f"{gains} of {len(tasks)}"
+    if stats["intrinsic"]:
+        phase, by_model = list(stats["intrinsic"].items())[-1]
+        mine = by_model.get(subject, {}).get("mlm_accuracy")
+        if mine is not None:
+            sequences = by_model.get(subject, {}).get("sequences")
+            text = _against_random("mlm_accuracy", mine, by_model.get("random_init", {}).get("mlm_accuracy"))
+            out[f"{phase} validation MLM accuracy"] = text + (
+                f" ({sequences:,} sequences)" if isinstance(sequences, int) else ""
+            )
+    for name, task in tasks.items():
+        metric = task["metric"]
+        out[f"{name} {figures.name(metric)}"] = _against_random(metric, task.get(subject), task.get("random_init"))
+    return out
+
+
+def _against_random(metric: str, mine: Any, theirs: Any) -> str:
+    text = figures.metric(metric, mine)
+    return f"{text} vs {figures.metric(metric, theirs)} for random init" if isinstance(theirs, (int, float)) else text

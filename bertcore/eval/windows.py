@@ -2,7 +2,7 @@
 overlapping windows of max_seq_length tokens, laid out by the tokenizer itself as
 `[CLS] piece [SEP]` (for a pair, `[CLS] text_a [SEP] piece of text_b [SEP]`, text_a cut to
 at most half the window), `stride` text tokens apart, as QA reads a long context
-(bertcore/eval/qa.py). A head reads one vector per window; `pool_windows` makes one per
+(bertcore/eval/kinds/qa.py). A head reads one vector per window; `pool_windows` makes one per
 input of them (mean, element-wise max, or the first window's), so the same head scores a
 short input and a long one.
 
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from bertcore.eval.settings import WindowPool
 
-from bertcore.eval.config import WindowPool
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,11 @@ def split_windows(tokenizer, text_a: str, text_b: str | None, spec: Windowing) -
         return_token_type_ids=True,
     )
     ids, types = encoded["input_ids"], encoded["token_type_ids"]
-    return Windows([list(w) for w in ids[: spec.max_windows]], [list(t) for t in types[: spec.max_windows]], cut=len(ids) > spec.max_windows)
+    return Windows(
+        [list(w) for w in ids[: spec.max_windows]],
+        [list(t) for t in types[: spec.max_windows]],
+        cut=len(ids) > spec.max_windows,
+    )
 
 
 def _cut(text: str, tokenizer, tokens: int) -> str:
@@ -88,13 +94,17 @@ def long_input_counts(tokenizer, texts_a: Sequence[str], texts_b: Sequence[str |
     spec = Windowing.of(cfg)
     cut = 0
     if spec is not None:
-        cut = sum(split_windows(tokenizer, texts_a[i], pairs[i] if pairs is not None else None, spec).cut for i in longer)
+        cut = sum(
+            split_windows(tokenizer, texts_a[i], pairs[i] if pairs is not None else None, spec).cut for i in longer
+        )
     return {"inputs": len(texts_a), "longer": len(longer), "cut": cut}
 
 
 def pool_windows(vectors: torch.Tensor, owner: torch.Tensor, how: WindowPool) -> torch.Tensor:
     """(B, F) from the (W, F) vectors of the windows of B inputs; `owner` (W,) gives each
     window's input, 0..B-1, every input's windows together and in order."""
+    import torch
+
     count = int(owner[-1]) + 1
     if how == "first":
         starts = torch.ones_like(owner, dtype=torch.bool)

@@ -42,17 +42,23 @@ class ExamplesConfig(Section):
     """Corpus documents to training sequences: NSP/SOP pairs or packed sentences, masked."""
 
     objective: Objective = "bert"
-    """bert: NSP pairs as Google's create_pretraining_data; sop: ALBERT sentence-order pairs; roberta: packed sentences, no NSP."""
+    """bert: NSP pairs as Google's create_pretraining_data; sop: ALBERT sentence-order pairs; roberta: packed sentences,
+    no NSP."""
     max_seq_length: int = Field(512, ge=3, le=UINT16_MAX)
-    """Longest sequence of any phase. Setting it without `phases` replaces the default schedule (seq128 + seq512) by one phase named seq<N>."""
+    """Longest sequence of any phase. Setting it without `phases` replaces the default schedule (seq128 + seq512) by one
+    phase named seq<N>."""
     max_predictions_per_seq: int | None = Field(None, ge=1)
-    """For the single phase made from max_seq_length only (default: ceil(max_seq_length * masked_lm_prob)); with `phases`, set it per phase."""
+    """For the single phase made from max_seq_length only (default: ceil(max_seq_length * masked_lm_prob)); with
+    `phases`, set it per phase."""
     phases: list[PhaseConfig] = Field(default_factory=_default_phases, min_length=1, validate_default=True)
-    """Sequence-length phases, each written to examples/<name>/ (default: seq128 with 20 predictions, seq512 with 80)."""
+    """Sequence-length phases, each written to examples/<name>/ (default: seq128 with 20 predictions, seq512 with
+    80)."""
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
-    """Probability that a document (per pass) gets a random shorter target length. Default 0.1 (Google), 0 for roberta."""
+    """Probability that a document (per pass) gets a random shorter target length. Default 0.1 (Google), 0 for
+    roberta."""
     dupe_factor: int = Field(10, ge=1)
-    """Passes over the corpus, each with new pairs and masks. Default 10 (Google), 1 for roberta with dynamic masking (the loader re-masks each epoch)."""
+    """Passes over the corpus, each with new pairs and masks. Default 10 (Google), 1 for roberta with dynamic masking
+    (the loader re-masks each epoch)."""
     masked_lm_prob: float = Field(0.15, gt=0.0, lt=1.0)
     """Share of each sequence's tokens (specials counted) that are prediction targets."""
     whole_word_mask: bool = False
@@ -60,7 +66,8 @@ class ExamplesConfig(Section):
     span_masking: bool = False
     """SpanBERT: mask spans of whole words, geometric length (p=0.2, at most 10 words)."""
     masking: Literal["static", "dynamic"] = "static"
-    """static: masks are drawn here and stored; dynamic: stored unmasked, the data loader draws a new mask each epoch. Default static, dynamic for roberta."""
+    """static: masks are drawn here and stored; dynamic: stored unmasked, the data loader draws a new mask each epoch.
+    Default static, dynamic for roberta."""
     doc_sentences: bool = False
     """roberta only: DOC-SENTENCES (a sequence never crosses a document boundary) instead of FULL-SENTENCES."""
     length_bins: list[int] = Field(default_factory=lambda: [32, 64, 128, 256, 512], min_length=1, validate_default=True)
@@ -84,10 +91,14 @@ class ExamplesConfig(Section):
                 predictions = data.pop("max_predictions_per_seq", None)
                 if predictions is None and isinstance(prob, (int, float)):
                     predictions = max(1, math.ceil(length * prob - 1e-9))
-                data["phases"] = [{"name": f"seq{length}", "max_seq_length": length, "max_predictions_per_seq": predictions}]
+                data["phases"] = [
+                    {"name": f"seq{length}", "max_seq_length": length, "max_predictions_per_seq": predictions}
+                ]
         elif not has_length and isinstance(data.get("phases", []), list):
-            lengths = [p.get("max_seq_length") if isinstance(p, dict) else getattr(p, "max_seq_length", None)
-                       for p in data.get("phases") or _default_phases()]
+            lengths = [
+                p.get("max_seq_length") if isinstance(p, dict) else getattr(p, "max_seq_length", None)
+                for p in data.get("phases") or _default_phases()
+            ]
             if lengths and all(isinstance(n, int) for n in lengths):
                 data["max_seq_length"] = max(lengths)
         return data
@@ -136,9 +147,13 @@ class ExamplesConfig(Section):
         # The field validators check this at construction; this also covers assignments.
         longest = max(p.max_seq_length for p in self.phases)
         if self.max_seq_length != longest:
-            raise ValueError(f"max_seq_length ({self.max_seq_length}) must equal the longest phase in phases ({longest})")
+            raise ValueError(
+                f"max_seq_length ({self.max_seq_length}) must equal the longest phase in phases ({longest})"
+            )
         if self.length_bins[-1] < longest:
-            raise ValueError(f"length_bins: the last bin ({self.length_bins[-1]}) must be at least max_seq_length ({longest})")
+            raise ValueError(
+                f"length_bins: the last bin ({self.length_bins[-1]}) must be at least max_seq_length ({longest})"
+            )
         return self
 
     @property

@@ -49,7 +49,11 @@ class DecodedExample:
         """The tokens with each masked position marked (see the module docstring)."""
         out = list(self.tokens)
         for m in self.masked:
-            out[m.position] = {"mask": f"[MASK:{m.original}]", "random": f"[{m.original}>{m.shown}]", "kept": f"[={m.original}]"}[m.kind]
+            out[m.position] = {
+                "mask": f"[MASK:{m.original}]",
+                "random": f"[{m.original}>{m.shown}]",
+                "kept": f"[={m.original}]",
+            }[m.kind]
         return out
 
     def counts(self) -> Counter:
@@ -65,10 +69,17 @@ class DecodedExample:
         lines = []
         for name, part in (("A", marked[: self.segment_b_start]), ("B", marked[self.segment_b_start :])):
             if part:
-                lines.extend(textwrap.wrap(" ".join(part), width, initial_indent=f"{indent}{name}: ", subsequent_indent=indent + "   "))
+                lines.extend(
+                    textwrap.wrap(
+                        " ".join(part), width, initial_indent=f"{indent}{name}: ", subsequent_indent=indent + "   "
+                    )
+                )
         if self.masked:
             kinds = self.counts()
-            lines.append(f"{indent}{len(self.masked)} predicted: {kinds['mask']} [MASK], {kinds['random']} random, {kinds['kept']} kept")
+            lines.append(
+                f"{indent}{len(self.masked)} predicted: {kinds['mask']} [MASK], {kinds['random']} random, "
+                f"{kinds['kept']} kept"
+            )
         return lines
 
 

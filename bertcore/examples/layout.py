@@ -169,7 +169,9 @@ class ExampleStats:
             tokens=data["tokens"],
             length_histogram=Counter({int(k): v for k, v in data["length_histogram"].items()}),
             masked=data["masked"],
-            masked_kinds=Counter({MASKED: kinds.get("mask", 0), KEPT: kinds.get("kept", 0), RANDOM: kinds.get("random", 0)}),
+            masked_kinds=Counter(
+                {MASKED: kinds.get("mask", 0), KEPT: kinds.get("kept", 0), RANDOM: kinds.get("random", 0)}
+            ),
             nsp_labels=Counter({int(k): v for k, v in data["nsp_labels"].items()}),
             truncated=data["truncated"],
             single_segment_chunks=data["single_segment_chunks"],
@@ -256,8 +258,10 @@ class _Block:
             masked = MaskedSequences(
                 np.fromiter(chain.from_iterable(m.input_ids for m in self.span_masks), dtype=np.int64, count=len(ids)),
                 np.fromiter((len(m.masked_positions) for m in self.span_masks), dtype=np.int64, count=len(lengths)),
-                *(np.asarray(list(chain.from_iterable(getattr(m, name) for m in self.span_masks)), dtype=np.int64)
-                  for name in ("masked_positions", "masked_ids", "kinds")),
+                *(
+                    np.asarray(list(chain.from_iterable(getattr(m, name) for m in self.span_masks)), dtype=np.int64)
+                    for name in ("masked_positions", "masked_ids", "kinds")
+                ),
             )
         else:
             masked = mask_sequences(ids, offsets, MaskDraws.concatenate(self.draws), self.mask)
@@ -289,7 +293,9 @@ def _document_sequences(
     block: _Block,
 ) -> None:
     """Add one document's pairs for one pass (objectives bert and sop) to `block`."""
-    pairs = build_pairs(docs.get(doc_index), rng, cfg.pair_config(phase, block.vocab.special.separators), docs, doc_index)
+    pairs = build_pairs(
+        docs.get(doc_index), rng, cfg.pair_config(phase, block.vocab.special.separators), docs, doc_index
+    )
     if block.stats is not None and pairs:
         block.stats.add_document(pairs[0].target_was_short)
     for pair in pairs:
@@ -299,7 +305,9 @@ def _document_sequences(
     block.draw_masks(rng, len(pairs))
 
 
-def _packed_sequences(docs_iter, rng: random.Random, cfg: ExamplesConfig, phase: PhaseConfig, block: _Block) -> Iterator[None]:
+def _packed_sequences(
+    docs_iter, rng: random.Random, cfg: ExamplesConfig, phase: PhaseConfig, block: _Block
+) -> Iterator[None]:
     """Add packed sequences to `block`, yielding after each (the caller flushes full blocks)."""
     special = block.vocab.special
     for body in pack_sentences(docs_iter, rng, cfg.pair_config(phase), special.sep):

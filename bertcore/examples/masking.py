@@ -109,7 +109,9 @@ def num_to_predict(length: int, cfg: MaskConfig) -> int:
     return min(cfg.max_predictions_per_seq, max(1, int(round(length * cfg.masked_lm_prob))))
 
 
-def _words(tokens: Sequence[int], candidate: Sequence[bool], is_continuation: Sequence[bool], joins: bool) -> list[list[int]]:
+def _words(
+    tokens: Sequence[int], candidate: Sequence[bool], is_continuation: Sequence[bool], joins: bool
+) -> list[list[int]]:
     """Candidate positions grouped into words (text order); a word never spans a special."""
     words: list[list[int]] = []
     previous_is_candidate = False
@@ -288,9 +290,7 @@ def mask_batch(
     selected = torch.gather(word_taken, 1, word_of) & candidate  # (B, T)
 
     draw = torch.rand(B, T, generator=generator)
-    random_ids = cfg._replacement_tensor[
-        torch.randint(0, len(cfg.vocab.replacement_ids), (B, T), generator=generator)
-    ]
+    random_ids = cfg._replacement_tensor[torch.randint(0, len(cfg.vocab.replacement_ids), (B, T), generator=generator)]
     out = input_ids.clone()
     out = torch.where(selected & (draw < 0.8), torch.full_like(out, cfg.mask_token_id), out)
     out = torch.where(selected & (draw >= 0.9), random_ids.to(out.dtype), out)
@@ -383,7 +383,9 @@ def mask_sequences(ids: np.ndarray, offsets: np.ndarray, draws: MaskDraws, cfg: 
     never = np.zeros(cfg.vocab_size, dtype=bool)
     never[list(cfg.never_masked)] = True
     candidate = valid & ~never[ids][flat_index]
-    quota = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(lengths * cfg.masked_lm_prob))).astype(np.int64)
+    quota = np.minimum(cfg.max_predictions_per_seq, np.maximum(1, np.rint(lengths * cfg.masked_lm_prob))).astype(
+        np.int64
+    )
     keys = np.where(candidate, draws.order[flat_index], 2.0)
 
     if not cfg.joins_words:

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, chain
 from dataclasses import dataclass
+from itertools import accumulate, chain
 from typing import Literal, Protocol
 
 import numpy as np
@@ -166,7 +166,7 @@ class FlatDocument(Sequence[list[int]]):
     segment i. Segments are turned into lists only when read, so drawing a random B from a
     long document costs the few segments used, not the whole document."""
 
-    __slots__ = ("values", "bounds", "nonempty_known")
+    __slots__ = ("bounds", "nonempty_known", "values")
 
     def __init__(self, values: np.ndarray, bounds: np.ndarray, nonempty_known: bool = False):
         self.values = values
@@ -270,7 +270,9 @@ def build_pairs(
     i = 0
     while i < n:
         if i == n - 1 or starts[i + 1] - starts[first] >= target:
-            pair, unused = _pair_from_chunk(tokens, starts, first, i + 1, target, short, rng, cfg, random_docs, doc_index)
+            pair, unused = _pair_from_chunk(
+                tokens, starts, first, i + 1, target, short, rng, cfg, random_docs, doc_index
+            )
             if pair is not None:
                 pairs.append(pair)
             i -= unused  # put unused segments back: the walk rewinds
@@ -286,7 +288,9 @@ def _flat(doc: Document) -> tuple[list[int], list[int]]:
     return list(chain.from_iterable(doc)), [0, *accumulate(map(len, doc))]
 
 
-def _pair_from_chunk(tokens, starts, first, end, target, short, rng, cfg, random_docs, doc_index) -> tuple[Pair | None, int]:
+def _pair_from_chunk(
+    tokens, starts, first, end, target, short, rng, cfg, random_docs, doc_index
+) -> tuple[Pair | None, int]:
     """The pair made of segments first..end-1 (Google's chunk) and how many of them go back."""
     max_num_tokens = cfg.max_num_tokens
     segments = end - first
@@ -346,9 +350,7 @@ def _segments_from(doc: Document, start: int, least: int) -> list[int]:
     return out
 
 
-def pack_sentences(
-    docs: Iterable[Document], rng: random.Random, cfg: PairConfig, sep_id: int
-) -> Iterator[list[int]]:
+def pack_sentences(docs: Iterable[Document], rng: random.Random, cfg: PairConfig, sep_id: int) -> Iterator[list[int]]:
     """RoBERTa FULL-SENTENCES (cfg.doc_sentences False) or DOC-SENTENCES (True).
 
     Yields the body of each sequence (without the outer [CLS] ... [SEP]): whole sentences,

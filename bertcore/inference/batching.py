@@ -23,7 +23,11 @@ def plan(lengths: Sequence[int], budget: int, max_rows: int | None = None) -> li
     calls: list[list[int]] = []
     for i in order:
         current = calls[-1] if calls else None
-        if current is not None and (len(current) + 1) * lengths[current[0]] <= budget and (max_rows is None or len(current) < max_rows):
+        if (
+            current is not None
+            and (len(current) + 1) * lengths[current[0]] <= budget
+            and (max_rows is None or len(current) < max_rows)
+        ):
             current.append(i)
         else:
             calls.append([i])
@@ -35,7 +39,9 @@ def padded_tokens(lengths: Sequence[int], calls: Sequence[Sequence[int]]) -> int
     return sum(len(call) * max(lengths[i] for i in call) for call in calls)
 
 
-def pad(rows: Sequence[Sequence[int]], pad_id: int, types: Sequence[Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+def pad(
+    rows: Sequence[Sequence[int]], pad_id: int, types: Sequence[Sequence[int]] | None = None
+) -> dict[str, np.ndarray]:
     """The model's three inputs (int64, (B, T), T the longest row) for token id rows, padded
     at the end with `pad_id`; `types`: token type ids per row (default all 0)."""
     width = max(len(row) for row in rows)

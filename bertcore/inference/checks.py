@@ -31,13 +31,24 @@ Batch = dict[str, np.ndarray]
 """input_ids, attention_mask, token_type_ids: int64 (B, T)."""
 
 
-def tokenize(tokenizer, sentences: Sequence[str], *, max_length: int, batch_size: int) -> list[Batch]:
-    """Sentences in their order, in batches padded to their longest member."""
+def tokenize(
+    tokenizer, sentences: Sequence[str], *, max_length: int, batch_size: int, pairs: bool = False
+) -> list[Batch]:
+    """Sentences in their order, in batches padded to their longest member; with `pairs`,
+    each sentence with the next one (the last with the first) as a text pair, token types
+    0 then 1, as a head fine-tuned on pairs reads them."""
     batches = []
     for start in range(0, len(sentences), batch_size):
+        firsts = list(sentences[start : start + batch_size])
+        seconds = [sentences[(start + i + 1) % len(sentences)] for i in range(len(firsts))] if pairs else None
         encoded = tokenizer(
-            list(sentences[start : start + batch_size]), padding=True, truncation=True, max_length=max_length,
-            return_token_type_ids=True, return_tensors="np",
+            firsts,
+            seconds,
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_token_type_ids=True,
+            return_tensors="np",
         )
         batches.append({name: encoded[name].astype(np.int64) for name in INPUTS})
     return batches
@@ -59,7 +70,9 @@ def onnx_outputs(session, batches: Sequence[Batch]) -> list[dict[str, np.ndarray
     return [dict(zip(names, session.run(names, dict(batch)))) for batch in batches]
 
 
-def max_differences(reference, got, batches: Sequence[Batch], per_token: Sequence[str] = ("last_hidden_state",)) -> dict[str, float]:
+def max_differences(
+    reference, got, batches: Sequence[Batch], per_token: Sequence[str] = ("last_hidden_state",)
+) -> dict[str, float]:
     """{output: max |got - reference|} over every batch; the (B, T, ...) outputs named in
     `per_token` are compared at real tokens only."""
     worst: dict[str, float] = {}
@@ -98,22 +111,35 @@ def neighbours(embeddings: np.ndarray) -> np.ndarray:
     return similarity.argmax(1)
 
 
-def task_predictions(outputs, batches: Sequence[Batch], task_type: str) -> np.ndarray:
+def _labels(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return logits.argmax(-1)  # (B,)
+
+
+def _tags(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return logits.argmax(-1)[mask]  # (real tokens,)
+
+
+def _span(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    scores = np.where(mask[..., None], logits, -np.inf)  # (B, T, 2): padding excluded
+    return scores.argmax(1).reshape(-1)  # (2B,) start and end position per window
+
+
+ARGMAX = {"labels": _labels, "tags": _tags, "span": _span}
+"""The predictions a head's logits make, by the head's shape (bertcore.eval.kinds.HeadShape);
+a score head (regression) has none to compare."""
+
+
+def task_predictions(outputs, batches: Sequence[Batch], head_shape: str) -> np.ndarray:
     """The argmax predictions of a task head's logits, flattened (see the module docstring)."""
-    picked = []
-    for out, batch in zip(outputs, batches):
-        logits, mask = out["logits"], batch["attention_mask"].astype(bool)
-        if task_type == "classification":
-            picked.append(logits.argmax(-1))  # (B,)
-        elif task_type == "token_classification":
-            picked.append(logits.argmax(-1)[mask])  # (real tokens,)
-        else:  # qa: start and end position per window, padding excluded
-            scores = np.where(mask[..., None], logits, -np.inf)  # (B, T, 2)
-            picked.append(scores.argmax(1).reshape(-1))  # (2B,)
-    return np.concatenate(picked)
+    argmax = ARGMAX[head_shape]
+    return np.concatenate(
+        [argmax(out["logits"], batch["attention_mask"].astype(bool)) for out, batch in zip(outputs, batches)]
+    )
 
 
-def mask_tokens(batches: Sequence[Batch], rng: np.random.Generator, mask_id: int, special_ids: Sequence[int], rate: float = 0.15):
+def mask_tokens(
+    batches: Sequence[Batch], rng: np.random.Generator, mask_id: int, special_ids: Sequence[int], rate: float = 0.15
+):
     """Copies of the batches with `rate` of each sentence's real non-special tokens (at
     least one) replaced by `mask_id`, and per batch the (rows, columns) replaced."""
     masked, positions = [], []
@@ -145,4 +171,7 @@ def mlm_predictions(mlm_head, outputs, positions) -> np.ndarray:
 
 def agreement(reference: np.ndarray, got: np.ndarray) -> dict[str, float | int]:
     """Share of equal predictions and how many were compared."""
-    return {"agreement": round(float((reference == got).mean()), 6) if reference.size else None, "compared": int(reference.size)}
+    return {
+        "agreement": round(float((reference == got).mean()), 6) if reference.size else None,
+        "compared": int(reference.size),
+    }

@@ -1,7 +1,7 @@
-"""The `serve:` config section: how `bertpipe serve` batches requests and what it accepts.
-Imports neither torch nor Ray. What the model reads (its window length, long inputs) comes
-from the run itself: the evaluate stage's `embeddings` settings for /embed, the task
-head's own for /classify.
+"""The `serve:` config section: how `bertpipe serve` batches requests, what it accepts and
+how much it queues. Imports neither torch nor Ray. What the model reads (its window
+length, long inputs) comes from the run itself: the evaluate stage's `embeddings` settings
+for embeddings, the task head's own for predictions.
 """
 
 from __future__ import annotations
@@ -12,21 +12,33 @@ from bertcore.section import Section
 
 
 class ServeConfig(Section):
-    """`bertpipe serve`: dynamic batching (a token budget and a wait deadline) and request limits, per replica."""
+    """`bertpipe serve`: adaptive batching (a token budget, a wait for the rest of a burst), request limits and
+    backpressure, per server (per replica with Ray Serve)."""
 
     max_batch_tokens: int = Field(8192, ge=16)
-    """Token budget of one model call: rows x the longest row (padding included). The requests a batch gathered are tokenized, sorted by length and cut into calls within the budget; one row longer than the budget runs alone."""
+    """Token budget of one model call: rows x the longest row (padding included). The requests a batch gathered are
+    tokenized, sorted by length and cut into calls within the budget; one row longer than the budget runs alone."""
     max_batch_requests: int = Field(64, ge=1)
     """Most requests one batch gathers; 1 turns batching off (each request runs alone, as it comes)."""
     batch_wait_ms: float = Field(5.0, ge=0.0, le=10_000.0)
-    """Deadline: how long the first request of a batch waits for others before the batch runs (it runs at once when max_batch_requests have come)."""
+    """The longest a batch waits for the rest of a burst: only when the last batch was larger than what is queued now. A
+    request that finds the model free and nothing else queued never waits; 0: never wait."""
+    max_queued_texts: int = Field(1024, ge=1)
+    """Most inputs waiting in the queue; a request that would pass it is refused at once with 429 and Retry-After, so
+    accepted requests keep a bounded latency."""
+    drain_timeout_s: float = Field(30.0, ge=0.0, le=3600.0)
+    """On SIGTERM or Ctrl-C, the server stops taking requests and answers those it holds, for at most this long."""
     max_texts: int = Field(64, ge=1)
     """Most texts in one request; more is refused (413)."""
     max_text_bytes: int = Field(16_384, ge=16)
-    """Most UTF-8 bytes of one text; more is refused (413). A body over max_texts x (max_text_bytes + 16) + 4 KiB is refused before it is parsed."""
+    """Most UTF-8 bytes of one text; more is refused (413). A body over max_texts x (max_text_bytes + 16) + 4 KiB is
+    refused (413) before it is parsed."""
     max_ongoing_requests: int = Field(256, ge=1)
-    """Requests one replica holds at once (Ray Serve's max_ongoing_requests); more wait at the proxy. At least max_batch_requests, or batches never fill."""
+    """Ray Serve only: requests one replica holds at once (Ray Serve's max_ongoing_requests); more wait at its proxy. At
+    least max_batch_requests, or batches never fill."""
     threads: int | None = Field(None, ge=1)
-    """Compute threads per replica (ONNX Runtime intra-op threads, or torch's), also the CPUs each replica reserves in Ray; None: the cluster's CPUs divided among the replicas (at most one node's)."""
+    """Compute threads of the model (ONNX Runtime intra-op threads, or torch's); with Ray Serve, per replica, also the
+    CPUs each replica reserves in Ray. None: every core in-process; with Ray Serve, the cluster's CPUs divided among the
+    replicas (at most one node's)."""
     top_k: int = Field(5, ge=1, le=100)
     """/fill-mask: predictions returned per [MASK] unless the request asks for another top_k."""

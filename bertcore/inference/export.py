@@ -23,6 +23,7 @@ from dataclasses import asdict
 import numpy as np
 
 from bertcore.errors import BertpipeError, InputDataError
+from bertcore.eval import kinds
 
 FP32_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
@@ -50,17 +51,29 @@ def inference_model(model_dir: str, head_file: str | None):
     return InferenceModel(task=task, pooler=pooler).eval(), head
 
 
-def _example(tokenizer, sentences: Sequence[str], max_length: int) -> dict:
-    """The batch the exporter traces: three sentences padded to the longest, one column
-    more when the length would equal the batch size or be 1 (see onnx.export)."""
+def _example(tokenizer, sentences: Sequence[str], max_length: int, pairs: bool = False) -> dict:
+    """The batch the exporter traces: three sentences (with `pairs`, three sentence pairs)
+    padded to the longest, one column more when the length would equal the batch size or be
+    1 (see onnx.export)."""
     import torch
 
-    texts = (list(sentences) * 3)[:3]
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_token_type_ids=True, return_tensors="pt")
+    texts = (list(sentences) * 4)[:4]
+    batch = tokenizer(
+        texts[:3],
+        texts[1:4] if pairs else None,
+        padding=True,
+        truncation=True,
+        max_length=max_length,
+        return_token_type_ids=True,
+        return_tensors="pt",
+    )
     batch = {name: batch[name].long() for name in ("input_ids", "attention_mask", "token_type_ids")}
     if batch["input_ids"].shape[1] in (1, 3):
         pad = tokenizer.pad_token_id or 0
-        batch = {name: torch.nn.functional.pad(t, (0, 1), value=pad if name == "input_ids" else 0) for name, t in batch.items()}
+        batch = {
+            name: torch.nn.functional.pad(t, (0, 1), value=pad if name == "input_ids" else 0)
+            for name, t in batch.items()
+        }
     return batch
 
 
@@ -72,7 +85,7 @@ def mlm_head(model_dir: str):
     from bertcore.train.export import WEIGHTS_FILE
 
     with safe_open(os.path.join(model_dir, WEIGHTS_FILE), framework="pt") as handle:
-        if "cls.predictions.transform.dense.weight" not in handle.keys():
+        if "cls.predictions.transform.dense.weight" not in handle.keys():  # noqa: SIM118 - safe_open has no `in`
             return None
     from transformers import BertForMaskedLM
 
@@ -98,39 +111,53 @@ def export_folder(
     from bertcore.inference import checks, onnx
 
     if not sentences:
-        raise InputDataError("no held-out sentences to check the ONNX export on (the corpus stage's validation split is empty)")
+        raise InputDataError(
+            "no held-out sentences to check the ONNX export on (the corpus stage's validation split is empty)"
+        )
     onnx.require()
     timings: dict[str, float] = {}
     model, head = inference_model(model_dir, head_file)
     tokenizer = load_tokenizer(model_dir)
-    max_length = min(max_length, model.encoder.config.max_position_embeddings, head.max_seq_length if head else max_length)
-    batches = checks.tokenize(tokenizer, sentences, max_length=max_length, batch_size=batch_size)
+    max_length = min(
+        max_length, model.encoder.config.max_position_embeddings, head.max_seq_length if head else max_length
+    )
+    pairs = bool(head and head.pairs)  # traced and checked on pairs: token types 0 and 1 both reach the graph
+    batches = checks.tokenize(tokenizer, sentences, max_length=max_length, batch_size=batch_size, pairs=pairs)
     os.makedirs(out_dir, exist_ok=True)
     started = time.perf_counter()
-    fusions = onnx.export(model, os.path.join(out_dir, FP32_FILE), _example(tokenizer, sentences, max_length))
+    fusions = onnx.export(model, os.path.join(out_dir, FP32_FILE), _example(tokenizer, sentences, max_length, pairs))
     timings["export_s"] = round(time.perf_counter() - started, 3)
 
     started = time.perf_counter()
     reference = checks.torch_outputs(model, batches)
     fp32 = checks.onnx_outputs(onnx.session(os.path.join(out_dir, FP32_FILE)), batches)
-    per_token = ["last_hidden_state"] + (["logits"] if head and head.type in ("token_classification", "qa") else [])
+    per_token = ["last_hidden_state"] + (["logits"] if head and not kinds.get(head.type).pooled else [])
     differences = checks.max_differences(reference, fp32, batches, per_token)
     report = {
         "outputs": model.output_names,
         "fusions": fusions,
         "head": asdict(head) if head else None,
-        "sample": {"sentences": len(sentences), "tokens": int(sum(b["attention_mask"].sum() for b in batches)), "max_length": max_length, "batch_size": batch_size},
+        "sample": {
+            "sentences": len(sentences),
+            "pairs": pairs,
+            "tokens": int(sum(b["attention_mask"].sum() for b in batches)),
+            "max_length": max_length,
+            "batch_size": batch_size,
+        },
         "checks": {"fp32": {"max_abs_diff": differences, "tolerance": tolerance}},
     }
     worst = max(differences, key=differences.get)
     if differences[worst] > tolerance:
         raise ExportCheckFailed(
-            f"the fp32 ONNX graph differs from PyTorch by {differences[worst]:.2e} in {worst} on {len(sentences)} held-out sentences "
+            f"the fp32 ONNX graph differs from PyTorch by {differences[worst]:.2e} in {worst} on "
+            f"{len(sentences)} held-out sentences "
             f"(tolerance {tolerance:g}): the export is wrong; please report it (--tolerance sets the limit)"
         )
     if int8:
         onnx.quantize_int8(os.path.join(out_dir, FP32_FILE), os.path.join(out_dir, INT8_FILE))
-        report["checks"]["int8"] = _int8_checks(model, head, model_dir, tokenizer, batches, reference, os.path.join(out_dir, INT8_FILE), seed)
+        report["checks"]["int8"] = _int8_checks(
+            model, head, model_dir, tokenizer, batches, reference, os.path.join(out_dir, INT8_FILE), seed
+        )
     timings["checks_s"] = round(time.perf_counter() - started, 3)
     for name in COPIED:
         if os.path.isfile(os.path.join(model_dir, name)):
@@ -149,9 +176,14 @@ def _int8_checks(model, head, model_dir: str, tokenizer, batches, reference, pat
         "max_abs_diff": checks.max_differences(reference, got, batches),
         "embedding_cosine": checks.cosines(checks.mean_pooled(reference, batches), checks.mean_pooled(got, batches)),
     }
-    if head is not None and head.type != "regression":
+    shape = kinds.get(head.type).head_shape if head is not None else None
+    if shape in checks.ARGMAX:
         figures["argmax"] = f"task head ({head.task}, {head.type})"
-        figures.update(checks.agreement(checks.task_predictions(reference, batches, head.type), checks.task_predictions(got, batches, head.type)))
+        figures.update(
+            checks.agreement(
+                checks.task_predictions(reference, batches, shape), checks.task_predictions(got, batches, shape)
+            )
+        )
     elif head is not None:
         figures["argmax"] = f"none: {head.task} is a regression task (max_abs_diff.logits is its figure)"
         figures.update(agreement=None, compared=0)
@@ -160,7 +192,9 @@ def _int8_checks(model, head, model_dir: str, tokenizer, batches, reference, pat
         masked, positions = checks.mask_tokens(batches, rng, tokenizer.mask_token_id, tokenizer.all_special_ids)
         want = checks.mlm_predictions(mlm, checks.torch_outputs(model, masked), positions)
         figures["argmax"] = "masked-LM prediction at 15% of the tokens, masked"
-        figures.update(checks.agreement(want, checks.mlm_predictions(mlm, checks.onnx_outputs(session, masked), positions)))
+        figures.update(
+            checks.agreement(want, checks.mlm_predictions(mlm, checks.onnx_outputs(session, masked), positions))
+        )
     else:
         figures["argmax"] = "nearest neighbour of each sentence's mean-pooled embedding among the sample"
         want, have = checks.mean_pooled(reference, batches), checks.mean_pooled(got, batches)

@@ -47,7 +47,15 @@ from bertcore.errors import BertpipeError
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 INSTALL = "pip install 'bertpipe[onnx]' (onnx and onnxruntime)"
 OPSET = 17
-FUSED_OPS = ("Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "LayerNormalization", "BiasGelu", "Gelu", "FastGelu")
+FUSED_OPS = (
+    "Attention",
+    "EmbedLayerNormalization",
+    "SkipLayerNormalization",
+    "LayerNormalization",
+    "BiasGelu",
+    "Gelu",
+    "FastGelu",
+)
 """The fused operators `fuse` counts (ONNX Runtime's names)."""
 
 
@@ -82,9 +90,15 @@ class InferenceModel(nn.Module):
 
     @property
     def output_names(self) -> list[str]:
-        return ["last_hidden_state"] + (["pooler_output"] if self.pooler else []) + (["logits"] if self.task is not None else [])
+        return (
+            ["last_hidden_state"]
+            + (["pooler_output"] if self.pooler else [])
+            + (["logits"] if self.task is not None else [])
+        )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         if self.task is None:
             out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
             last, pooled, logits = out.last_hidden_state, out.pooler_output, None
@@ -110,17 +124,19 @@ def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]
     require("onnx", "onnxruntime")
     batch, length = example["input_ids"].shape
     if batch == length or 1 in (batch, length):
-        raise ValueError(f"the example batch is {batch} x {length}: use a batch size and a length that differ, neither 1")
+        raise ValueError(
+            f"the example batch is {batch} x {length}: use a batch size and a length that differ, neither 1"
+        )
     model = model.eval()
     switch = getattr(model.encoder, "set_attn_implementation", None)
     previous = getattr(model.encoder.config, "_attn_implementation", None)
     if switch is not None:
         switch("eager")  # the pattern the optimizer fuses (see the module docstring); switched back below
     axes = {0: "batch", 1: "sequence"}
-    dynamic = {name: axes for name in (*INPUTS, *model.output_names)}
+    dynamic = dict.fromkeys((*INPUTS, *model.output_names), axes)
     if "pooler_output" in dynamic:
         dynamic["pooler_output"] = {0: "batch"}
-    if "logits" in dynamic and model.task is not None and model.task.task_type in ("classification", "regression"):
+    if "logits" in dynamic and model.task is not None and model.task.kind.pooled:  # (B, C): no sequence axis
         dynamic["logits"] = {0: "batch"}
     # The exporter warns that it is the legacy one and about traced Python values; what
     # matters is checked on held-out text afterwards (checks.py).
@@ -180,7 +196,11 @@ def quantize_int8(source: str, path: str) -> None:
     quiet.setLevel(logging.ERROR)
     try:
         quantize_dynamic(
-            source, path, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul", "Attention"],
+            source,
+            path,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul", "Attention"],
             # ONNX's shape inference gives no type to the outputs of ONNX Runtime's fused
             # operators; every tensor of this graph that is quantized is float
             extra_options={"DefaultTensorType": onnx_proto.TensorProto.FLOAT},

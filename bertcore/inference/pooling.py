@@ -47,8 +47,20 @@ def best_pooling(scores: Mapping[str, Mapping[str, float]] | None) -> tuple[str,
     cls, mean = scores["cls"], scores["mean"]
     if cls.get("sts_spearman") is not None and mean.get("sts_spearman") is not None:
         best = "cls" if cls["sts_spearman"] > mean["sts_spearman"] else "mean"
-        return best, f"evaluate: STS Spearman {mean['sts_spearman']:.3f} with mean pooling, {cls['sts_spearman']:.3f} with [CLS]"
+        return (
+            best,
+            (
+                f"evaluate: STS Spearman {mean['sts_spearman']:.3f} with mean pooling, "
+                f"{cls['sts_spearman']:.3f} with [CLS]"
+            ),
+        )
     if cls.get("anisotropy") is not None and mean.get("anisotropy") is not None:
         best = "cls" if cls["anisotropy"] < mean["anisotropy"] else "mean"
-        return best, f"evaluate: anisotropy {mean['anisotropy']:.3f} with mean pooling, {cls['anisotropy']:.3f} with [CLS] (no STS file; lower is better)"
+        return (
+            best,
+            (
+                f"evaluate: anisotropy {mean['anisotropy']:.3f} with mean pooling, {cls['anisotropy']:.3f} with "
+                "[CLS] (no STS file; lower is better)"
+            ),
+        )
     return DEFAULT_POOLING, "the evaluation's embedding scores are incomplete"

@@ -33,9 +33,23 @@ SPECS = {
     spec.name: spec
     for spec in (
         Spec("bertpipe_requests_total", "counter", "Requests answered, by endpoint and HTTP status code."),
-        Spec("bertpipe_texts_total", "counter", "Texts in the requests a batch ran, by endpoint."),
-        Spec("bertpipe_request_seconds", "histogram", "Time from a request's arrival at the replica to its answer, by endpoint.", LATENCY_BUCKETS),
-        Spec("bertpipe_queue_seconds", "histogram", "Time a request waited for its batch to start, by endpoint.", LATENCY_BUCKETS),
+        Spec(
+            "bertpipe_texts_total",
+            "counter",
+            "Inputs in the requests a batch ran, by kind of work (embed, classify, fill_mask, tokenize).",
+        ),
+        Spec(
+            "bertpipe_request_seconds",
+            "histogram",
+            "Time from a request's arrival at the server to its answer, by endpoint.",
+            LATENCY_BUCKETS,
+        ),
+        Spec(
+            "bertpipe_queue_seconds",
+            "histogram",
+            "Time a request waited for its batch to start, by kind of work.",
+            LATENCY_BUCKETS,
+        ),
         Spec("bertpipe_batch_requests", "histogram", "Requests per batch.", SIZE_BUCKETS),
         Spec("bertpipe_call_rows", "histogram", "Rows (texts or windows) per model call.", SIZE_BUCKETS),
         Spec("bertpipe_call_tokens", "histogram", "Tokens per model call, padding included.", TOKEN_BUCKETS),
@@ -72,7 +86,10 @@ class Metrics:
 
     def snapshot(self) -> dict[str, list]:
         """{metric: [[labels as [key, value] pairs, values], ...]}: JSON-able, for `render`."""
-        return {name: [[list(map(list, key)), list(values)] for key, values in series.items()] for name, series in self._values.items()}
+        return {
+            name: [[list(map(list, key)), list(values)] for key, values in series.items()]
+            for name, series in self._values.items()
+        }
 
 
 def render(snapshots: Mapping[str, Mapping[str, list]]) -> str:

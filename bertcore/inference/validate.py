@@ -1,16 +1,15 @@
 """What a request to `bertpipe serve` may hold, checked before it is queued: each refusal
 is a RequestError with an HTTP status and one line that says what was wrong and where.
 
-Bodies are JSON objects, as text-embeddings-inference and the Hugging Face inference API
-take them: `inputs` is one text or a list of texts, and each endpoint has its options:
-
-    /embed       {"inputs": ..., "pooling": "cls" | "mean", "normalize": true}
-    /classify    {"inputs": ..., "task": NAME}        (task: optional, must be the served one)
-    /fill-mask   {"inputs": ..., "top_k": 5}          (each text holds the [MASK] token)
+The route families (bertcore/inference/routes/) read their own shapes with the helpers
+here: a JSON object (`read_json`), its fields (`check_fields`), texts (`texts`), and the
+options every family shares (`flag`, `truncation`). What they make of a request is a
+`Job`, what the Engine runs; what the served model can do is an `Offer`.
 
     400  the body is not UTF-8, or not JSON
     404  the model does not have that task (no head, another task, no masked-LM head)
-    413  the body, a text or the number of texts is over its limit
+    413  the body, a text or the number of texts is over its limit; with truncate false, an
+         input longer than the model reads
     422  a field is missing, unknown or of the wrong type; a text is empty
 """
 
@@ -18,11 +17,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 POOLINGS = ("cls", "mean")
-KINDS = ("embed", "classify", "fill_mask")
-FIELDS = {"embed": ("inputs", "pooling", "normalize"), "classify": ("inputs", "task"), "fill_mask": ("inputs", "top_k")}
+KINDS = ("embed", "classify", "fill_mask", "tokenize")
 MAX_TOP_K = 100
+BODY_LIMIT = "(serve.max_texts x serve.max_text_bytes)"
 
 
 class RequestError(Exception):
@@ -50,113 +50,173 @@ class Limits:
 
 @dataclass(frozen=True)
 class Offer:
-    """What the served model can do: its task head (None without one; `head_type`
-    classification or regression for /classify), its mask token when it has a masked-LM
-    head (None: no /fill-mask), and the defaults of the options."""
+    """What the served model can do: its task head (None without one; `head_type` its
+    task type's name, `head_shape` what its logits are: `labels` or `score` for /predict;
+    `pairs` when it was fine-tuned on text pairs, `labels` its classes), its mask token when
+    it has a masked-LM head (None: no /fill-mask), the defaults of the options, and what
+    clients are told it is."""
 
     task: str | None
     head_type: str | None
     mask_token: str | None
     pooling: str
     top_k: int
+    pairs: bool = False
+    labels: tuple[str, ...] = ()
+    model_id: str = "bertpipe"
+    dimensions: int | None = None
+    """The embeddings' size (the encoder's hidden size)."""
+    vocab_size: int | None = None
+
+    @property
+    def head_shape(self) -> str | None:
+        from bertcore.eval import kinds
+
+        return kinds.get(self.head_type).head_shape if self.head_type else None
+
+    @property
+    def classifies(self) -> bool:
+        return self.head_shape in ("labels", "score")
 
 
 @dataclass(frozen=True)
 class Job:
-    """One request's work: its kind, its texts and its options."""
+    """One request's work: its kind (KINDS), its inputs and its options.
+
+    Inputs are `texts`; for a pair head also `second` (each pair's second text); or, for
+    embeddings, `token_ids` (the served model's own vocabulary ids, without [CLS]/[SEP])."""
 
     kind: str
-    texts: tuple[str, ...]
+    texts: tuple[str, ...] = ()
+    second: tuple[str, ...] | None = None
+    token_ids: tuple[tuple[int, ...], ...] | None = None
     pooling: str = "mean"
     normalize: bool = True
+    truncate: bool | None = None
+    """None: inputs are read as the run reads them (cut, or in windows); True: cut at the
+    model's length; False: an input longer than that is refused (413)."""
+    left: bool = False
+    """Truncation keeps the end of an input instead of its start."""
     top_k: int = 5
+    targets: tuple[str, ...] | None = None
+    add_special_tokens: bool = True
+
+    @property
+    def size(self) -> int:
+        """The number of inputs (texts, pairs or token-id lists)."""
+        return len(self.token_ids) if self.token_ids is not None else len(self.texts)
 
 
-def read_json(body: bytes, limits: Limits) -> dict:
-    """The JSON object in `body`, or a RequestError (400 not UTF-8 or not JSON, 413 too large,
-    422 not an object)."""
+def read_json(body: bytes, limits: Limits) -> Any:
+    """The JSON value in `body`, or a RequestError (400 not UTF-8 or not JSON, 413 too large)."""
     if len(body) > limits.max_body_bytes:
-        raise RequestError(413, f"the request body is {len(body)} bytes, over the limit of {limits.max_body_bytes} (serve.max_texts x serve.max_text_bytes)")
+        raise RequestError(
+            413, f"the request body is {len(body)} bytes, over the limit of {limits.max_body_bytes} {BODY_LIMIT}"
+        )
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RequestError(400, f"the request body is not UTF-8: byte 0x{body[exc.start]:02x} at offset {exc.start}; send JSON encoded as UTF-8") from None
+        raise RequestError(
+            400,
+            f"the request body is not UTF-8: byte 0x{body[exc.start]:02x} at offset {exc.start}; "
+            "send JSON encoded as UTF-8",
+        ) from None
     if not text.strip():
         raise RequestError(400, 'the request body is empty; send a JSON object such as {"inputs": ["some text"]}')
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RequestError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise RequestError(
+            400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+
+
+def check_fields(data: Any, route: str, allowed: tuple[str, ...], example: str = '{"inputs": ["some text"]}') -> dict:
+    """`data` when it is a JSON object holding only `allowed` fields; else 422 naming the field."""
     if not isinstance(data, dict):
-        raise RequestError(422, f'the request body is a JSON {_kind(data)}; send an object such as {{"inputs": ["some text"]}}')
+        raise RequestError(422, f"the request body is a JSON {kind_of(data)}; send an object such as {example}")
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise RequestError(422, f"unknown field {unknown[0]!r}; {route} takes: {', '.join(allowed)}")
     return data
 
 
-def parse(kind: str, body: bytes, limits: Limits, offer: Offer) -> Job:
-    """The Job a request to endpoint `kind` (embed, classify, fill_mask) asks for, or a
-    RequestError naming the field and what to send instead."""
-    if kind == "classify" and offer.head_type not in ("classification", "regression"):
-        what = f"its head is for {offer.task}, a {offer.head_type} task" if offer.task else "it has no task head"
-        raise RequestError(404, f"/classify: the served model cannot classify ({what}); start bertpipe serve with --task NAME of a classification task")
-    if kind == "fill_mask" and offer.mask_token is None:
-        raise RequestError(404, "/fill-mask: the served model has no masked-LM head (a fine-tuned task model, or weights saved without cls.predictions)")
-    data = read_json(body, limits)
-    unknown = sorted(set(data) - set(FIELDS[kind]))
-    if unknown:
-        raise RequestError(422, f"unknown field {unknown[0]!r}; /{kind.replace('_', '-')} takes: {', '.join(FIELDS[kind])}")
-    texts = _texts(data, limits)
-    if kind == "embed":
-        pooling = data.get("pooling", offer.pooling)
-        if pooling not in POOLINGS:
-            raise RequestError(422, f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {_show(pooling)}")
-        normalize = data.get("normalize", True)
-        if not isinstance(normalize, bool):
-            raise RequestError(422, f"normalize must be true or false, got {_show(normalize)}")
-        return Job(kind, texts, pooling=pooling, normalize=normalize)
-    if kind == "classify":
-        task = data.get("task", offer.task)
-        if not isinstance(task, str):
-            raise RequestError(422, f"task must be a string, got {_show(task)}")
-        if task != offer.task:
-            raise RequestError(404, f"the served model has no task {task!r}; it serves {offer.task!r}")
-        return Job(kind, texts)
-    top_k = data.get("top_k", offer.top_k)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise RequestError(422, f"top_k must be a whole number from 1 to {MAX_TOP_K}, got {_show(top_k)}")
-    for i, text in enumerate(texts):
-        if offer.mask_token not in text:
-            where = "inputs" if isinstance(data["inputs"], str) else f"inputs[{i}]"
-            raise RequestError(422, f"{where} holds no {offer.mask_token}; put {offer.mask_token} where a word is to be predicted")
-    return Job(kind, texts, top_k=top_k)
+def texts(value: Any, field: str, limits: Limits) -> tuple[str, ...]:
+    """One text or a list of texts, each checked (non-empty, UTF-8, within the limits)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise RequestError(422, f"{field} must be a string or a list of strings, got a {kind_of(value)}")
+    if not items:
+        raise RequestError(422, f"{field} is an empty list; send at least one text")
+    count(len(items), field, limits)
+    return tuple(
+        text(item, field if isinstance(value, str) else f"{field}[{i}]", limits) for i, item in enumerate(items)
+    )
 
 
-def _texts(data: dict, limits: Limits) -> tuple[str, ...]:
-    if "inputs" not in data:
-        raise RequestError(422, 'missing field "inputs": one text or a list of texts')
-    inputs = data["inputs"]
-    texts = [inputs] if isinstance(inputs, str) else inputs
-    if not isinstance(texts, list):
-        raise RequestError(422, f"inputs must be a string or a list of strings, got a {_kind(inputs)}")
-    if not texts:
-        raise RequestError(422, "inputs is an empty list; send at least one text")
-    if len(texts) > limits.max_texts:
-        raise RequestError(413, f"inputs holds {len(texts)} texts, over the limit of {limits.max_texts} (serve.max_texts); split the request")
-    for i, text in enumerate(texts):
-        where = "inputs" if isinstance(inputs, str) else f"inputs[{i}]"
-        if not isinstance(text, str):
-            raise RequestError(422, f"{where} is a {_kind(text)}, not a string")
-        if not text.strip():
-            raise RequestError(422, f"{where} is empty{' (only whitespace)' if text else ''}; every text needs some content")
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise RequestError(422, f"{where} holds an unpaired surrogate (a lone \\ud800-\\udfff escape), which is not text") from None
-        if size > limits.max_text_bytes:
-            raise RequestError(413, f"{where} is {size} bytes of UTF-8, over the limit of {limits.max_text_bytes} (serve.max_text_bytes)")
-    return tuple(texts)
+def count(n: int, field: str, limits: Limits) -> None:
+    if n > limits.max_texts:
+        raise RequestError(
+            413, f"{field} holds {n} inputs, over the limit of {limits.max_texts} (serve.max_texts); split the request"
+        )
 
 
-def _kind(value: object) -> str:
+def text(value: Any, where: str, limits: Limits) -> str:
+    """One text: a non-empty string of at most serve.max_text_bytes UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise RequestError(422, f"{where} is a {kind_of(value)}, not a string")
+    if not value.strip():
+        raise RequestError(
+            422, f"{where} is empty{' (only whitespace)' if value else ''}; every text needs some content"
+        )
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise RequestError(
+            422, f"{where} holds an unpaired surrogate (a lone \\ud800-\\udfff escape), which is not text"
+        ) from None
+    if size > limits.max_text_bytes:
+        raise RequestError(
+            413, f"{where} is {size} bytes of UTF-8, over the limit of {limits.max_text_bytes} (serve.max_text_bytes)"
+        )
+    return value
+
+
+def flag(data: dict, field: str, default: bool | None) -> bool | None:
+    """A true/false option (null: the default)."""
+    value = data.get(field)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(422, f"{field} must be true or false, got {show(value)}")
+    return value
+
+
+def truncation(data: dict) -> tuple[bool | None, bool]:
+    """(truncate, left) from TEI's `truncate` and `truncation_direction` ("right" or "left",
+    either case)."""
+    direction = data.get("truncation_direction")
+    if direction is not None and (not isinstance(direction, str) or direction.lower() not in ("left", "right")):
+        raise RequestError(422, f'truncation_direction must be "left" or "right", got {show(direction)}')
+    return flag(data, "truncate", None), direction is not None and direction.lower() == "left"
+
+
+def no_prompt(data: dict) -> None:
+    """TEI's prompt_name: the served model has no prompts (no sentence-transformers config)."""
+    if data.get("prompt_name") is not None:
+        raise RequestError(
+            422, f"prompt_name {show(data['prompt_name'])}: the served model has no prompts; put the prompt in the text"
+        )
+
+
+def top_k(value: Any, default: int) -> int:
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOP_K:
+        raise RequestError(422, f"top_k must be a whole number from 1 to {MAX_TOP_K}, got {show(value)}")
+    return value
+
+
+def kind_of(value: object) -> str:
     """JSON's name for the type of a decoded value."""
     if value is None:
         return "null"
@@ -167,7 +227,7 @@ def _kind(value: object) -> str:
     return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
     """A value for a message: short, on one line."""
     text = json.dumps(value, ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -2,11 +2,12 @@
 
 Owns: `bert.py` (the BERT encoder and its pretraining heads, parameter names as
 transformers has them; RoBERTa's positions as a config choice), `config.py` (`ModelConfig`,
-the published sizes and their bounds, RoBERTa's shape and names; pydantic only, no torch), `folder.py` (a Hugging Face folder from outside the run judged on
-the driver from its config and the safetensors header, no tensors loaded), `pretrained.py`
-(its weights mapped onto ours), `hf_files.py` (the file names of such a folder) and
-`sentence_files.py` (the sentence-transformers files of an embedding model's folder, read
-from a teacher and written beside its student; JSON only).
+the published sizes and their bounds, RoBERTa's shape and names; pydantic only, no torch),
+`folder.py` (a Hugging Face folder from outside the run judged on the driver from its config
+and the safetensors header, no tensors loaded), `pretrained.py` (its weights mapped onto
+ours), `hf_files.py` (the file names of such a folder) and `sentence_files.py` (the
+sentence-transformers files of an embedding model's folder, read from a teacher and written
+beside its student; JSON only).
 
 May import: torch (bert.py, pretrained.py only), safetensors, pydantic, and bertcore's
 top-level helpers (errors, section). Must not import: ray, prefect, deepspeed, or any other

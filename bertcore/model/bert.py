@@ -83,7 +83,9 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """`probs`, when given, receives this layer's attention distributions (B, nh, T, T)
         (before dropout): the explicit softmax then replaces the fused kernel."""
         b, t, h = x.shape
@@ -144,7 +146,9 @@ class BertLayer(nn.Module):
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.pre_layer_norm = cfg.pre_layer_norm
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, probs: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         attn_out, ffn_out = self.attention.output, self.output
         if self.pre_layer_norm:
             # x + Attn(LN(x)), then x + FFN(LN(x))

@@ -53,7 +53,7 @@ def roberta_name(key: str) -> str | None:
         return None
     for ours, theirs in ROBERTA_NAMES:
         if key.startswith(ours):
-            return theirs + key[len(ours):]
+            return theirs + key[len(ours) :]
     raise ValueError(f"{key} has no RobertaForMaskedLM name")
 
 
@@ -61,8 +61,10 @@ def from_roberta_name(key: str) -> str:
     """bertcore's name of a transformers RoBERTa entry (`roberta.*`, `lm_head.*`); other names unchanged."""
     for ours, theirs in ROBERTA_NAMES:
         if key.startswith(theirs):
-            return ours + key[len(theirs):]
+            return ours + key[len(theirs) :]
     return key
+
+
 """Files that store each tensor once (safetensors, transformers' `save_pretrained`) leave
 these out; load such files with strict=False and expect exactly these keys missing."""
 
@@ -154,7 +156,9 @@ class ModelConfig(Section):
     """LayerNorm before each sublayer (pre-LN) instead of after the residual (post-LN, as in
     the BERT paper). Pre-LN models do not export to transformers."""
     model_type: ModelType = "bert"
-    """bert: positions 0..T-1, exported as BERT; roberta: RoBERTa's position ids (real tokens from pad_token_id + 1 on, padding at pad_token_id, so max_position_embeddings is the longest sequence + pad_token_id + 1), exported as RobertaForMaskedLM. A byte-level BPE vocabulary makes the pretrain stage build one (roberta_shape)."""
+    """bert: positions 0..T-1, exported as BERT; roberta: RoBERTa's position ids (real tokens from pad_token_id + 1 on,
+    padding at pad_token_id, so max_position_embeddings is the longest sequence + pad_token_id + 1), exported as
+    RobertaForMaskedLM. A byte-level BPE vocabulary makes the pretrain stage build one (roberta_shape)."""
 
     @property
     def position_offset(self) -> int:
@@ -175,14 +179,26 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
-        parameters = parameter_count(self.vocab_size, self.hidden_size, self.num_hidden_layers, self.intermediate_size,
-                                     self.max_position_embeddings, self.type_vocab_size)
-        need = f"such a model holds {parameters:.3g} parameters, {parameters * 4 / 1e9:,.1f} GB of fp32 weights before gradients and optimizer states"
+        parameters = parameter_count(
+            self.vocab_size,
+            self.hidden_size,
+            self.num_hidden_layers,
+            self.intermediate_size,
+            self.max_position_embeddings,
+            self.type_vocab_size,
+        )
+        need = (
+            f"such a model holds {parameters:.3g} parameters, {parameters * 4 / 1e9:,.1f} GB of fp32 weights "
+            "before gradients and optimizer states"
+        )
         for key, limit in MAX_SIZES.items():
             if getattr(self, key) > limit:
                 raise ValueError(f"{key} {getattr(self, key):,} is above the {limit:,} bertcore builds ({need})")
         if parameters > MAX_PARAMETERS:
-            raise ValueError(f"the shape ({self.num_hidden_layers} layers x {self.hidden_size}) is above the {MAX_PARAMETERS:.3g} parameters bertcore builds ({need})")
+            raise ValueError(
+                f"the shape ({self.num_hidden_layers} layers x {self.hidden_size}) is above the "
+                f"{MAX_PARAMETERS:.3g} parameters bertcore builds ({need})"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
@@ -192,8 +208,8 @@ class ModelConfig(Section):
             raise ValueError(f"pad_token_id ({self.pad_token_id}) must be below vocab_size ({self.vocab_size})")
         if self.max_sequence_length < 1:
             raise ValueError(
-                f"max_position_embeddings ({self.max_position_embeddings}) leaves no position: RoBERTa's start after pad_token_id + 1 "
-                f"= {self.position_offset}; give at least {self.position_offset + 1}"
+                f"max_position_embeddings ({self.max_position_embeddings}) leaves no position: RoBERTa's start after "
+                f"pad_token_id + 1 = {self.position_offset}; give at least {self.position_offset + 1}"
             )
         return self
 

@@ -29,8 +29,8 @@ from math import prod
 from pydantic import ValidationError
 
 from bertcore.errors import InputDataError
-from bertcore.model.hf_files import CONFIG_FILE, PYTORCH_BIN, SAFETENSORS_INDEX, WEIGHT_FILES, WEIGHTS_FILE, weight_files
 from bertcore.model.config import ModelConfig, from_roberta_name
+from bertcore.model.hf_files import CONFIG_FILE, PYTORCH_BIN, WEIGHT_FILES, WEIGHTS_FILE, weight_files
 
 MAX_CONFIG_BYTES = 1 << 20
 """A config.json larger than this is not a model config (BERT-large's is under 1 kB)."""
@@ -38,20 +38,44 @@ MAX_HEADER_BYTES = 100 << 20
 """The largest safetensors header read (safetensors' own limit)."""
 MAX_INDEX_BYTES = 64 << 20
 """The largest model.safetensors.index.json read."""
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 MLM_HEAD = "cls.predictions.transform.dense.weight"
 """The tensor a BertForMaskedLM / BertForPreTraining has and a BertModel lacks."""
-SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings", "type_vocab_size")
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 
 
 def bin_refusal(folder: str, key: str) -> str:
     """The one line for a folder whose only weights are a pickle."""
     return (
-        f"{key}: {os.path.join(folder, PYTORCH_BIN)} is a pickle; bertpipe reads safetensors only (a pickle can run code). "
+        f"{key}: {os.path.join(folder, PYTORCH_BIN)} is a pickle; bertpipe reads safetensors only (a pickle "
+        "can run code). "
         f"Convert it once where you trust the file: python -c \"import transformers as t; p='{folder}'; "
-        "a=t.AutoConfig.from_pretrained(p).architectures[0]; getattr(t, a).from_pretrained(p).save_pretrained(p, safe_serialization=True)\""
+        "a=t.AutoConfig.from_pretrained(p).architectures[0]; getattr(t, "
+        'a).from_pretrained(p).save_pretrained(p, safe_serialization=True)"'
     )
 
 
@@ -59,7 +83,9 @@ def _bounded_json(path: str, limit: int, what: str):
     try:
         size = os.path.getsize(path)
         if size > limit:
-            raise InputDataError(f"{path}: {size:,} bytes, more than the {limit:,} a {what} may have; is it the right file?")
+            raise InputDataError(
+                f"{path}: {size:,} bytes, more than the {limit:,} a {what} may have; is it the right file?"
+            )
         with open(path, "rb") as handle:
             return json.loads(handle.read(limit + 1).decode("utf-8"))
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -75,7 +101,10 @@ def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
     if not isinstance(data, dict):
         raise InputDataError(f"{path}: a JSON {type(data).__name__}, not a model config")
     refusals = {
-        "model_type": (data.get("model_type", "bert") in ("bert", "roberta"), "is not a BERT model (bertcore reads model_type bert and roberta)"),
+        "model_type": (
+            data.get("model_type", "bert") in ("bert", "roberta"),
+            "is not a BERT model (bertcore reads model_type bert and roberta)",
+        ),
         "position_embedding_type": (data.get("position_embedding_type", "absolute") == "absolute", "is not absolute"),
         "is_decoder": (not data.get("is_decoder", False), "makes a decoder"),
         "hidden_act": (data.get("hidden_act", "gelu") in ("gelu", "gelu_new", "relu"), "is not gelu, gelu_new or relu"),
@@ -87,11 +116,14 @@ def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
     if missing:
         raise InputDataError(f"{path}: {', '.join(missing)} missing; not a BERT config.json")
     try:
-        return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"}
-                                          | {"model_type": data.get("model_type", "bert")})
+        return ModelConfig.model_validate(
+            {k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"}
+            | {"model_type": data.get("model_type", "bert")}
+        )
     except ValidationError as exc:
         problems = "; ".join(
-            (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()[:3]
+            (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()[:3]
         )
         raise InputDataError(f"{path}: {problems}") from None
 
@@ -101,7 +133,10 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     tensor; InputDataError naming the file when it is not a whole, sane safetensors file."""
 
     def bad(why: str) -> InputDataError:
-        return InputDataError(f"{path}: not a readable safetensors file ({why}); save the model again with save_pretrained, or use another copy")
+        return InputDataError(
+            f"{path}: not a readable safetensors file ({why}); save the model again with save_pretrained, or "
+            "use another copy"
+        )
 
     try:
         size = os.path.getsize(path)
@@ -113,7 +148,9 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
             if length > MAX_HEADER_BYTES:
                 raise bad(f"its header claims {length:,} bytes, more than the {MAX_HEADER_BYTES:,} allowed")
             if 8 + length > size:
-                raise bad(f"truncated: the header claims {length:,} bytes and the file holds {size - 8:,} after the length")
+                raise bad(
+                    f"truncated: the header claims {length:,} bytes and the file holds {size - 8:,} after the length"
+                )
             raw = handle.read(length)
     except OSError as exc:
         raise InputDataError(f"{path}: cannot read ({exc.strerror or exc})") from None
@@ -130,7 +167,12 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
             continue
         try:
             dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            ok = dtype in DTYPE_BYTES and all(isinstance(d, int) and d >= 0 for d in shape) and isinstance(start, int) and isinstance(end, int)
+            ok = (
+                dtype in DTYPE_BYTES
+                and all(isinstance(d, int) and d >= 0 for d in shape)
+                and isinstance(start, int)
+                and isinstance(end, int)
+            )
         except (TypeError, KeyError, ValueError):
             ok = False
         if not ok:
@@ -158,7 +200,6 @@ def is_prefixed(names) -> bool:
     return any(k.startswith(("bert.", "cls.", "roberta.", "lm_head.")) for k in names)
 
 
-
 def weights_path(folder: str, key: str) -> tuple[str, str]:
     """(file name, path) of the folder's weights: model.safetensors or a safetensors index;
     no weights, or only a pytorch_model.bin (`bin_refusal`), is an InputDataError naming `key`."""
@@ -168,6 +209,7 @@ def weights_path(folder: str, key: str) -> tuple[str, str]:
     if found[0] == PYTORCH_BIN:
         raise InputDataError(bin_refusal(folder, key))
     return found[0], os.path.join(folder, found[0])
+
 
 def weight_shapes(folder: str, key: str = "pretrain.init_from") -> tuple[str, dict[str, tuple[int, ...]]]:
     """(the weights file, {canonical tensor name: shape}) of a model folder, from the
@@ -179,7 +221,9 @@ def weight_shapes(folder: str, key: str = "pretrain.init_from") -> tuple[str, di
     else:
         index = _bounded_json(path, MAX_INDEX_BYTES, "safetensors index")
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v and v not in ("", ".", "..") for v in weight_map.values()):
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) and "/" not in v and v not in ("", ".", "..") for v in weight_map.values()
+        ):
             raise InputDataError(f"{path}: no weight_map of file names; not a safetensors index")
         headers = {}
         for shard in sorted(set(weight_map.values())):
@@ -211,9 +255,15 @@ def check_model_folder(folder: str, key: str = "pretrain.init_from") -> ModelFol
     h = config.hidden_size
     expected = {
         "bert.embeddings.word_embeddings.weight": ((config.vocab_size, h), "vocab_size, hidden_size"),
-        "bert.embeddings.position_embeddings.weight": ((config.max_position_embeddings, h), "max_position_embeddings, hidden_size"),
+        "bert.embeddings.position_embeddings.weight": (
+            (config.max_position_embeddings, h),
+            "max_position_embeddings, hidden_size",
+        ),
         "bert.embeddings.token_type_embeddings.weight": ((config.type_vocab_size, h), "type_vocab_size, hidden_size"),
-        "bert.encoder.layer.0.intermediate.dense.weight": ((config.intermediate_size, h), "intermediate_size, hidden_size"),
+        "bert.encoder.layer.0.intermediate.dense.weight": (
+            (config.intermediate_size, h),
+            "intermediate_size, hidden_size",
+        ),
     }
     where = os.path.join(folder, CONFIG_FILE)
     for name, (shape, fields) in expected.items():
@@ -221,13 +271,14 @@ def check_model_folder(folder: str, key: str = "pretrain.init_from") -> ModelFol
             raise InputDataError(f"{weights}: no {name}; {key} needs the weights of a BERT encoder")
         if tuple(shapes[name]) != shape:
             raise InputDataError(
-                f"{weights}: {name} has shape {list(shapes[name])} but {where} gives ({fields}) = {list(shape)}; the config and the weights are of different models"
+                f"{weights}: {name} has shape {list(shapes[name])} but {where} gives ({fields}) = "
+                f"{list(shape)}; the config and the weights are of different models"
             )
     layers = {int(m.group(1)) for n in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", n))}
     if layers != set(range(config.num_hidden_layers)):
         raise InputDataError(
-            f"{weights}: holds encoder layers {_ranges(layers)} but {where} gives num_hidden_layers {config.num_hidden_layers}; "
-            "the config and the weights are of different models"
+            f"{weights}: holds encoder layers {_ranges(layers)} but {where} gives num_hidden_layers "
+            f"{config.num_hidden_layers}; the config and the weights are of different models"
         )
     return ModelFolder(config, weights, shapes)
 

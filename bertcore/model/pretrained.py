@@ -24,6 +24,8 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
+from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
+from bertcore.model.folder import canonical_key, is_prefixed, read_config, read_header, weights_path
 from bertcore.model.hf_files import (  # noqa: F401 - the file names live without torch; re-exported here
     CONFIG_FILE,
     PYTORCH_BIN,
@@ -33,8 +35,6 @@ from bertcore.model.hf_files import (  # noqa: F401 - the file names live withou
     shard_names,
     weight_files,
 )
-from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
-from bertcore.model.folder import canonical_key, is_prefixed, read_config, read_header, weights_path
 
 SAFETENSORS = WEIGHTS_FILE
 
@@ -89,21 +89,30 @@ def plan(checkpoint_keys: Iterable[str], model_keys: Iterable[str], where: str) 
     missing = [k for k in wanted if k not in have]
     required = [k for k in missing if not MAY_START_FRESH.fullmatch(k)]
     if required:
-        raise InputDataError(f"{where}: the checkpoint lacks {required[:3]} ({len(required)} entries of the encoder); is it a BERT model?")
+        raise InputDataError(
+            f"{where}: the checkpoint lacks {required[:3]} ({len(required)} entries of the encoder); is it a "
+            "BERT model?"
+        )
     ignored = sorted(have - set(wanted))
     bert_ignored = [k for k in ignored if k.startswith("bert.")]
     if bert_ignored:
-        raise InputDataError(f"{where}: the checkpoint has encoder entries this model has no place for: {bert_ignored[:3]}")
+        raise InputDataError(
+            f"{where}: the checkpoint has encoder entries this model has no place for: {bert_ignored[:3]}"
+        )
     return InitPlan(loaded=[k for k in wanted if k in have], fresh=missing, ignored=ignored)
 
 
-def load_into(model: BertForPreTraining, state: Mapping[str, torch.Tensor], where: str = "pretrain.init_from") -> InitPlan:
+def load_into(
+    model: BertForPreTraining, state: Mapping[str, torch.Tensor], where: str = "pretrain.init_from"
+) -> InitPlan:
     """Copy `state` (canonical names) into `model`, whose other entries keep their
     initialisation; shapes must match exactly."""
     own = model.state_dict()
     result = plan(state, own, where)
     for key in result.loaded:
         if tuple(state[key].shape) != tuple(own[key].shape):
-            raise InputDataError(f"{where}: {key} has shape {tuple(state[key].shape)}, the model expects {tuple(own[key].shape)}")
+            raise InputDataError(
+                f"{where}: {key} has shape {tuple(state[key].shape)}, the model expects {tuple(own[key].shape)}"
+            )
     model.load_state_dict({k: state[k] for k in result.loaded}, strict=False)
     return result

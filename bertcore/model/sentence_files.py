@@ -64,11 +64,22 @@ class SentenceLayout:
         if isinstance(self.pooling.get("pooling_mode"), str):
             return self.pooling["pooling_mode"]
         on = [m for m in POOLING_MODES if self.pooling.get(f"pooling_mode_{m}")]
-        return {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}[on[0]] if len(on) == 1 else "mixed"
+        return (
+            {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}[
+                on[0]
+            ]
+            if len(on) == 1
+            else "mixed"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"pooling": self.pooling_name, "normalize": self.normalize, "max_seq_length": self.max_seq_length,
-                "source": self.source, "left_out": self.left_out}
+        return {
+            "pooling": self.pooling_name,
+            "normalize": self.normalize,
+            "max_seq_length": self.max_seq_length,
+            "source": self.source,
+            "left_out": self.left_out,
+        }
 
 
 def _read_json(path: str) -> Any:
@@ -78,7 +89,10 @@ def _read_json(path: str) -> Any:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError) as exc:
-        raise InputDataError(f"{path}: cannot read it ({' '.join(str(exc).split())[:160]}); fix or remove the teacher's sentence-transformers files") from None
+        raise InputDataError(
+            f"{path}: cannot read it ({' '.join(str(exc).split())[:160]}); fix or remove the teacher's "
+            "sentence-transformers files"
+        ) from None
 
 
 def _modules(folder: str) -> list[dict] | None:
@@ -91,8 +105,12 @@ def _modules(folder: str) -> list[dict] | None:
 
 def parse_modules(modules: Any, path: str) -> list[dict]:
     """modules.json's entries, checked: each has a type, and a path inside the folder."""
-    if not isinstance(modules, list) or not all(isinstance(m, dict) and isinstance(m.get("type"), str) for m in modules):
-        raise InputDataError(f"{path}: not a list of modules with a type each; not a sentence-transformers modules.json")
+    if not isinstance(modules, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("type"), str) for m in modules
+    ):
+        raise InputDataError(
+            f"{path}: not a list of modules with a type each; not a sentence-transformers modules.json"
+        )
     for module in modules:
         where = str(module.get("path") or "")
         if os.path.isabs(where) or ".." in where.replace("\\", "/").split("/"):
@@ -127,26 +145,41 @@ def read_layout(folder: str) -> SentenceLayout:
         elif kind != TRANSFORMER:
             left_out.append(kind)
     if not isinstance(pooling, dict):
-        raise InputDataError(f"{os.path.join(folder, MODULES_FILE)}: no Pooling module with a config.json; a sentence-transformers folder needs one")
+        raise InputDataError(
+            f"{os.path.join(folder, MODULES_FILE)}: no Pooling module with a config.json; a "
+            "sentence-transformers folder needs one"
+        )
     settings = {}
     if os.path.isfile(os.path.join(folder, SENTENCE_CONFIG_FILE)):
         settings = _read_json(os.path.join(folder, SENTENCE_CONFIG_FILE))
         if not isinstance(settings, dict):
             raise InputDataError(f"{os.path.join(folder, SENTENCE_CONFIG_FILE)}: not a JSON object")
     length = settings.get("max_seq_length")
-    return SentenceLayout(pooling=pooling, normalize=normalize, max_seq_length=length if isinstance(length, int) and length > 0 else None,
-                          do_lower_case=bool(settings.get("do_lower_case", False)), source="teacher", left_out=left_out)
+    return SentenceLayout(
+        pooling=pooling,
+        normalize=normalize,
+        max_seq_length=length if isinstance(length, int) and length > 0 else None,
+        do_lower_case=bool(settings.get("do_lower_case", False)),
+        source="teacher",
+        left_out=left_out,
+    )
 
 
 def write_layout(out_dir: str, layout: SentenceLayout, hidden_size: int, max_positions: int) -> list[str]:
     """Write the sentence-transformers files for an encoder of `hidden_size` saved in
     `out_dir`; returns their paths relative to it."""
-    modules = [{"idx": 0, "name": "0", "path": "", "type": TRANSFORMER}, {"idx": 1, "name": "1", "path": POOLING_DIR, "type": POOLING}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": TRANSFORMER},
+        {"idx": 1, "name": "1", "path": POOLING_DIR, "type": POOLING},
+    ]
     if layout.normalize:
         modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": NORMALIZE})
     pooling = dict(layout.pooling)
     pooling["embedding_dimension" if "embedding_dimension" in pooling else "word_embedding_dimension"] = hidden_size
-    settings = {"max_seq_length": min(layout.max_seq_length or max_positions, max_positions), "do_lower_case": layout.do_lower_case}
+    settings = {
+        "max_seq_length": min(layout.max_seq_length or max_positions, max_positions),
+        "do_lower_case": layout.do_lower_case,
+    }
     files = {MODULES_FILE: modules, SENTENCE_CONFIG_FILE: settings, f"{POOLING_DIR}/{MODULE_CONFIG}": pooling}
     for name, body in files.items():
         path = os.path.join(out_dir, name)

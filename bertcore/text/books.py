@@ -23,8 +23,13 @@ import re
 
 import numpy as np
 
-_START = re.compile(r"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$|^\s*\*END\*\s*THE SMALL PRINT!.*$", re.I | re.M)
-_END = re.compile(r"^\s*\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$|^\s*End of (?:the )?Project Gutenberg'?s?\b.*$", re.I | re.M)
+_START = re.compile(
+    r"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$|^\s*\*END\*\s*THE SMALL PRINT!.*$", re.I | re.M
+)
+_END = re.compile(
+    r"^\s*\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$|^\s*End of (?:the )?Project Gutenberg'?s?\b.*$",
+    re.I | re.M,
+)
 _LOOK = 30_000  # characters at each end searched for the markers
 
 _MAX_WRAP_WIDTH = 120  # lines longer than this are not a print layout

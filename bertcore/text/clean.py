@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bertcore.text.books import paragraphs, split_long, strip_gutenberg
 from bertcore.text.config import CorpusConfig
+from bertcore.text.html import main_text_lines, strip_bullet
+from bertcore.text.quality import FILTERS
 from bertcore.text.records import RawDocument
+from bertcore.text.screen import Screen
 from bertcore.text.sentences import split_sentences
 from bertcore.text.wikisite import SiteInfo, back_matter_titles
 from bertcore.text.wikitext import is_disambiguation, wikitext_to_paragraphs
@@ -18,10 +21,14 @@ DROP_REASONS = (
     "redirect",
     "too_long",
     "disambiguation",
+    "language",
+    *FILTERS,
     "empty",
     "too_few_sentences",
     "too_few_chars",
 )
+SAMPLE_CHARS = 600
+"""Characters of a dropped document (or of a filter's removed lines) kept as its sample."""
 
 # A redirect page whose <redirect/> element is missing (older exports) still starts with
 # the magic word; "#넘겨주기" is Korean Wikipedia's alias, "#đổi" Vietnamese's.
@@ -53,11 +60,34 @@ class Cleaned:
     """Sentences longer than max_sentence_chars that were cut into pieces."""
     boilerplate_chars: int = 0
     """Characters of licence header and footer removed (Project Gutenberg)."""
+    # What is known about the document beside its text (equality compares the text only):
+    language: str = field(default="", compare=False)
+    """Detected language (ISO 639-1), "" when not detected."""
+    language_score: float = field(default=0.0, compare=False)
+    url: str = field(default="", compare=False)
+    crawl_date: str = field(default="", compare=False)
+    content_type: str = field(default="", compare=False)
+    removed: dict[str, list[str]] = field(default_factory=dict, compare=False)
+    """Per quality filter: the lines it removed from this document."""
 
 
 @dataclass(frozen=True)
 class Dropped:
     reason: str  # one of DROP_REASONS
+    rule: str = field(default="", compare=False)
+    """Which rule of the filter (word_count, curly_braces, ...), or the detected language."""
+    detail: str = field(default="", compare=False)
+    """The measured value against its bound."""
+    chars: int = field(default=0, compare=False)
+    """Characters of the document when it was dropped (its raw text before extraction)."""
+    text: str = field(default="", compare=False)
+    """Its first SAMPLE_CHARS characters, as the filter saw them."""
+    language: str = field(default="", compare=False)
+    language_score: float = field(default=0.0, compare=False)
+
+
+def _dropped(reason: str, text: str, **more) -> Dropped:
+    return Dropped(reason, chars=len(text), text=text[:SAMPLE_CHARS], **more)
 
 
 def decode_entities(text: str) -> str:
@@ -65,44 +95,75 @@ def decode_entities(text: str) -> str:
     return _ENTITY.sub(lambda m: html.unescape(m.group(0)), text) if "&" in text else text
 
 
-def clean_document(raw: RawDocument, cfg: CorpusConfig, language: str, wiki: Wiki | None = None) -> Cleaned | Dropped:
-    """Sentences of an article or plain document, or why it is dropped.
+def clean_document(
+    raw: RawDocument, cfg: CorpusConfig, language: str, wiki: Wiki | None = None, screen: Screen | None = None
+) -> Cleaned | Dropped:
+    """Sentences of an article, plain document or web page, or why it is dropped.
 
     The cheap checks come first, in this order: namespace, redirect, length (before any
     parsing, so one huge record costs no parse time), disambiguation; then wikitext is
-    reduced to paragraphs (`wiki`: the wiki's names, default English), plain text has its
-    licence boilerplate removed, entities decoded and hard wraps undone; paragraphs are
-    split into sentences, sentences over `max_sentence_chars` are cut, and the minimum
-    sentence count and character count are applied.
+    reduced to paragraphs (`wiki`: the wiki's names, default English), a web page to the
+    lines of its main text, plain text has its licence boilerplate removed, entities
+    decoded and hard wraps undone; the language is identified and the quality filters run
+    (`screen`, default from `cfg`); paragraphs are split into sentences in the detected
+    language (or the input's), sentences over `max_sentence_chars` are cut, and the
+    minimum sentence count and character count are applied.
     """
     if raw.namespace != 0:
-        return Dropped("non_article")
+        return _dropped("non_article", raw.text)
     is_wiki = raw.markup == "wikitext"
     if raw.redirect or (is_wiki and raw.text.lstrip()[:16].lower().startswith(_REDIRECT_PREFIXES)):
-        return Dropped("redirect")
+        return _dropped("redirect", raw.text)
     if len(raw.text) > cfg.max_doc_chars:
-        return Dropped("too_long")
+        return Dropped("too_long", chars=len(raw.text), text=raw.text[:SAMPLE_CHARS])
     if is_wiki and cfg.drop_disambiguation and is_disambiguation(raw.text):
-        return Dropped("disambiguation")
+        return _dropped("disambiguation", raw.text)
     boilerplate = 0
     if is_wiki:
         wiki = wiki or Wiki.of(cfg, language, None)
         blocks = wikitext_to_paragraphs(raw.text, wiki.site, wiki.dropped_sections)
+    elif raw.markup == "html":
+        blocks = main_text_lines(raw.text)
     else:
         text, boilerplate = strip_gutenberg(raw.text)
         blocks = paragraphs(decode_entities(text))
+    screen = screen or Screen.of(cfg)
+    verdict = screen.judge(blocks, language, web=bool(raw.url))
+    if verdict.dropped:
+        return Dropped(
+            verdict.dropped,
+            verdict.rule,
+            verdict.detail,
+            sum(map(len, blocks)),
+            "\n".join(blocks)[:SAMPLE_CHARS],
+            verdict.language,
+            verdict.language_score,
+        )
+    blocks = [strip_bullet(line) for line in verdict.lines] if raw.markup == "html" else verdict.lines
     sentences, split = [], 0
-    for sentence in split_sentences("\n\n".join(blocks), language):
+    split_language = screen.split_language(verdict, language, screen.threshold)
+    for sentence in split_sentences("\n\n".join(blocks), split_language, cfg.quote_split_chars):
         if len(sentence) > cfg.max_sentence_chars:
             split += 1
             sentences.extend(split_long(sentence, cfg.max_sentence_chars))
         else:
             sentences.append(sentence)
+    kept = {"language": verdict.language, "language_score": verdict.language_score}
     if not sentences:
-        return Dropped("empty")
+        return _dropped("empty", "\n".join(blocks), **kept)
     if len(sentences) < cfg.min_sentences:
-        return Dropped("too_few_sentences")
+        return _dropped("too_few_sentences", "\n".join(sentences), **kept)
     chars = sum(map(len, sentences))
     if chars < cfg.min_chars:
-        return Dropped("too_few_chars")
-    return Cleaned(title=raw.title, sentences=sentences, chars=chars, long_sentences_split=split, boilerplate_chars=boilerplate)
+        return _dropped("too_few_chars", "\n".join(sentences), **kept)
+    web = {"url": raw.url, "crawl_date": raw.crawl_date, "content_type": raw.content_type}
+    return Cleaned(
+        title=raw.title,
+        sentences=sentences,
+        chars=chars,
+        long_sentences_split=split,
+        boilerplate_chars=boilerplate,
+        removed=verdict.removed,
+        **web,
+        **kept,
+    )

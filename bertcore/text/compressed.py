@@ -21,7 +21,7 @@ is, since a range cannot know whether its first byte starts a line), and its ord
 
 gzip (`open_gzip`). A deflate stream cannot be decoded from the middle without the 32 KiB
 before it, so a .gz file is read front to back by one task, which hands whole records on
-to cleaning tasks (pipelines/stages/corpus/inputs.py). Python's gzip (zlib) decompresses it, at
+to cleaning tasks (pipelines/stages/corpus/units.py). Python's gzip (zlib) decompresses it, at
 about 200 MB of text per CPU-second on the development machine: some 50 times what a
 cleaning core takes (3-9 MB/s), so one reader feeds many cleaning cores. rapidgzip was
 tried in its place and dropped: with one thread it was 1.6x faster (330 MB per CPU-second),
@@ -192,7 +192,9 @@ class Bz2Blocks:
     def _blocks(self) -> None:
         """The library's map of the blocks read so far (end-of-stream markers included:
         they share the decoded offset of the block after them, which sorts last)."""
-        pairs = sorted((decoded, bits + self.start_bits) for bits, decoded in self._file.available_block_offsets().items())
+        pairs = sorted(
+            (decoded, bits + self.start_bits) for bits, decoded in self._file.available_block_offsets().items()
+        )
         self._starts = [decoded for decoded, _ in pairs]
         self._bits = [bits for _, bits in pairs]
 
@@ -210,7 +212,7 @@ class Bz2Blocks:
             return data
         try:
             data = self._file.read(min(size, _READ) if size and size > 0 else _READ)
-        except Exception as exc:  # the library raises RuntimeError/ValueError on damaged data
+        except Exception as exc:  # noqa: BLE001 - the library raises RuntimeError/ValueError on damaged data
             self._blocks()
             raise OSError(f"in {self._where()}: {_short(exc)}") from None
         if not data:

@@ -63,7 +63,9 @@ def sniff(head: bytes, declared: str = "auto") -> Encoding:
 
 def _bom_variant(declared: str, found: str) -> bool:
     # encoding: utf-16 (no endianness) accepts either mark; utf-8 accepts its own (utf-8-sig)
-    return declared in (found, found.rsplit("-", 1)[0], found.replace("-", "_")) or (declared == "utf-8" and found == "utf-8")
+    return declared in (found, found.rsplit("-", 1)[0], found.replace("-", "_")) or (
+        declared == "utf-8" and found == "utf-8"
+    )
 
 
 def splittable(encoding: Encoding) -> bool:

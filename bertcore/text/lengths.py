@@ -32,7 +32,12 @@ class Lengths:
     # sparse form for task results and manifests: {"counts": {length: n}, "total", "max", "cap"}
     def to_json(self) -> dict:
         nonzero = np.flatnonzero(self.counts)
-        return {"cap": self.cap, "total": self.total, "max": self.max, "counts": {int(i): int(self.counts[i]) for i in nonzero}}
+        return {
+            "cap": self.cap,
+            "total": self.total,
+            "max": self.max,
+            "counts": {int(i): int(self.counts[i]) for i in nonzero},
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Lengths:
@@ -59,5 +64,8 @@ class Lengths:
             t = min(t, self.cap - 1)
             items = n - int(cumulative[t])
             held = self.total - int(below_sum[t])
-            out[f"over_{t}"] = {"share": round(items / n, 5), "share_of_length": round(held / self.total, 5) if self.total else 0.0}
+            out[f"over_{t}"] = {
+                "share": round(items / n, 5),
+                "share_of_length": round(held / self.total, 5) if self.total else 0.0,
+            }
         return out

@@ -110,7 +110,9 @@ class Bz2Range:
                 self.compressed_read += len(self._input)
                 if not self._input:
                     if self._decompressor is not None:
-                        raise EOFError(f"compressed file ended inside the bzip2 stream starting at byte {self.offsets[-1]}")
+                        raise EOFError(
+                            f"compressed file ended inside the bzip2 stream starting at byte {self.offsets[-1]}"
+                        )
                     return b""
             if self._decompressor is None:
                 self.starts.append(self.decompressed)
@@ -129,7 +131,14 @@ class Bz2Range:
                 return out
 
 
-def write_multistream(header: bytes, pages: Iterable[tuple[int, str, bytes]], footer: bytes, out: BinaryIO, index: BinaryIO, pages_per_stream: int = 100) -> None:
+def write_multistream(
+    header: bytes,
+    pages: Iterable[tuple[int, str, bytes]],
+    footer: bytes,
+    out: BinaryIO,
+    index: BinaryIO,
+    pages_per_stream: int = 100,
+) -> None:
     """Write a multistream dump as Wikimedia does: the header in one stream, then
     `pages_per_stream` pages per stream, the footer in the last; and its index lines
     (`offset:page_id:title`). `pages` yields (page id, title, bytes of <page>...</page>)."""

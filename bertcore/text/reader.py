@@ -9,7 +9,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
-from bertcore.text.encoding import Encoding, Transcoder, TranscodeError, sniff
+from bertcore.text.encoding import Encoding, TranscodeError, Transcoder, sniff
 
 BLOCK = 1 << 20  # bytes per read
 TAIL_BLOCK = 1 << 16  # bytes per read past a range's end
@@ -29,10 +29,16 @@ class InputError(ValueError):
 class RawDocument:
     title: str
     text: str
-    markup: Literal["wikitext", "plain"]
+    markup: Literal["wikitext", "plain", "html"]
     offset: int  # byte offset in the decompressed input, for ordering and error messages
     namespace: int = 0
     redirect: bool = False
+    url: str = ""
+    """Web records: the URL the page was fetched from (WARC-Target-URI)."""
+    crawl_date: str = ""
+    """Web records: when it was fetched (WARC-Date, ISO 8601)."""
+    content_type: str = ""
+    """Web records: the media type of the payload (text/html, text/plain)."""
 
 
 @dataclass
@@ -76,7 +82,7 @@ class _Counted:
         return data
 
 
-class _Prefixed:
+class Prefixed:
     """Bytes already read, then the rest of a stream."""
 
     def __init__(self, prefix: bytes, stream):
@@ -96,7 +102,7 @@ def peek(stream: BinaryIO, size: int) -> tuple[bytes, Any]:
     while sum(map(len, pieces)) < size and (data := stream.read(size - sum(map(len, pieces)))):
         pieces.append(data)
     head = b"".join(pieces)
-    return head, _Prefixed(head, stream)
+    return head, Prefixed(head, stream)
 
 
 class Reader:
@@ -146,7 +152,7 @@ class Reader:
         rest, self._pending = self._pending[self.encoding.bom :], b""
         self.offset += self.encoding.bom
         if not self.encoding.is_utf8:
-            self.stream = Transcoder(_Prefixed(rest, self.stream), self.encoding, BLOCK)
+            self.stream = Transcoder(Prefixed(rest, self.stream), self.encoding, BLOCK)
         else:
             self._pending = rest
         return self.encoding

@@ -17,6 +17,8 @@ Record boundaries per format:
   tsv        a line of tab-separated fields, the first line naming the columns
   csv        a CSV record (quoted fields may span lines, so a CSV file is never split)
   parquet    the rows of a row group (the range holds the group's first column chunk)
+  warc       a WARC or WET record holding a page or its text (bertcore/text/warc.py); a
+             per-record .gz file is read in ranges of gzip members, a plain one whole
 
 Nothing here holds more than one record, one 1 MiB read block and one Parquet batch in
 memory. Errors a user can cause (a damaged or mis-declared file) raise `InputError`, whose
@@ -31,14 +33,25 @@ from typing import BinaryIO
 from xml.etree import ElementTree
 
 from bertcore.text import tabular
-from bertcore.text.reader import InputError, RawDocument, Reader, ReadStats, label
+from bertcore.text.gzmembers import GzipMembers
+from bertcore.text.reader import InputError, Prefixed, RawDocument, Reader, ReadStats, label
+from bertcore.text.warc import iter_warc
 from bertcore.text.wikisite import SiteInfo
 
-__all__ = ["FORMATS", "Chunk", "InputError", "RawDocument", "ReadStats", "detect_format", "iter_raw_documents", "record_chunks"]
+__all__ = [
+    "FORMATS",
+    "Chunk",
+    "InputError",
+    "RawDocument",
+    "ReadStats",
+    "detect_format",
+    "iter_raw_documents",
+    "record_chunks",
+]
 
 _HEAD = 4096  # bytes format detection looks at
 _COMPRESSION_SUFFIXES = (".bz2", ".gz", ".xz", ".zst", ".zstd", ".lzma")
-FORMATS = ("wikipedia", "book", "lines", "jsonl", "tsv", "csv", "parquet")
+FORMATS = ("wikipedia", "book", "lines", "jsonl", "tsv", "csv", "parquet", "warc")
 SPLITTABLE = frozenset({"wikipedia", "lines", "jsonl", "tsv", "parquet"})
 """Formats whose files can be read in byte ranges (UTF-8 text, or Parquet row groups)."""
 CHUNKABLE = SPLITTABLE - {"parquet"}
@@ -73,9 +86,18 @@ def detect_format(name: str, head: bytes) -> str:
         return "wikipedia"
     if head.startswith(b"PAR1"):
         return "parquet"
+    if head.startswith(b"WARC/1."):
+        return "warc"
     base = strip_compression(name)
-    for suffixes, fmt in (((".jsonl", ".json", ".ndjson"), "jsonl"), ((".parquet",), "parquet"), ((".txt",), "book"),
-                          ((".tsv", ".tab"), "tsv"), ((".csv",), "csv"), ((".xml",), "wikipedia")):
+    for suffixes, fmt in (
+        ((".jsonl", ".json", ".ndjson"), "jsonl"),
+        ((".parquet",), "parquet"),
+        ((".txt",), "book"),
+        ((".tsv", ".tab"), "tsv"),
+        ((".csv",), "csv"),
+        ((".xml",), "wikipedia"),
+        ((".warc", ".wet"), "warc"),
+    ):
         if base.endswith(suffixes):
             return fmt
     raise InputError(
@@ -116,6 +138,11 @@ def iter_raw_documents(
     if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"unknown input format {fmt!r}; expected 'auto' or one of {FORMATS}")
     stats = stats if stats is not None else ReadStats()
+    if fmt == "auto" and strip_compression(name).endswith((".warc", ".wet")):
+        fmt = "warc"
+    if fmt == "warc" or isinstance(stream, GzipMembers):
+        yield from iter_warc(stream, name, stats)  # binary records: no text encoding, no byte ranges
+        return
     if owns is None:
         owns = (lambda offset: True) if end is None else (lambda offset: offset < end)
     reader = Reader(stream, name, stats, base=start, end=end)
@@ -123,9 +150,15 @@ def iter_raw_documents(
     if first:
         head = reader.head(_HEAD)
         if not head:
-            raise InputError(f"{label(name)}: file is empty (0 bytes after decompression); remove it from the inputs", 0)
+            raise InputError(
+                f"{label(name)}: file is empty (0 bytes after decompression); remove it from the inputs", 0
+            )
         if fmt == "auto":
             fmt = detect_format(name, head)
+        if fmt == "warc":  # found by its first bytes: read again from the first byte
+            stats.decompressed_bytes -= len(head)
+            yield from iter_warc(Prefixed(head, stream), name, stats)
+            return
         if fmt != "parquet":
             reader.detect_encoding(encoding)
     elif fmt == "auto":
@@ -176,7 +209,9 @@ class _ChunkStream:
         return out
 
 
-def record_chunks(stream: BinaryIO, fmt: str, size: int, *, name: str = "", stats: ReadStats | None = None) -> Iterator[Chunk]:
+def record_chunks(
+    stream: BinaryIO, fmt: str, size: int, *, name: str = "", stats: ReadStats | None = None
+) -> Iterator[Chunk]:
     """A decompressed stream of a CHUNKABLE format (in UTF-8) cut into chunks of about
     `size` bytes, each ending where a record starts (before `<page>`, after a newline); a
     record longer than `size` makes its chunk longer. Decompression errors become
@@ -227,7 +262,11 @@ class _PageScan:
 
     def _stray_close(self, at: int) -> InputError:
         return InputError(
-            f"{label(self.reader.name)}: malformed XML: </page> without <page> at byte {at}; the dump is damaged, re-download it", at
+            (
+                f"{label(self.reader.name)}: malformed XML: </page> without <page> at byte {at}; the dump is "
+                "damaged, re-download it"
+            ),
+            at,
         )
 
     def pages(self) -> Iterator[tuple[int, bytes]]:
@@ -265,7 +304,8 @@ class _PageScan:
                     if o >= 0:
                         raise InputError(
                             f"{label(reader.name)}: malformed XML: the page starting at byte {self.page_start} is not "
-                            f"closed before the next <page> at byte {data_start + o}; the dump is damaged, re-download it",
+                            f"closed before the next <page> at byte {data_start + o}; the dump is damaged, "
+                            "re-download it",
                             self.page_start,
                         )
                     if c < 0:
@@ -292,7 +332,9 @@ class _PageScan:
         return SiteInfo.from_xml(b"".join(self.header))
 
 
-def _wikipedia(reader: Reader, owns: Callable[[int], bool], first: bool, site: object, stats: ReadStats) -> Iterator[RawDocument]:
+def _wikipedia(
+    reader: Reader, owns: Callable[[int], bool], first: bool, site: object, stats: ReadStats
+) -> Iterator[RawDocument]:
     """Pages of a dump or of a range of one; the header (SiteInfo) is read from the file
     when the range starts it, else `site` (default names when not given)."""
     if not first and site is None:

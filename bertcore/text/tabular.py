@@ -13,7 +13,9 @@ from bertcore.text.reader import InputError, RawDocument, Reader, ReadStats, lab
 Owns = Callable[[int], bool]
 
 
-def read(fmt: str, reader: Reader, owns: Owns, aligned: bool, columns: dict, header: list[str] | None) -> Iterator[RawDocument]:
+def read(
+    fmt: str, reader: Reader, owns: Owns, aligned: bool, columns: dict, header: list[str] | None
+) -> Iterator[RawDocument]:
     """The records of a line format (lines, jsonl, tsv, csv); `columns` holds the text and
     title column names, `header` the column names when the range does not start the file."""
     if fmt == "lines":
@@ -75,7 +77,9 @@ def _lines(reader: Reader, owns: Owns, aligned: bool) -> Iterator[RawDocument]:
             yield RawDocument(title=f"{reader.name}@{offset}", text=text, markup="plain", offset=offset)
 
 
-def _jsonl(reader: Reader, owns: Owns, aligned: bool, text_column: str, title_column: str | None) -> Iterator[RawDocument]:
+def _jsonl(
+    reader: Reader, owns: Owns, aligned: bool, text_column: str, title_column: str | None
+) -> Iterator[RawDocument]:
     name = reader.name
     for offset, raw in iter_lines(reader, owns, aligned):
         if not raw.strip():
@@ -92,11 +96,18 @@ def _jsonl(reader: Reader, owns: Owns, aligned: bool, text_column: str, title_co
             ) from None
         if not isinstance(record, dict):
             raise InputError(
-                f"{label(name)}: {where} is a JSON {type(record).__name__}, not an object; jsonl needs one JSON object per line",
+                (
+                    f"{label(name)}: {where} is a JSON {type(record).__name__}, not an object; jsonl needs one "
+                    "JSON object per line"
+                ),
                 offset,
             )
         text = _field(record, text_column, "text_column", where, name, offset)
-        title = f"{name}@{offset}" if title_column is None else _field(record, title_column, "title_column", where, name, offset)
+        title = (
+            f"{name}@{offset}"
+            if title_column is None
+            else _field(record, title_column, "title_column", where, name, offset)
+        )
         yield RawDocument(title=title, text=text, markup="plain", offset=offset)
 
 
@@ -125,7 +136,14 @@ def _field(record: dict, column: str, key: str, where: str, name: str, offset: i
 def header_columns(fmt: str, first_line: bytes, name: str) -> list[str]:
     """The column names in the first line of a tsv or csv file (UTF-8, BOM allowed)."""
     text = first_line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
-    return next(csv.reader([text], delimiter="\t" if fmt == "tsv" else ",", quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL), [])
+    return next(
+        csv.reader(
+            [text],
+            delimiter="\t" if fmt == "tsv" else ",",
+            quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+        ),
+        [],
+    )
 
 
 def _positions(header: list[str], columns: dict, name: str) -> tuple[int, int | None]:
@@ -186,7 +204,9 @@ def _csv(reader: Reader, columns: dict) -> Iterator[RawDocument]:
             return
         except csv.Error as exc:
             at = starts[0] if starts else reader.offset
-            raise InputError(f"{label(reader.name)}: the CSV record at byte {at} cannot be read ({exc}); fix the quoting", at) from None
+            raise InputError(
+                f"{label(reader.name)}: the CSV record at byte {at} cannot be read ({exc}); fix the quoting", at
+            ) from None
         offset = starts[0] if starts else reader.offset
         starts.clear()
         if positions is None:
@@ -222,10 +242,13 @@ def parquet(
     for column, key in ((text_column, "text_column"), (title_column, "title_column")):
         if column is not None and column not in fields:
             raise InputError(
-                f"{label(name)}: no column {column!r} (columns: {', '.join(map(repr, fields))}); set {key} to the column that holds it"
+                f"{label(name)}: no column {column!r} (columns: {', '.join(map(repr, fields))}); set {key} "
+                "to the column that holds it"
             )
     if not pa.types.is_string(t := pf.schema_arrow.field(text_column).type) and not pa.types.is_large_string(t):
-        raise InputError(f"{label(name)}: column {text_column!r} has type {t}, not string; set text_column to a text column")
+        raise InputError(
+            f"{label(name)}: column {text_column!r} has type {t}, not string; set text_column to a text column"
+        )
     if title_column is not None and title_column != text_column:
         columns.append(title_column)
     meta = pf.metadata
@@ -240,7 +263,9 @@ def parquet(
         first_row += rows
 
 
-def _row_group(pf, group: int, columns: list[str], text_column: str, title_column: str | None, row: int, offset: int, name: str) -> Iterator[RawDocument]:
+def _row_group(
+    pf, group: int, columns: list[str], text_column: str, title_column: str | None, row: int, offset: int, name: str
+) -> Iterator[RawDocument]:
     import pyarrow as pa
 
     try:
@@ -253,5 +278,6 @@ def _row_group(pf, group: int, columns: list[str], text_column: str, title_colum
             row += len(texts)
     except (pa.ArrowException, OSError) as exc:
         raise InputError(
-            f"{label(name)}: row group {group} (byte {offset}) cannot be read ({exc}); the file is damaged, rewrite it", offset
+            f"{label(name)}: row group {group} (byte {offset}) cannot be read ({exc}); the file is damaged, rewrite it",
+            offset,
         ) from exc

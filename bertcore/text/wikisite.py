@@ -24,26 +24,96 @@ HIDDEN_KEYS = (MEDIA, FILE, CATEGORY)
 # not list; also the fallback when a dump has no <siteinfo> (English, Korean, a few more).
 _ALIASES: dict[int, tuple[str, ...]] = {
     MEDIA: ("media", "미디어", "phương tiện", "medium"),
-    FILE: ("file", "image", "datei", "bild", "fichier", "archivo", "imagen", "파일", "그림", "ファイル", "画像",
-           "hình", "tập tin", "文件", "檔案", "图像", "файл", "картинка"),
-    CATEGORY: ("category", "kategorie", "catégorie", "categoría", "분류", "カテゴリ", "thể loại", "分类", "分類", "категория"),
+    FILE: (
+        "file",
+        "image",
+        "datei",
+        "bild",
+        "fichier",
+        "archivo",
+        "imagen",
+        "파일",
+        "그림",
+        "ファイル",
+        "画像",
+        "hình",
+        "tập tin",
+        "文件",
+        "檔案",
+        "图像",
+        "файл",
+        "картинка",
+    ),
+    CATEGORY: (
+        "category",
+        "kategorie",
+        "catégorie",
+        "categoría",
+        "분류",
+        "カテゴリ",
+        "thể loại",
+        "分类",
+        "分類",
+        "категория",
+    ),
 }
 
 # Sections made of citations and link lists rather than prose; dropped with their
 # subsections. Titles compare lowercased with whitespace collapsed.
 BACK_MATTER: dict[str, tuple[str, ...]] = {
-    "en": ("see also", "references", "notes", "notes and references", "footnotes", "citations", "sources",
-           "bibliography", "further reading", "external links", "works cited"),
+    "en": (
+        "see also",
+        "references",
+        "notes",
+        "notes and references",
+        "footnotes",
+        "citations",
+        "sources",
+        "bibliography",
+        "further reading",
+        "external links",
+        "works cited",
+    ),
     "ko": ("같이 보기", "각주", "참고 문헌", "참고문헌", "외부 링크", "관련 항목", "내용주", "출처"),
-    "vi": ("tham khảo", "liên kết ngoài", "xem thêm", "chú thích", "đọc thêm", "ghi chú", "tài liệu tham khảo",
-           "nguồn", "thư mục"),
-    "de": ("siehe auch", "literatur", "weblinks", "einzelnachweise", "anmerkungen", "quellen", "belege",
-           "fußnoten"),
-    "fr": ("voir aussi", "notes et références", "références", "liens externes", "bibliographie",
-           "articles connexes", "notes", "sources"),
+    "vi": (
+        "tham khảo",
+        "liên kết ngoài",
+        "xem thêm",
+        "chú thích",
+        "đọc thêm",
+        "ghi chú",
+        "tài liệu tham khảo",
+        "nguồn",
+        "thư mục",
+    ),
+    "de": ("siehe auch", "literatur", "weblinks", "einzelnachweise", "anmerkungen", "quellen", "belege", "fußnoten"),
+    "fr": (
+        "voir aussi",
+        "notes et références",
+        "références",
+        "liens externes",
+        "bibliographie",
+        "articles connexes",
+        "notes",
+        "sources",
+    ),
     "ja": ("脚注", "注釈", "出典", "参考文献", "関連項目", "外部リンク", "註釈", "関連文献"),
-    "zh": ("参见", "參見", "参考文献", "參考文獻", "参考资料", "參考資料", "外部链接", "外部連結", "注释", "註釋",
-           "相关条目", "相關條目", "延伸阅读", "延伸閱讀"),
+    "zh": (
+        "参见",
+        "參見",
+        "参考文献",
+        "參考文獻",
+        "参考资料",
+        "參考資料",
+        "外部链接",
+        "外部連結",
+        "注释",
+        "註釋",
+        "相关条目",
+        "相關條目",
+        "延伸阅读",
+        "延伸閱讀",
+    ),
     "bg": ("вижте също", "източници", "външни препратки", "бележки", "литература", "библиография"),
 }
 
@@ -102,7 +172,9 @@ def _language(root: ElementTree.Element) -> str | None:
     return None
 
 
-def back_matter_titles(languages: Iterable[str | None], overrides: Mapping[str, list[str]] | None = None) -> frozenset[str]:
+def back_matter_titles(
+    languages: Iterable[str | None], overrides: Mapping[str, list[str]] | None = None
+) -> frozenset[str]:
     """The back-matter section titles for these languages: per language the `overrides`
     list when given, else the built-in one (none for a language without one)."""
     titles: set[str] = set()

@@ -30,15 +30,7 @@ import html
 import re
 
 import mwparserfromhell
-from mwparserfromhell.nodes import (
-    ExternalLink,
-    Heading,
-    HTMLEntity,
-    Node,
-    Tag,
-    Text,
-    Wikilink,
-)
+from mwparserfromhell.nodes import ExternalLink, Heading, HTMLEntity, Node, Tag, Text, Wikilink
 from mwparserfromhell.parser import ParserError
 from mwparserfromhell.wikicode import Wikicode
 
@@ -242,9 +234,8 @@ def _render_node(node: Node, out: list[str], site: SiteInfo) -> None:
         out.append(node.normalize())
     elif isinstance(node, Heading):
         out.append(_PARAGRAPH)
-    elif isinstance(node, ExternalLink):
-        if node.brackets and node.title is not None:
-            _render(node.title, out, site)
+    elif isinstance(node, ExternalLink) and node.brackets and node.title is not None:
+        _render(node.title, out, site)
     # Templates (normally gone already), template arguments, comments: nothing.
 
 
@@ -311,7 +302,9 @@ def _paragraphs(text: str) -> list[str]:
     return paragraphs
 
 
-def wikitext_to_paragraphs(wikitext: str, site: SiteInfo | None = None, dropped_sections: frozenset[str] | None = None) -> list[str]:
+def wikitext_to_paragraphs(
+    wikitext: str, site: SiteInfo | None = None, dropped_sections: frozenset[str] | None = None
+) -> list[str]:
     """The prose of one article's wikitext, one string per paragraph (whitespace
     collapsed; list items are paragraphs of their own). `site`: the wiki's namespace
     names (default: English, Korean and a few more); `dropped_sections`: section titles

@@ -2,7 +2,8 @@
 distill).
 
 Owns: `trainer.py` (one worker's loop: set-up, resume on any world size, step, validate,
-save), `objectives.py` (what a step optimises: MLM+NSP, MLM only; distillation brings its
+save), `phase_data.py` (what a worker reads: its place, each phase's examples and batches),
+`objectives.py` (what a step optimises: MLM+NSP, MLM only; distillation brings its
 own from bertcore/distill/), `optim.py` (schedule, LAMB, parameter groups, the DeepSpeed
 JSON), `checkpoint.py` (checkpoint files and their bookkeeping), `loader.py` (batches from
 examples shards), `loss_watch.py` (divergence), `metrics_log.py` (metrics.jsonl,

@@ -24,8 +24,8 @@ import re
 from typing import TYPE_CHECKING, Protocol
 
 from bertcore.errors import InputDataError
-from bertcore.train.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
 from bertcore.paths import inside, remove_within
+from bertcore.train.metrics_log import METRICS, TENSORBOARD, TRACKING_STATE, VALIDATION
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "_complete.json"
@@ -59,13 +59,15 @@ def check_pickles(folder: str) -> None:
             continue
         try:
             found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception as exc:  # not a torch zip file (a legacy or hand-made pickle)
-            raise UnsafeCheckpoint(f"{path}: not a checkpoint file that can be checked without running it ({exc}); refusing to load it") from None
+        except Exception as exc:  # noqa: BLE001 - not a torch zip file (a legacy or hand-made pickle)
+            raise UnsafeCheckpoint(
+                f"{path}: not a checkpoint file that can be checked without running it ({exc}); refusing to load it"
+            ) from None
         unknown = sorted(set(found) - set(SAFE_GLOBALS))
         if unknown:
             raise UnsafeCheckpoint(
-                f"{path}: refusing to load: it would call {', '.join(unknown[:3])} (not part of a DeepSpeed checkpoint); "
-                "the run root may have been tampered with, see docs/security.md"
+                f"{path}: refusing to load: it would call {', '.join(unknown[:3])} (not part of a DeepSpeed "
+                "checkpoint); the run root may have been tampered with, see docs/security.md"
             )
 
 
@@ -83,7 +85,10 @@ def load_elastic_checkpoint(engine, load_dir: str, tag: str) -> str | None:
         return None
     states = engine._get_all_zero_checkpoints(load_dir, tag)  # every writer's partition (elastic layout)
     if not states or not all(states):
-        raise InputDataError(f"{load_dir}/{tag}: its optimizer partitions are not all there; the checkpoint cannot resume on another world size")
+        raise InputDataError(
+            f"{load_dir}/{tag}: its optimizer partitions are not all there; the checkpoint cannot resume on "
+            "another world size"
+        )
     from deepspeed.checkpoint.constants import BASE_OPTIMIZER_STATE_STEP
 
     groups = engine.optimizer.optimizer.param_groups
@@ -127,8 +132,8 @@ def load_rank_state(folder: str, rank: int) -> tuple[dict, dict[str, torch.Tenso
     json_path, tensor_path = rank_state_files(folder, rank)
     if not os.path.exists(json_path):
         raise InputDataError(
-            f"{folder}: no trainer state for rank {rank} ({os.path.basename(json_path)}); the checkpoint was written by an "
-            "older bertpipe or by another number of workers; set pretrain.resume=never to start over"
+            f"{folder}: no trainer state for rank {rank} ({os.path.basename(json_path)}); the checkpoint was written "
+            "by an older bertpipe or by another number of workers; set pretrain.resume=never to start over"
         )
     with open(json_path, encoding="utf-8") as handle:
         return json.load(handle), safetensors.torch.load_file(tensor_path)
@@ -148,6 +153,7 @@ def safe_load(path: str) -> dict:
             continue
     with torch.serialization.safe_globals(allowed):
         return torch.load(path, map_location="cpu", weights_only=True)
+
 
 class StageFiles(Protocol):
     """The pretrain stage directory as the training loop sees it. Paths are relative to
@@ -257,5 +263,25 @@ def prune(files: StageFiles, keep: int) -> None:
     newest = markers[-1]["step"] if markers else None
     for name in files.listdir(CHECKPOINTS):
         match = _TAG.fullmatch(name)
-        if match and newest is not None and int(match.group(1)) < newest and not files.exists(f"{CHECKPOINTS}/{name}/{COMPLETE}"):
+        if (
+            match
+            and newest is not None
+            and int(match.group(1)) < newest
+            and not files.exists(f"{CHECKPOINTS}/{name}/{COMPLETE}")
+        ):
             files.remove(f"{CHECKPOINTS}/{name}")
+
+
+def rng_state(use_gpu: bool) -> dict:
+    """This rank's random state, as a checkpoint keeps it (dropout draws continue after a resume)."""
+    import torch
+
+    return {"torch_rng": torch.get_rng_state(), **({"cuda_rng": torch.cuda.get_rng_state()} if use_gpu else {})}
+
+
+def restore_rng(rng: dict, use_gpu: bool) -> None:
+    import torch
+
+    torch.set_rng_state(rng["torch_rng"])
+    if use_gpu and "cuda_rng" in rng:
+        torch.cuda.set_rng_state(rng["cuda_rng"])

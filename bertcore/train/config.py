@@ -38,7 +38,8 @@ class TrainingPhase(Section):
     batch_size: int = Field(ge=1)
     """Global batch: sequences per optimizer step over all workers and accumulation steps."""
     max_seq_length: int | None = Field(None, ge=3)
-    """Longest sequence of the phase (batches are padded to at most this); default: the examples phase's max_seq_length. At most the model's max_position_embeddings."""
+    """Longest sequence of the phase (batches are padded to at most this); default: the examples phase's max_seq_length.
+    At most the model's max_position_embeddings."""
 
 
 def _default_phases() -> list[TrainingPhase]:
@@ -84,9 +85,11 @@ class TrainingConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Training precision: fp32, bf16 (fp32 master weights), fp16 (GPU only, dynamic loss scaling)."""
     optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; DeepSpeed's fused LAMB on GPU, a client optimizer on CPU; needs zero_stage 0)."""
+    """adamw (DeepSpeed's; see torch_adam) or lamb (You et al. 2020; DeepSpeed's fused LAMB on GPU, a client optimizer
+    on CPU; needs zero_stage 0)."""
     torch_adam: bool = True
-    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's fused Adam (on GPU FusedAdam, which nvcc compiles the first time; on CPU gcc compiles its CPU Adam, minutes)."""
+    """adamw only: use torch.optim.AdamW; false uses DeepSpeed's fused Adam (on GPU FusedAdam, which nvcc compiles the
+    first time; on CPU gcc compiles its CPU Adam, minutes)."""
     learning_rate: float = Field(1e-4, gt=0.0)
     """Peak learning rate, reached at the end of warmup."""
     betas: tuple[float, float] = Field((0.9, 0.999), strict=False)  # a YAML or JSON list is a tuple here
@@ -96,11 +99,13 @@ class TrainingConfig(Section):
     weight_decay: float = Field(0.01, ge=0.0)
     """Decoupled weight decay; biases and LayerNorm parameters are exempt, as in BERT."""
     warmup_steps: int | None = Field(None, ge=0)
-    """Linear warmup length in optimizer steps; give this or warmup_fraction (default: 1% of all steps, as BERT's 10k of 1M)."""
+    """Linear warmup length in optimizer steps; give this or warmup_fraction (default: 1% of all steps, as BERT's 10k of
+    1M)."""
     warmup_fraction: float | None = Field(None, ge=0.0, lt=1.0)
     """Linear warmup as a share of all steps (all phases); give this or warmup_steps."""
     phases: list[TrainingPhase] = Field(default_factory=_default_phases, min_length=1)
-    """Phases in order, each with its own steps and global batch (default: BERT's 900k x 256 at seq128, 100k x 256 at seq512)."""
+    """Phases in order, each with its own steps and global batch (default: BERT's 900k x 256 at seq128, 100k x 256 at
+    seq512)."""
     gradient_accumulation_steps: int = Field(1, ge=1)
     """Micro-batches accumulated per optimizer step on each worker."""
     max_grad_norm: float = Field(1.0, gt=0.0)
@@ -112,31 +117,40 @@ class TrainingConfig(Section):
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest complete checkpoint; never: delete the checkpoints and start over."""
     time_budget_s: float | None = Field(None, gt=0.0)
-    """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and exports."""
+    """Wall-clock budget of one invocation: when spent, training stops after the current step, checkpoints and
+    exports."""
     log_every: int = Field(10, ge=1)
-    """Steps between progress lines (rank 0 logs those steps' mean loss and MLM accuracy, tokens/s, MFU where known, ETA) and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
+    """Steps between progress lines (rank 0 logs those steps' mean loss and MLM accuracy, tokens/s, MFU where known,
+    ETA) and tracker points (TensorBoard, MLflow, W&B); metrics.jsonl gets every step."""
     peak_flops_per_device: float | None = Field(None, gt=0.0)
-    """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is null)."""
+    """Peak FLOP/s of one device for the MFU estimate; default: a table of known GPUs (none for CPUs, then MFU is
+    null)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """When a micro-batch loss is NaN/inf or a spike: stop with an error naming the step, or skip the batch."""
     loss_spike_factor: float | None = Field(4.0, gt=1.0)
-    """After warmup, a micro-batch loss above this multiple of the running mean loss is a spike (handled per on_nonfinite); null: no spike check."""
+    """After warmup, a micro-batch loss above this multiple of the running mean loss is a spike (handled per
+    on_nonfinite); null: no spike check."""
     torch_threads: int | None = Field(None, ge=1)
     """torch intra-op threads per worker (default: what Ray gives the worker)."""
     loader_processes: int = Field(0, ge=0)
     """DataLoader processes per worker that read and collate batches (0: in the training process)."""
     validation_batches: int = Field(20, ge=0)
-    """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps and at the end (validation.jsonl); 0 skips validation."""
+    """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps
+    and at the end (validation.jsonl); 0 skips validation."""
     eval_every: int | None = Field(1000, ge=1)
-    """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the end."""
+    """Validate on the held-out sample every this many optimizer steps (and always at the end); null: only at the
+    end."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     """Experiment tracking: TensorBoard always, MLflow and W&B when enabled."""
     max_failures: int = Field(3, ge=0)
-    """Times the stage restarts its workers after a lost worker or node, in the same run, from the latest checkpoint; 0 fails at once."""
+    """Times the stage restarts its workers after a lost worker or node, in the same run, from the latest checkpoint; 0
+    fails at once."""
     min_workers: int | None = Field(None, ge=1)
-    """Fewest workers to go on with after a lost node, keeping the global batch by gradient accumulation (default 1); the same as num_workers: never fewer."""
+    """Fewest workers to go on with after a lost node, keeping the global batch by gradient accumulation (default 1);
+    the same as num_workers: never fewer."""
     rejoin_timeout_s: float = Field(120.0, ge=0.0)
-    """After a lost node, seconds to wait for the cluster to hold num_workers workers again before going on with fewer."""
+    """After a lost node, seconds to wait for the cluster to hold num_workers workers again before going on with
+    fewer."""
 
     @field_validator("betas")
     @classmethod
@@ -169,16 +183,20 @@ class TrainingConfig(Section):
             raise ValueError(f"{key}.warmup_steps and {key}.warmup_fraction are both set; keep one")
         if self.warmup_steps is not None and self.warmup_steps >= self.total_steps:
             raise ValueError(
-                f"{key}.warmup_steps ({self.warmup_steps}) must be below the total steps of {key}.phases ({self.total_steps})"
+                f"{key}.warmup_steps ({self.warmup_steps}) must be below the total steps of {key}.phases "
+                f"({self.total_steps})"
             )
         if self.min_workers is not None and self.min_workers > self.num_workers:
-            raise ValueError(f"{key}.min_workers ({self.min_workers}) must not exceed {key}.num_workers ({self.num_workers})")
+            raise ValueError(
+                f"{key}.min_workers ({self.min_workers}) must not exceed {key}.num_workers ({self.num_workers})"
+            )
         per_step = self.num_workers * self.gradient_accumulation_steps
         for i, phase in enumerate(self.phases):
             if phase.batch_size % per_step:
                 raise ValueError(
                     f"{key}.phases[{i}].batch_size ({phase.batch_size}) must be a multiple of {key}.num_workers x "
-                    f"{key}.gradient_accumulation_steps ({self.num_workers} x {self.gradient_accumulation_steps} = {per_step})"
+                    f"{key}.gradient_accumulation_steps ({self.num_workers} x "
+                    f"{self.gradient_accumulation_steps} = {per_step})"
                 )
         return self
 
@@ -216,13 +234,14 @@ class TrainingConfig(Section):
             source = produced.get(phase.name)
             if source is None:
                 raise ValueError(
-                    f"{key}.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made {sorted(produced)}); "
-                    "use one of those names or add the phase to examples.phases"
+                    f"{key}.phases[{i}].name: the examples stage has no phase {phase.name!r} (it made "
+                    f"{sorted(produced)}); use one of those names or add the phase to examples.phases"
                 )
             if phase.max_seq_length is not None and phase.max_seq_length < source.max_seq_length:
                 raise ValueError(
                     f"{key}.phases[{i}].max_seq_length ({phase.max_seq_length}) is shorter than the examples of phase "
-                    f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at least that, or leave it out"
+                    f"{phase.name} (examples.phases max_seq_length {source.max_seq_length}); make it at "
+                    "least that, or leave it out"
                 )
             lengths.append(phase.max_seq_length or source.max_seq_length)
         return lengths
@@ -232,7 +251,8 @@ class TrainingConfig(Section):
         for i, (phase, length) in enumerate(zip(self.phases, lengths)):
             if length > positions:
                 raise ValueError(
-                    f"{self.SECTION}.phases[{i}]: phase {phase.name} has sequences of {length} tokens but the model has {positions} positions; {remedy}"
+                    f"{self.SECTION}.phases[{i}]: phase {phase.name} has sequences of {length} tokens but "
+                    f"the model has {positions} positions; {remedy}"
                 )
 
     def resume_key(self, inputs: dict[str, Any]) -> str:
@@ -254,23 +274,31 @@ class PretrainConfig(TrainingConfig):
     SECTION: ClassVar[str] = "pretrain"
 
     init_from: str | None = None
-    """Continue pretraining a Hugging Face BERT folder (local path or s3://...; BertForPreTraining, BertForMaskedLM or BertModel weights): its config.json sets the shape (model_size is then not used), heads it lacks (NSP) start fresh. Needs its vocabulary: vocab.source: pretrained."""
+    """Continue pretraining a Hugging Face BERT folder (local path or s3://...; BertForPreTraining, BertForMaskedLM or
+    BertModel weights): its config.json sets the shape (model_size is then not used), heads it lacks (NSP) start fresh.
+    Needs its vocabulary: vocab.source: pretrained."""
     model_size: SizeName = "base"
-    """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large (24x1024)."""
+    """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large
+    (24x1024)."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
-    """Any bertcore.model.config.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0}; vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
+    """Any bertcore.model.config.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0};
+    vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
 
     @model_validator(mode="after")
     def _consistent_model(self) -> PretrainConfig:
         if "vocab_size" in self.model_overrides:
             raise ValueError("pretrain.model_overrides.vocab_size: the vocabulary size comes from the vocab stage")
         if "model_type" in self.model_overrides:
-            raise ValueError("pretrain.model_overrides.model_type: the vocabulary decides it (vocab.model byte_level_bpe makes a RoBERTa)")
+            raise ValueError(
+                "pretrain.model_overrides.model_type: the vocabulary decides it (vocab.model byte_level_bpe "
+                "makes a RoBERTa)"
+            )
         if self.init_from is not None:
             fixed = sorted(set(self.model_overrides) - set(INIT_OVERRIDABLE))
             if fixed:
                 raise ValueError(
-                    f"pretrain.model_overrides.{fixed[0]}: the shape of a model continued from pretrain.init_from is its "
+                    f"pretrain.model_overrides.{fixed[0]}: the shape of a model continued from "
+                    "pretrain.init_from is its "
                     f"config.json's; only {', '.join(INIT_OVERRIDABLE)} may be overridden"
                 )
             return self  # its positions are known once config.json is read
@@ -295,12 +323,16 @@ class PretrainConfig(TrainingConfig):
             return None
         return self.build_model_config(30522).max_position_embeddings
 
-    def build_model_config(self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None, roberta: bool = False) -> ModelConfig:
+    def build_model_config(
+        self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None, roberta: bool = False
+    ) -> ModelConfig:
         """The model: model_size (or `base`, the config of init_from's model) with the
         vocabulary size, pad id and model_overrides; `roberta` (a byte-level BPE vocabulary):
         RoBERTa's positions, one token type and LayerNorm epsilon (roberta_shape)."""
         if base is not None:
-            return ModelConfig.model_validate({**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides})
+            return ModelConfig.model_validate(
+                {**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides}
+            )
         shape = roberta_shape(pad_token_id) if roberta else {"pad_token_id": pad_token_id}
         return ModelConfig.named(self.model_size, vocab_size, **{**shape, **self.model_overrides})
 

@@ -40,12 +40,12 @@ from collections.abc import Callable, Mapping
 import safetensors.torch
 import torch
 
-from bertcore.train.checkpoint import check_pickles, safe_load
 from bertcore.errors import InputDataError
-from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
-from bertcore.model.sentence_files import SentenceLayout, write_layout
 from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
 from bertcore.model.config import roberta_name
+from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
+from bertcore.model.sentence_files import SentenceLayout, write_layout
+from bertcore.train.checkpoint import check_pickles, safe_load
 from bertcore.train.optim import parameter_group_names
 from bertcore.vocab.config import BPE_FILES, VOCAB_JSON
 from bertcore.vocab.tokenizer import TOKENIZER_FILES, load_tokenizer, vocab_list
@@ -54,7 +54,9 @@ HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *TOKENIZER_FILES)
 ROBERTA_HF_FILES = (CONFIG_FILE, WEIGHTS_FILE, *BPE_FILES)
 
 
-def _expected_keys(model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None) -> tuple[list[str], list[list[str]]]:
+def _expected_keys(
+    model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None
+) -> tuple[list[str], list[list[str]]]:
     """(state-dict keys, parameter names per optimizer group) of the model (`build()`, by
     default a BertForPreTraining), computed on the meta device (no memory, no
     initialisation cost)."""
@@ -63,7 +65,9 @@ def _expected_keys(model_config: ModelConfig, build: Callable[[], torch.nn.Modul
     return list(model.state_dict()), parameter_group_names(model)
 
 
-def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None) -> dict[str, torch.Tensor]:
+def consolidate_checkpoint(
+    checkpoint_dir: str, model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None
+) -> dict[str, torch.Tensor]:
     """Full fp32 state dict (tied entries included) of a DeepSpeed checkpoint folder of a
     BertForPreTraining of `model_config`, or of the module `build()` makes (e.g. a
     distillation student with its projections; called on the meta device).
@@ -85,13 +89,13 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
         from bertcore.train.op_builds import import_deepspeed
 
         import_deepspeed()  # the lighter start-up (bertcore/train/op_builds.py)
-        from deepspeed.utils.zero_to_fp32 import (
-            get_fp32_state_dict_from_zero_checkpoint,
-        )
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         # zero_to_fp32 prints what it reads, step by step, on stdout; the caller reports the result
         with contextlib.redirect_stdout(io.StringIO()):
-            state = get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir))
+            state = get_fp32_state_dict_from_zero_checkpoint(
+                os.path.dirname(checkpoint_dir), tag=os.path.basename(checkpoint_dir)
+            )
     elif "mp_rank_00_model_states.pt" in names:
         saved = safe_load(os.path.join(checkpoint_dir, "mp_rank_00_model_states.pt"))
         state = dict(saved["module"])
@@ -99,7 +103,9 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
         masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
         if masters is not None:
             if [len(g) for g in masters] != [len(g) for g in groups]:
-                raise InputDataError(f"{checkpoint_dir}: the optimizer's parameter groups do not match this model config")
+                raise InputDataError(
+                    f"{checkpoint_dir}: the optimizer's parameter groups do not match this model config"
+                )
             for group_names, group_tensors in zip(groups, masters):
                 for name, tensor in zip(group_names, group_tensors):
                     state[name] = tensor
@@ -112,7 +118,8 @@ def consolidate_checkpoint(checkpoint_dir: str, model_config: ModelConfig, build
     missing, unexpected = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
     if missing or unexpected:
         raise InputDataError(
-            f"{checkpoint_dir}: the checkpoint does not fit the model config (missing {missing[:5]}, unexpected {unexpected[:5]})"
+            f"{checkpoint_dir}: the checkpoint does not fit the model config (missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]})"
         )
     return {k: state[k] for k in keys}
 
@@ -139,7 +146,12 @@ def _kept(name: str, nsp: bool, sentence: SentenceLayout | None) -> str | None:
 
 
 def export_checkpoint(
-    state_dict: Mapping[str, torch.Tensor], model_config: ModelConfig, tokenizer_dir: str, out_dir: str, *, nsp: bool = True,
+    state_dict: Mapping[str, torch.Tensor],
+    model_config: ModelConfig,
+    tokenizer_dir: str,
+    out_dir: str,
+    *,
+    nsp: bool = True,
     sentence: SentenceLayout | None = None,
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
@@ -163,10 +175,12 @@ def export_checkpoint(
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
     if roberta != byte_level:
         raise InputDataError(
-            f"{tokenizer_dir}: a {'byte-level BPE' if byte_level else 'WordPiece'} vocabulary for a {model_config.model_type} model; "
-            "export with the vocabulary the model was trained with"
+            f"{tokenizer_dir}: a {'byte-level BPE' if byte_level else 'WordPiece'} vocabulary for a "
+            f"{model_config.model_type} model; export with the vocabulary the model was trained with"
         )
-    size = len(vocab_list(load_tokenizer(tokenizer_dir)))  # load_tokenizer also refuses a vocab.txt (vocab.json) that disagrees with tokenizer.json
+    size = len(
+        vocab_list(load_tokenizer(tokenizer_dir))
+    )  # load_tokenizer also refuses a vocab.txt (vocab.json) that disagrees with tokenizer.json
     if size != model_config.vocab_size:
         raise InputDataError(
             f"{tokenizer_dir}/{files[2]} has {size} entries but the model's vocab_size is {model_config.vocab_size}; "

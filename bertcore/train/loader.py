@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from os import PathLike
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -120,7 +120,9 @@ class ExamplesDataset(Dataset):
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
                 record_batch = reader.get_batch(i)
-                columns = _Columns(*(_list_column(record_batch, name) for name in ("input_ids", "masked_positions", "masked_ids")))
+                columns = _Columns(
+                    *(_list_column(record_batch, name) for name in ("input_ids", "masked_positions", "masked_ids"))
+                )
                 if self.vocab_size is not None:
                     _check_ids(self.paths[k], columns, self.vocab_size)
                 self._columns[first + i] = columns
@@ -145,7 +147,9 @@ class ExamplesDataset(Dataset):
                 positions.append(values[offsets[r] : offsets[r + 1]])
                 offsets, values = c.masked_ids
                 masked.append(values[offsets[r] : offsets[r + 1]])
-        out = Rows(self.lengths[indices], self.segment_b_start[indices], self.next_sentence_label[indices], _joined(ids))
+        out = Rows(
+            self.lengths[indices], self.segment_b_start[indices], self.next_sentence_label[indices], _joined(ids)
+        )
         if masks:
             out.mask_counts = np.fromiter(map(len, positions), dtype=np.int64, count=len(positions))
             out.positions, out.masked_ids = _joined(positions), _joined(masked)
@@ -154,8 +158,11 @@ class ExamplesDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         rows = self.rows(np.asarray([index]))
         return {
-            "input_ids": rows.ids, "masked_positions": rows.positions, "masked_ids": rows.masked_ids,
-            "segment_b_start": int(rows.segment_b_start[0]), "next_sentence_label": int(rows.next_sentence_label[0]),
+            "input_ids": rows.ids,
+            "masked_positions": rows.positions,
+            "masked_ids": rows.masked_ids,
+            "segment_b_start": int(rows.segment_b_start[0]),
+            "next_sentence_label": int(rows.next_sentence_label[0]),
             "length": int(rows.lengths[0]),
         }
 
@@ -172,7 +179,10 @@ def _check_ids(path: str, columns: _Columns, vocab_size: int) -> None:
         low, high = int(values.min()), int(values.max())
         if low < 0 or high >= vocab_size:
             bad = high if high >= vocab_size else low
-            raise ValueError(f"{path}: {name} holds token id {bad}, outside this run's vocabulary of {vocab_size} entries (a shard made with another vocabulary?)")
+            raise ValueError(
+                f"{path}: {name} holds token id {bad}, outside this run's vocabulary of {vocab_size} entries "
+                "(a shard made with another vocabulary?)"
+            )
 
 
 def _joined(pieces: list[np.ndarray]) -> np.ndarray:
@@ -222,7 +232,9 @@ class Collator:
         if self.masking == "static":
             if not rows.mask_counts.any():
                 # Static records always have at least one target (the quota is >= 1).
-                raise ValueError("these examples carry no stored masks (written with dynamic masking): use masking='dynamic'")
+                raise ValueError(
+                    "these examples carry no stored masks (written with dynamic masking): use masking='dynamic'"
+                )
             labels[np.repeat(np.arange(B), rows.mask_counts), rows.positions] = rows.masked_ids
         token_type_ids = (position >= rows.segment_b_start[:, None]) & real & self.token_types
         nsp = rows.next_sentence_label.astype(np.int64)
@@ -267,7 +279,9 @@ class ExamplesLoader:
     groups by bin). even_batches: every rank gets the same number of batches per epoch
     (ranks short of one repeat a batch from the start of the epoch's order), which
     collective training steps need; False gives each record exactly once per epoch.
-    num_workers > 0 reads and collates in DataLoader worker processes.
+    num_workers > 0 reads and collates in DataLoader worker processes. The other keyword
+    arguments (masking, mask_config, pad_id, pad_to_multiple_of, max_length, token_types)
+    are the Collator's, which turns the records into tensors.
     """
 
     def __init__(
@@ -279,17 +293,12 @@ class ExamplesLoader:
         rank: int = 0,
         world_size: int = 1,
         length_bins: Sequence[int] | None = None,
-        masking: Literal["static", "dynamic"] = "static",
-        mask_config: MaskConfig | None = None,
-        pad_id: int | None = None,
-        pad_to_multiple_of: int = 8,
-        max_length: int | None = None,
-        token_types: bool = True,
         shuffle: bool = True,
         drop_last: bool = False,
         even_batches: bool = True,
         num_workers: int = 0,
         vocab_size: int | None = None,
+        **collate: Any,
     ):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -299,15 +308,7 @@ class ExamplesLoader:
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.shuffle, self.drop_last, self.even_batches = shuffle, drop_last, even_batches
         self.num_workers = num_workers
-        self.collator = Collator(
-            seed=seed,
-            masking=masking,
-            mask_config=mask_config,
-            pad_id=pad_id,
-            pad_to_multiple_of=pad_to_multiple_of,
-            max_length=max_length,
-            token_types=token_types,
-        )
+        self.collator = Collator(seed=seed, **collate)
         if length_bins is None:
             self._group = self.dataset.file_of
         else:
@@ -394,7 +395,8 @@ class ExamplesLoader:
             together = consumed * state["world_size"]
             if together % self.world_size:
                 raise ValueError(
-                    f"loader state of {state['world_size']} ranks at {consumed} batches each does not split over {self.world_size} ranks"
+                    f"loader state of {state['world_size']} ranks at {consumed} batches each does not split "
+                    f"over {self.world_size} ranks"
                 )
             consumed = together // self.world_size
         self.epoch, self._consumed = state["epoch"], consumed

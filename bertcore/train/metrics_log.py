@@ -26,6 +26,7 @@ TENSORBOARD = "tensorboard"
 TRACKING_STATE = "tracking.json"
 """The MLflow and W&B run ids of the run (bertcore.train.tracking)."""
 
+
 class MetricsLog:
     """A JSON-lines log whose records carry the optimizer `step`, appended by rank 0."""
 
@@ -59,6 +60,27 @@ class MetricsLog:
             return [json.loads(line) for line in handle if line.strip()]
 
 
+def read_training_log(lines: Iterable[str]) -> tuple[list[dict], int]:
+    """(records with a numeric `step`, in step order; number of unreadable lines) from the
+    lines of pretrain/metrics.jsonl. A line cut short by a crash, or one without a step,
+    is counted and left out rather than failing the report."""
+    records, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)):
+            bad += 1
+            continue
+        records.append(record)
+    records.sort(key=lambda r: r["step"])
+    return records, bad
+
+
 DISTILLATION = ("soft_target_loss", "hidden_loss", "attention_loss")
 """The distill stage's loss terms (bertcore/distill/objective.py), beside its MLM figures."""
 MEANS = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", *DISTILLATION, "grad_norm", "mfu")
@@ -90,7 +112,9 @@ def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
     out["tokens_per_s"] = sum(r.get("tokens", 0) for r in records) / seconds if seconds else None
     out["sequences_per_s"] = sum(r.get("sequences", 0) for r in records) / seconds if seconds else None
     out["skipped_batches"] = sum(r.get("skipped_batches", 0) for r in records)
-    out["loss_jumps"] = [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")]
+    out["loss_jumps"] = [
+        {"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")
+    ]
     return out
 
 

@@ -20,6 +20,13 @@ from torch import nn
 
 from bertcore.model.bert import BertForPreTraining, ModelConfig, encoder_flops_per_token
 from bertcore.model.pretrained import load_into
+from bertcore.rng import keyed_seed
+
+
+def init_generator(seed: int, section: str) -> torch.Generator:
+    """The generator a training stage's model is initialised from: keyed by the run seed
+    and the section, the same on every rank and for any world size."""
+    return torch.Generator().manual_seed(keyed_seed(seed, section, "init"))
 
 
 @dataclass
@@ -31,6 +38,37 @@ class MicroBatchResult:
     """Values of `Objective.sums`, summed by the loop over the step's micro-batches and the ranks."""
     flops: float = 0.0
     """Training FLOPs the micro-batch cost (for MFU), see bertcore.train.mfu."""
+
+
+@dataclass
+class StepSums:
+    """Per-rank sums over a step's micro-batches, all-reduced into the step's metrics: the
+    loop's own (loss, micro-batches, tokens, ...) then the objective's `sums`."""
+
+    names: tuple[str, ...]
+    values: torch.Tensor = field(init=False)
+    OWN = ("loss", "micro", "tokens", "sequences", "flops", "padded")
+
+    def __post_init__(self) -> None:
+        self.values = torch.zeros(len(self.OWN) + len(self.names), dtype=torch.float64)
+
+    def add(self, out: MicroBatchResult, batch: dict[str, torch.Tensor]) -> None:
+        own = (
+            out.loss.item(),
+            1,
+            int(batch["attention_mask"].sum()),
+            batch["input_ids"].shape[0],
+            out.flops,
+            batch["input_ids"].numel(),
+        )
+        for i, value in enumerate(own):
+            self.values[i] += value
+        for i, name in enumerate(self.names, start=len(self.OWN)):
+            self.values[i] += out.sums[name]
+
+    def totals(self, values: torch.Tensor) -> dict[str, float]:
+        """Summed `values` (this layout, e.g. all-reduced) by name."""
+        return {name: float(v) for name, v in zip(self.OWN + self.names, values)}
 
 
 class Objective(Protocol):
@@ -92,7 +130,11 @@ class Pretraining:
         return model
 
     def forward(self, module: nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> MicroBatchResult:
-        out = module(**model_inputs(batch, device, "input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"))
+        out = module(
+            **model_inputs(
+                batch, device, "input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"
+            )
+        )
         tokens = int(batch["attention_mask"].sum())
         mlm_n = int(out.mlm_count)
         sums = {

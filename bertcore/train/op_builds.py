@@ -73,9 +73,15 @@ def extensions_root() -> str:
     import torch
     from torch.utils.cpp_extension import get_default_build_root
 
-    accelerator = f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip else (
-        f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
-    return os.path.join(get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{accelerator}")
+    accelerator = (
+        f"rocm{torch.version.hip.replace('.', '')}"
+        if torch.version.hip
+        else (f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
+    )
+    return os.path.join(
+        get_default_build_root(),
+        f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{accelerator}",
+    )
 
 
 def lock_holders(path: str) -> list[int] | None:
@@ -135,7 +141,11 @@ def prepare_builds(ops: list[str], announce: bool = True) -> None:
                 who = f"process {', '.join(map(str, holders))}" if holders else "another process"
                 log.info("DeepSpeed's %s op is being built by %s; waiting for it (lock %s)", op, who, lock)
         elif announce and not any(name.endswith(".so") for name in _names(folder)):
-            log.info("DeepSpeed compiles its %s op now, once for this machine and Python (a few minutes; cached in %s)", op, folder)
+            log.info(
+                "DeepSpeed compiles its %s op now, once for this machine and Python (a few minutes; cached in %s)",
+                op,
+                folder,
+            )
 
 
 def _names(folder: str) -> list[str]:

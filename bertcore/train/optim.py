@@ -43,7 +43,14 @@ class Lamb(torch.optim.Optimizer):
     gradient clipping is DeepSpeed's (gradient_clipping), as NVIDIA's LAMB pretraining does.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ):
         if lr <= 0.0 or eps <= 0.0 or not all(0.0 <= b < 1.0 for b in betas) or weight_decay < 0.0:
             raise ValueError("Lamb needs lr > 0, eps > 0, 0 <= betas < 1, weight_decay >= 0")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -121,7 +128,10 @@ def deepspeed_config(cfg: TrainingConfig, micro_batch_size: int) -> dict:
         "gradient_clipping": cfg.max_grad_norm,
         # ZeRO-1/2 optimizer partitions in DeepSpeed's elastic layout: a checkpoint resumes
         # on another number of workers (a run that lost a node goes on with fewer)
-        "zero_optimization": {"stage": cfg.zero_stage, **({"elastic_checkpoint": True} if cfg.zero_stage in (1, 2) else {})},
+        "zero_optimization": {
+            "stage": cfg.zero_stage,
+            **({"elastic_checkpoint": True} if cfg.zero_stage in (1, 2) else {}),
+        },
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
@@ -141,5 +151,17 @@ def deepspeed_config(cfg: TrainingConfig, micro_batch_size: int) -> dict:
         ds["optimizer"] = {"type": "AdamW", "params": params}
     elif cfg.use_gpu:  # lamb
         low, high = FUSED_LAMB_TRUST_RANGE
-        ds["optimizer"] = {"type": "Lamb", "params": {**params, "bias_correction": True, "min_coeff": low, "max_coeff": high}}
+        ds["optimizer"] = {
+            "type": "Lamb",
+            "params": {**params, "bias_correction": True, "min_coeff": low, "max_coeff": high},
+        }
     return ds
+
+
+def gradient_norm(module: torch.nn.Module) -> float | None:
+    """Global gradient L2 norm before clipping, after the backward of a step's last
+    micro-batch. DeepSpeed keeps it except in plain fp32 data parallelism (stage 0)."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    if not params:
+        return None
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params])))

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from bertcore.errors import ConfigError
-from bertcore.train.metrics_log import TENSORBOARD, TRACKING_STATE
 from bertcore.section import Section
+from bertcore.train.metrics_log import TENSORBOARD, TRACKING_STATE
 
 if TYPE_CHECKING:  # torch comes with it; the section above is read by recipes, which must load fast
     from bertcore.train.checkpoint import StageFiles
@@ -48,11 +48,14 @@ class TrackingConfig(Section):
     event files are always written under pretrain/tensorboard/."""
 
     mlflow: bool = False
-    """Log to MLflow (needs the mlflow or mlflow-skinny package) at mlflow_tracking_uri or $MLFLOW_TRACKING_URI; sqlite:////abs/path/mlflow.db works offline."""
+    """Log to MLflow (needs the mlflow or mlflow-skinny package) at mlflow_tracking_uri or $MLFLOW_TRACKING_URI;
+    sqlite:////abs/path/mlflow.db works offline."""
     mlflow_tracking_uri: str | None = None
-    """MLflow tracking URI, e.g. http://mlflow:5000 or sqlite:////data/mlflow.db (MLflow 3 takes file:/path only with MLFLOW_ALLOW_FILE_STORE=true); default: $MLFLOW_TRACKING_URI, else MLflow's own default."""
+    """MLflow tracking URI, e.g. http://mlflow:5000 or sqlite:////data/mlflow.db (MLflow 3 takes file:/path only with
+    MLFLOW_ALLOW_FILE_STORE=true); default: $MLFLOW_TRACKING_URI, else MLflow's own default."""
     wandb: bool = False
-    """Log to Weights & Biases (needs the wandb package and a login, or WANDB_MODE=offline to write the run under pretrain/wandb/ for a later `wandb sync`)."""
+    """Log to Weights & Biases (needs the wandb package and a login, or WANDB_MODE=offline to write the run under
+    pretrain/wandb/ for a later `wandb sync`)."""
     project: str = Field("bertpipe", min_length=1)
     """MLflow experiment and W&B project that the run goes to."""
     run_name: str | None = None
@@ -72,7 +75,11 @@ class Trackers:
 
     def log(self, step: int, values: dict[str, Any], prefix: str) -> None:
         """Numbers of `values` (None and strings left out) as `prefix/key` at `step`."""
-        scalars = {f"{prefix}/{k}": float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            f"{prefix}/{k}": float(v)
+            for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         if not scalars:
             return
         if self.writer is not None:
@@ -120,7 +127,7 @@ class _MlflowRun:
         now = int(time.time() * 1000)
         try:
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
-        except Exception as exc:  # noqa: BLE001 - whatever the client raises, an unreachable server must not stop training
+        except Exception as exc:  # noqa: BLE001 - an unreachable server must not stop training
             log.warning("pretrain: MLflow did not take the metrics of step %d: %s", step, exc)
 
     def close(self, failed: bool) -> None:
@@ -130,11 +137,18 @@ class _MlflowRun:
 def _installed(package: str, key: str) -> bool:
     if importlib.util.find_spec(package) is not None:
         return True
-    log.warning("pretrain.tracking.%s is on but the %s package is not installed (pip install %s); not logging to it", key, package, package)
+    log.warning(
+        "pretrain.tracking.%s is on but the %s package is not installed (pip install %s); not logging to it",
+        key,
+        package,
+        package,
+    )
     return False
 
 
-def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name: str, params: dict[str, Any]) -> Trackers:
+def open_trackers(
+    cfg: TrackingConfig, files: StageFiles, *, step: int, run_name: str, params: dict[str, Any]
+) -> Trackers:
     """Rank 0's trackers for a run that has completed `step` optimizer steps (0: a fresh
     start). The MLflow/W&B run ids are kept in tracking.json, so a resumed run continues
     the same runs. An enabled tracker that cannot start is a ConfigError naming its key."""
@@ -148,7 +162,10 @@ def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name
         try:
             mlflow = _MlflowRun(cfg, state.get("mlflow_run_id"), name, flat)
         except Exception as exc:  # noqa: BLE001 - the client's errors vary by store; each ends in this one line
-            raise ConfigError(f"pretrain.tracking.mlflow: no MLflow run could be started ({_one_line(exc)}); check $MLFLOW_TRACKING_URI or set pretrain.tracking.mlflow=false") from None
+            raise ConfigError(
+                f"pretrain.tracking.mlflow: no MLflow run could be started ({_one_line(exc)}); check "
+                "$MLFLOW_TRACKING_URI or set pretrain.tracking.mlflow=false"
+            ) from None
         state["mlflow_run_id"] = mlflow.run_id
     if cfg.wandb and _installed("wandb", "wandb"):
         import wandb as wandb_module
@@ -156,11 +173,18 @@ def open_trackers(cfg: TrackingConfig, files: StageFiles, *, step: int, run_name
         os.makedirs(files.local_path(WANDB_DIR), exist_ok=True)
         try:
             wandb = wandb_module.init(
-                project=cfg.project, name=name, id=state.get("wandb_run_id"),
-                resume="allow", config=params, dir=files.local_path(WANDB_DIR),
+                project=cfg.project,
+                name=name,
+                id=state.get("wandb_run_id"),
+                resume="allow",
+                config=params,
+                dir=files.local_path(WANDB_DIR),
             )
         except Exception as exc:  # noqa: BLE001 - wandb's errors vary by mode; each ends in this one line
-            raise ConfigError(f"pretrain.tracking.wandb: no W&B run could be started ({_one_line(exc)}); log in, set WANDB_MODE=offline, or set pretrain.tracking.wandb=false") from None
+            raise ConfigError(
+                f"pretrain.tracking.wandb: no W&B run could be started ({_one_line(exc)}); log in, set "
+                "WANDB_MODE=offline, or set pretrain.tracking.wandb=false"
+            ) from None
         state["wandb_run_id"] = wandb.id
     if state:
         files.write_text(TRACKING_STATE, json.dumps(state, indent=2) + "\n")
@@ -185,8 +209,15 @@ def _one_line(exc: Exception) -> str:
 
 
 def log_evaluation(
-    cfg: TrackingConfig, state: dict, *, step: int, scalars: dict[str, float], verdicts: dict[str, str],
-    tensorboard_dir: str, wandb_dir: str, run_name: str,
+    cfg: TrackingConfig,
+    state: dict,
+    *,
+    step: int,
+    scalars: dict[str, float],
+    verdicts: dict[str, str],
+    tensorboard_dir: str,
+    wandb_dir: str,
+    run_name: str,
 ) -> None:
     """The evaluate stage's scores and verdicts, at optimizer step `step`: TensorBoard event
     files under `tensorboard_dir` always; the MLflow and W&B runs pretraining logged into
@@ -215,7 +246,13 @@ def log_evaluation(
 
         os.makedirs(wandb_dir, exist_ok=True)
         try:
-            run = wandb_module.init(project=cfg.project, name=cfg.run_name or run_name, id=state.get("wandb_run_id"), resume="allow", dir=wandb_dir)
+            run = wandb_module.init(
+                project=cfg.project,
+                name=cfg.run_name or run_name,
+                id=state.get("wandb_run_id"),
+                resume="allow",
+                dir=wandb_dir,
+            )
             run.summary.update({**scalars, **{f"verdict/{name}": text for name, text in verdicts.items()}})
             run.finish()
         except Exception as exc:  # noqa: BLE001 - wandb's errors vary by mode; the evaluation stands without it
@@ -224,7 +261,7 @@ def log_evaluation(
 
 def evaluation_scalars(rows: list[dict]) -> dict[str, float]:
     """eval/<name>/<metric> (pretrained), ..._random_init and ..._gain of the validation
-    score rows (bertcore.eval.report.score_rows), as fractions like train/ and validation/."""
+    score rows (bertcore.eval.scores.score_rows), as fractions like train/ and validation/."""
     out: dict[str, float] = {}
     for row in rows:
         if row["name"].endswith("(test)"):

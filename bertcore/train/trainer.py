@@ -1,4 +1,3 @@
-# Over 500 lines on purpose: one training loop (set-up, resume on any world size, step, validate, save) reads top to bottom in one file; its pieces (optim, checkpoint, data, loss watch, metrics) already live beside it.
 """The DeepSpeed training loop of one training worker: the one loop of every training
 stage (pretrain, distill).
 
@@ -14,10 +13,10 @@ torch.distributed, and hands over a `StageFiles` that knows where the stage dire
 lives (a local folder, or a local mirror of an object-store prefix).
 
 Every <section>.eval_every steps it scores the objective on a fixed held-out sample
-(validation.jsonl), and rank 0 reports to the trackers (bertcore.train.tracking). The module is
-about 500 lines because it is one class whose set-up, steps, validation and checkpoints
-share the engine, the loader and the counters; the pieces that need none of them live in
-the modules it imports.
+(validation.jsonl), and rank 0 reports to the trackers (bertcore.train.tracking). It is one
+class whose set-up, steps, validation and checkpoints share the engine, the loader and the
+counters; what a worker reads (its place, each phase's data and batches) is
+bertcore/train/phase_data.py's.
 """
 
 from __future__ import annotations
@@ -30,33 +29,33 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
+from bertcore.errors import BertpipeError, ConfigError
+from bertcore.rng import keyed_seed
 from bertcore.train.checkpoint import (
     CHECKPOINTS,
     COMPLETE,
     StageFiles,
     check_pickles,
-    load_elastic_checkpoint,
     checkpoint_tag,
     latest_checkpoint,
+    load_elastic_checkpoint,
     load_rank_state,
     prune,
+    restore_rng,
+    rng_state,
     save_rank_state,
 )
+from bertcore.train.config import TrainingConfig
 from bertcore.train.loader import ExamplesLoader
-from bertcore.errors import BertpipeError, ConfigError
 from bertcore.train.loss_watch import LossWatch
-from bertcore.examples.masking import MaskConfig
 from bertcore.train.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
 from bertcore.train.mfu import peak_flops
-from bertcore.train.objectives import MicroBatchResult, Objective
-from bertcore.train.optim import client_optimizer, deepspeed_config, lr_multiplier, parameter_groups
-from bertcore.rng import keyed_seed
-from bertcore.train.config import TrainingConfig, TrainingPhase
+from bertcore.train.objectives import Objective, StepSums, init_generator
+from bertcore.train.optim import client_optimizer, deepspeed_config, gradient_norm, lr_multiplier, parameter_groups
+from bertcore.train.phase_data import PhaseData, WorkerContext, endless_batches, phase_loader
 from bertcore.train.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
@@ -71,109 +70,6 @@ metrics."""
 
 class TrainingDiverged(BertpipeError):
     """The loss became NaN/inf or spiked, and <section>.on_nonfinite says stop."""
-
-
-@dataclass
-class PhaseData:
-    """What a phase's loader reads: local examples shards and how to batch them."""
-
-    name: str
-    paths: list[str]
-    masking: Literal["static", "dynamic"] = "static"
-    mask_config: MaskConfig | None = None
-    """Needed for dynamic masking."""
-    pad_id: int = 0
-    length_bins: list[int] | None = None
-    validation_paths: list[str] = field(default_factory=list)
-    token_types: bool = True
-    """Segment B gets token type 1; False: every token type is 0 (RoBERTa has one type)."""
-    vocab_size: int | None = None
-    """Shards holding ids at or above it are refused, naming the file."""
-
-
-@dataclass
-class WorkerContext:
-    """Where this worker sits: its rank among `world_size`, and its device."""
-
-    rank: int = 0
-    world_size: int = 1
-    device: str = "cpu"
-    """e.g. cuda:0 (the launcher knows which GPU is this worker's)."""
-
-
-def init_generator(seed: int, section: str) -> torch.Generator:
-    """The generator a training stage's model is initialised from: keyed by the run seed
-    and the section, the same on every rank and for any world size."""
-    return torch.Generator().manual_seed(keyed_seed(seed, section, "init"))
-
-
-def _device(ctx: WorkerContext) -> torch.device:
-    device = torch.device(ctx.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
-
-
-def _loader(cfg: TrainingConfig, data: PhaseData, phase: TrainingPhase, seed: int, ctx: WorkerContext, validation: bool = False) -> ExamplesLoader:
-    return ExamplesLoader(
-        data.validation_paths if validation else data.paths,
-        cfg.micro_batch_size(phase),
-        seed=keyed_seed(seed, cfg.SECTION, phase.name, "validation" if validation else "train") >> 1,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        length_bins=data.length_bins,
-        masking=data.masking,
-        mask_config=data.mask_config,
-        pad_id=data.pad_id,
-        token_types=data.token_types,
-        max_length=phase.max_seq_length,
-        # validation: the first batches of one keyed shuffle are the same sample at every
-        # call, drawn from every length bin
-        shuffle=True,
-        # every step gets exactly the configured global batch; what a length bin leaves
-        # over differs from epoch to epoch, as the order is reshuffled
-        drop_last=not validation,
-        num_workers=cfg.loader_processes,
-        vocab_size=data.vocab_size,
-    )
-
-
-def _batches(loader: ExamplesLoader, phase: str, section: str = "pretrain") -> Iterator[dict[str, torch.Tensor]]:
-    """Epoch after epoch, forever; the loader's state_dict stays exact between batches."""
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ConfigError(
-                f"{section}: the examples of phase {phase} ({len(loader.dataset)} sequences) fill no batch of "
-                f"{loader.batch_size} per worker in any length bin; lower the phase's batch_size or make more examples"
-            )
-
-
-@dataclass
-class _StepSums:
-    """Per-rank sums over a step's micro-batches, all-reduced into the step's metrics: the
-    loop's own (loss, micro-batches, tokens, ...) then the objective's `sums`."""
-
-    names: tuple[str, ...]
-    values: torch.Tensor = field(init=False)
-    OWN = ("loss", "micro", "tokens", "sequences", "flops", "padded")
-
-    def __post_init__(self) -> None:
-        self.values = torch.zeros(len(self.OWN) + len(self.names), dtype=torch.float64)
-
-    def add(self, out: MicroBatchResult, batch: dict[str, torch.Tensor]) -> None:
-        own = (out.loss.item(), 1, int(batch["attention_mask"].sum()), batch["input_ids"].shape[0], out.flops, batch["input_ids"].numel())
-        for i, value in enumerate(own):
-            self.values[i] += value
-        for i, name in enumerate(self.names, start=len(self.OWN)):
-            self.values[i] += out.sums[name]
-
-    def totals(self, values: torch.Tensor) -> dict[str, float]:
-        """Summed `values` (this layout, e.g. all-reduced) by name."""
-        return {name: float(v) for name, v in zip(self.OWN + self.names, values)}
 
 
 class Trainer:
@@ -201,7 +97,9 @@ class Trainer:
         (with event: validation): what the caller reports as progress."""
         self.key = cfg.SECTION
         if [p.name for p in phases] != [p.name for p in cfg.phases]:
-            raise ValueError(f"phase data {[p.name for p in phases]} does not match {self.key}.phases {[p.name for p in cfg.phases]}")
+            raise ValueError(
+                f"phase data {[p.name for p in phases]} does not match {self.key}.phases {[p.name for p in cfg.phases]}"
+            )
         self.cfg, self.objective, self.phases, self.files = cfg, objective, list(phases), files
         self.seed, self.resume_key = seed, resume_key
         self.ctx = ctx or WorkerContext()
@@ -230,10 +128,12 @@ class Trainer:
         deepspeed = import_deepspeed()
 
         skip_shm_op()  # used only for inference; its first build took minutes and could hang later runs
-        prepare_builds(ops_to_build(self.cfg.use_gpu, self.cfg.optimizer, self.cfg.torch_adam),
-                       announce=os.environ.get("LOCAL_RANK", "0") == "0")
+        prepare_builds(
+            ops_to_build(self.cfg.use_gpu, self.cfg.optimizer, self.cfg.torch_adam),
+            announce=os.environ.get("LOCAL_RANK", "0") == "0",
+        )
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-        self.device = _device(self.ctx)
+        self.device = self.ctx.torch_device()
         torch.manual_seed(keyed_seed(self.seed, self.key, "torch", self.ctx.rank))  # dropout
         model = self.objective.build(init_generator(self.seed, self.key), self.device)
         groups = parameter_groups(model, self.cfg.weight_decay)
@@ -268,12 +168,12 @@ class Trainer:
     def _enter_phase(self, index: int, loader_state: dict | None = None) -> None:
         phase = self.cfg.phases[index]
         self.phase_index = index
-        self.loader = _loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
+        self.loader = phase_loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
         if loader_state is not None:
             self.loader.load_state_dict(loader_state)
         else:
             self.watch.reset()
-        self.stream = _batches(self.loader, phase.name, self.key)
+        self.stream = endless_batches(self.loader, phase.name, self.key)
 
     # -- checkpoints -------------------------------------------------------------------
     def _resume(self) -> dict | None:
@@ -282,8 +182,8 @@ class Trainer:
             return None
         if marker.get("resume_key") != self.resume_key:
             raise ConfigError(
-                f"{self.key}: the latest checkpoint ({checkpoint_tag(marker['step'])}) was written with another {self.key} "
-                f"config or other inputs; set {self.key}.resume=never to start over (its checkpoints are deleted)"
+                f"{self.key}: the latest checkpoint ({checkpoint_tag(marker['step'])}) was written with another "
+                f"{self.key} config or other inputs; set {self.key}.resume=never to start over (it deletes them)"
             )
         tag = checkpoint_tag(marker["step"])
         self.files.download(f"{CHECKPOINTS}/{tag}")
@@ -301,16 +201,20 @@ class Trainer:
         state, rng = load_rank_state(folder, self.ctx.rank % written_by)
         self.resizes = list(marker.get("resizes") or [])
         if written_by != self.ctx.world_size:
-            self.resizes.append({"step": state["step"], "from_workers": written_by, "to_workers": self.ctx.world_size,
-                                 "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps})
+            resize = {"step": state["step"], "from_workers": written_by, "to_workers": self.ctx.world_size}
+            self.resizes.append({**resize, "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps})
             if self.rank0:
-                log.warning("%s: resuming %s, written by %d workers, on %d (gradient accumulation %d: the same global batch)",
-                            self.key, tag, written_by, self.ctx.world_size, self.cfg.gradient_accumulation_steps)
+                log.warning(
+                    "%s: resuming %s, written by %d workers, on %d (gradient accumulation %d: the same global batch)",
+                    self.key,
+                    tag,
+                    written_by,
+                    self.ctx.world_size,
+                    self.cfg.gradient_accumulation_steps,
+                )
         self.step, self.tokens_seen, self.train_time_s = state["step"], state["tokens_seen"], state["train_time_s"]
         self.watch.load_state_dict(state["watch"])
-        torch.set_rng_state(rng["torch_rng"])
-        if self.cfg.use_gpu and "cuda_rng" in rng:
-            torch.cuda.set_rng_state(rng["cuda_rng"])
+        restore_rng(rng, self.cfg.use_gpu)
         if self.step < self.cfg.total_steps:
             index = self.cfg.phase_at(self.step)
             same_phase = state["phase"] == self.cfg.phases[index].name
@@ -338,8 +242,7 @@ class Trainer:
             "train_time_s": self.train_time_s,
             "watch": self.watch.state_dict(),
         }
-        rng = {"torch_rng": torch.get_rng_state(), **({"cuda_rng": torch.cuda.get_rng_state()} if self.cfg.use_gpu else {})}
-        save_rank_state(self.files.local_path(relative), self.ctx.rank, state, rng)
+        save_rank_state(self.files.local_path(relative), self.ctx.rank, state, rng_state(self.cfg.use_gpu))
         for name in sorted(os.listdir(self.files.local_path(relative))):
             self.files.upload(f"{relative}/{name}")
         self._barrier()
@@ -371,18 +274,10 @@ class Trainer:
         return marker
 
     # -- steps -------------------------------------------------------------------------
-    def _grad_norm(self) -> float | None:
-        """Global gradient L2 norm before clipping, after the backward of a step's last
-        micro-batch. DeepSpeed keeps it except in plain fp32 data parallelism (stage 0)."""
-        params = [p for p in self.engine.module.parameters() if p.grad is not None]
-        if not params:
-            return None
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params])))
-
     def _train_step(self) -> tuple[dict, str]:
         """One optimizer step: gradient_accumulation_steps good micro-batches on every
         rank. Returns the step's metrics and a hash of the data it consumed."""
-        sums = _StepSums(self.objective.sums)
+        sums = StepSums(self.objective.sums)
         digest = hashlib.blake2b(digest_size=8)
         manual_norm = self.cfg.zero_stage == 0 and self.cfg.precision == "fp32"
         grad_norm = None
@@ -396,7 +291,9 @@ class Trainer:
             flags = torch.tensor([0.0 if math.isfinite(loss) else 1.0, 1.0 if self.watch.is_spike(loss) else 0.0])
             nonfinite, spike = (bool(x) for x in self._collective(flags, "max"))
             if nonfinite or spike:
-                what = "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.watch.mean:.4g})"
+                what = (
+                    "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.watch.mean:.4g})"
+                )
                 where = f"step {self.step + 1} (phase {self.cfg.phases[self.phase_index].name})"
                 key = self.key
                 if self.cfg.on_nonfinite == "stop":
@@ -408,12 +305,14 @@ class Trainer:
                 consecutive += 1
                 log.warning("%s: skipped a micro-batch at %s: the loss %s", key, where, what)
                 if consecutive >= MAX_CONSECUTIVE_SKIPS:
-                    raise TrainingDiverged(f"{key}: {consecutive} micro-batches in a row skipped at {where}; the run has diverged")
+                    raise TrainingDiverged(
+                        f"{key}: {consecutive} micro-batches in a row skipped at {where}; the run has diverged"
+                    )
                 continue
             consecutive = 0
             self.engine.backward(out.loss)
             if manual_norm and done == gas - 1:
-                grad_norm = self._grad_norm()
+                grad_norm = gradient_norm(self.engine.module)
             self.engine.step()
             sums.add(out, batch)
             digest.update(batch["input_ids"].numpy().tobytes())
@@ -450,8 +349,8 @@ class Trainer:
         if self.cfg.validation_batches == 0 or not data.validation_paths:
             return None
         started = time.perf_counter()
-        loader = _loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
-        sums = _StepSums(self.objective.sums)
+        loader = phase_loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
+        sums = StepSums(self.objective.sums)
         self.engine.eval()
         for k, batch in enumerate(loader):
             if k >= self.cfg.validation_batches:
@@ -503,7 +402,13 @@ class Trainer:
         if self.rank0:
             described = self.objective.describe()
             params = {self.key: self.cfg.model_dump(mode="json"), "model": described.pop("model_config"), **described}
-            self.trackers = open_trackers(self.cfg.tracking, self.files, step=self.step, run_name=f"{self.key}-{self.resume_key[:8]}", params=params)
+            self.trackers = open_trackers(
+                self.cfg.tracking,
+                self.files,
+                step=self.step,
+                run_name=f"{self.key}-{self.resume_key[:8]}",
+                params=params,
+            )
         stopped_by = None
         try:
             while self.step < total:
@@ -521,21 +426,37 @@ class Trainer:
                 if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
                     # any rank over budget stops all of them, so they save the same step
                     over_budget = time.perf_counter() - started >= self.cfg.time_budget_s
-                    if self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0 and self.step < total:
+                    if (
+                        self._collective(torch.tensor([1.0 if over_budget else 0.0]), "max")[0] > 0
+                        and self.step < total
+                    ):
                         stopped_by = "time_budget"
                 final = stopped_by is not None or self.step == total
                 if self.rank0:
                     self._log(record, data_hash, elapsed, final)
                 validation = self._validate_if_due(final)
                 if final or self.step % self.cfg.checkpoint_every == 0:
-                    marker = self._save(stopped_by, {"validation": validation, "init": self.objective.init_report} if final else None)
+                    marker = self._save(
+                        stopped_by, {"validation": validation, "init": self.objective.init_report} if final else None
+                    )
                 if stopped_by:
                     if self.rank0:  # once, not once per rank
-                        stop = {"event": "time_budget", "step": self.step, "total_steps": total, "time_budget_s": self.cfg.time_budget_s}
+                        stop = {
+                            "event": "time_budget",
+                            "step": self.step,
+                            "total_steps": total,
+                            "time_budget_s": self.cfg.time_budget_s,
+                        }
                         if self.on_log is not None:
                             self.on_log(stop)
                         else:
-                            log.info("%s: stopped at step %d of %d: the time budget of %ss is spent", self.key, self.step, total, self.cfg.time_budget_s)
+                            log.info(
+                                "%s: stopped at step %d of %d: the time budget of %ss is spent",
+                                self.key,
+                                self.step,
+                                total,
+                                self.cfg.time_budget_s,
+                            )
                     break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
@@ -564,7 +485,9 @@ class Trainer:
         self.interval.add(out)
         if self.interval.ends(self.step, final):
             summary = self.interval.close()
-            self.trackers.log(self.step, {k: summary.get(k) for k in ("loss", *self.objective.metrics, *TRACKED)}, "train")
+            self.trackers.log(
+                self.step, {k: summary.get(k) for k in ("loss", *self.objective.metrics, *TRACKED)}, "train"
+            )
             if self.on_log is not None:
                 budget = self.cfg.time_budget_s
                 left = None if budget is None else max(0.0, budget - (time.perf_counter() - self._started))

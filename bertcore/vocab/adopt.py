@@ -39,14 +39,9 @@ from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError, InputDataError
 from bertcore.vocab import bpe
-from bertcore.vocab.tokenizer import (
-    read_vocab,
-    tokenizer_from_vocab,
-    tokenizer_options,
-    vocab_list,
-)
 from bertcore.vocab.config import ADOPTED_OPTIONS, PRE_TOKENIZERS, WHITESPACE, VocabConfig
 from bertcore.vocab.morphemes import PRE_TOKENIZER_KEY
+from bertcore.vocab.tokenizer import read_vocab, tokenizer_from_vocab, tokenizer_options, vocab_list
 
 GOOGLE_DEFAULTS = {"recompose_nfc": False, "max_input_chars_per_word": 100}
 """Options of a vocab.txt read without a tokenizer.json: what transformers' BertTokenizer
@@ -66,7 +61,11 @@ class AdoptedVocabulary:
     def config(self, section: VocabConfig) -> VocabConfig:
         """The section with the adopted options; one the recipe set otherwise is a ConfigError."""
         for key, value in self.found.items():
-            if key in section.model_fields_set and section.model_dump()[key] is not None and _effective(section, key) != value:
+            if (
+                key in section.model_fields_set
+                and section.model_dump()[key] is not None
+                and _effective(section, key) != value
+            ):
                 raise ConfigError(
                     f"vocab.{key} is {_effective(section, key)!r} but {', '.join(self.read_from)} says {value!r}; "
                     f"remove vocab.{key}: an adopted vocabulary keeps its own options"
@@ -78,14 +77,18 @@ class AdoptedVocabulary:
         try:
             return tokenizer_from_vocab(self.tokens, self.config(section))
         except ValueError as exc:
-            raise InputDataError(f"{self.read_from[0]}: {exc}; only BERT vocabularies with [PAD] [UNK] [CLS] [SEP] [MASK] can be adopted") from None
+            raise InputDataError(
+                f"{self.read_from[0]}: {exc}; only BERT vocabularies with [PAD] [UNK] [CLS] [SEP] [MASK] can be adopted"
+            ) from None
 
 
 def _effective(section: VocabConfig, key: str) -> Any:
     return section.strip_accents_effective if key == "strip_accents" else getattr(section, key)
 
 
-def read_vocabulary(*, vocab_txt: str | None = None, tokenizer_json: str | None = None, tokenizer_config: str | None = None) -> AdoptedVocabulary:
+def read_vocabulary(
+    *, vocab_txt: str | None = None, tokenizer_json: str | None = None, tokenizer_config: str | None = None
+) -> AdoptedVocabulary:
     """The vocabulary of these local files (at least one of vocab_txt and tokenizer_json)."""
     if tokenizer_json is None and vocab_txt is None:
         raise ValueError("read_vocabulary needs a vocab.txt or a tokenizer.json")
@@ -100,7 +103,10 @@ def read_vocabulary(*, vocab_txt: str | None = None, tokenizer_json: str | None 
         flags = _config_flags(tokenizer_config)
         for key, value in flags.items():
             if key in adopted.found and adopted.found[key] != value:
-                raise InputDataError(f"{tokenizer_config}: {key} is {value!r} but {tokenizer_json} says {adopted.found[key]!r}; the files disagree")
+                raise InputDataError(
+                    f"{tokenizer_config}: {key} is {value!r} but {tokenizer_json} says "
+                    f"{adopted.found[key]!r}; the files disagree"
+                )
         adopted.found = {**flags, **adopted.found}
         adopted.read_from.append(tokenizer_config)
     if "pre_tokenizer" not in adopted.found:
@@ -120,14 +126,22 @@ def _from_tokenizer_json(path: str) -> AdoptedVocabulary:
     problems = [
         (kind != "WordPiece", f"a {kind} model, not WordPiece"),
         ("normalizer" in options, "a normalizer other than BERT's (BertNormalizer, optionally followed by NFC)"),
-        (options.get("pre_tokenizer") != "BertPreTokenizer", f"the pre-tokenizer {options.get('pre_tokenizer')}, not BertPreTokenizer"),
-        (options.get("continuing_subword_prefix") not in (None, "##"), f"the continuation prefix {options.get('continuing_subword_prefix')!r}, not ##"),
+        (
+            options.get("pre_tokenizer") != "BertPreTokenizer",
+            f"the pre-tokenizer {options.get('pre_tokenizer')}, not BertPreTokenizer",
+        ),
+        (
+            options.get("continuing_subword_prefix") not in (None, "##"),
+            f"the continuation prefix {options.get('continuing_subword_prefix')!r}, not ##",
+        ),
         (options.get("clean_text") is False, "clean_text off"),
     ]
     for bad, what in problems:
         if bad:
             hint = "; set vocab.model: byte_level_bpe to adopt a RoBERTa vocabulary" if kind == "BPE" else ""
-            raise InputDataError(f"{path}: {what}; only BERT (WordPiece) vocabularies can be adopted with vocab.model wordpiece{hint}")
+            raise InputDataError(
+                f"{path}: {what}; only BERT (WordPiece) vocabularies can be adopted with vocab.model wordpiece{hint}"
+            )
     found = {key: options[key] for key in ADOPTED_OPTIONS if options.get(key) is not None}
     try:
         tokens = vocab_list(tokenizer)
@@ -139,7 +153,10 @@ def _from_tokenizer_json(path: str) -> AdoptedVocabulary:
 def _same_entries(vocab_path: str, lines: list[str], json_path: str, tokens: list[str]) -> None:
     for i, (a, b) in enumerate(itertools.zip_longest(lines, tokens)):
         if a != b:
-            raise InputDataError(f"{vocab_path} line {i + 1} is {a!r} but {json_path} has {b!r} at id {i}; the two files are of different vocabularies")
+            raise InputDataError(
+                f"{vocab_path} line {i + 1} is {a!r} but {json_path} has {b!r} at id {i}; the two files are "
+                "of different vocabularies"
+            )
 
 
 def _config_flags(path: str) -> dict[str, Any]:
@@ -160,17 +177,23 @@ def _config_flags(path: str) -> dict[str, Any]:
     }
     if PRE_TOKENIZER_KEY in data:
         if data[PRE_TOKENIZER_KEY] not in PRE_TOKENIZERS:
-            raise InputDataError(f"{path}: {PRE_TOKENIZER_KEY} is {data[PRE_TOKENIZER_KEY]!r}, not one of {', '.join(PRE_TOKENIZERS)}")
+            raise InputDataError(
+                f"{path}: {PRE_TOKENIZER_KEY} is {data[PRE_TOKENIZER_KEY]!r}, not one of {', '.join(PRE_TOKENIZERS)}"
+            )
         flags["pre_tokenizer"] = data[PRE_TOKENIZER_KEY]
     return flags
 
 
-def read_bpe_vocabulary(*, vocab_json: str | None = None, merges_txt: str | None = None, tokenizer_json: str | None = None) -> Tokenizer:
+def read_bpe_vocabulary(
+    *, vocab_json: str | None = None, merges_txt: str | None = None, tokenizer_json: str | None = None
+) -> Tokenizer:
     """The byte-level BPE tokenizer of these local files: vocab.json + merges.txt, or a
     tokenizer.json, or all three (which must agree); see the module docstring."""
     if (vocab_json is None) != (merges_txt is None):
         have, lack = (vocab_json, "merges.txt") if merges_txt is None else (merges_txt, "vocab.json")
-        raise InputDataError(f"{have}: a byte-level BPE needs vocab.json and merges.txt together; {lack} is missing beside it")
+        raise InputDataError(
+            f"{have}: a byte-level BPE needs vocab.json and merges.txt together; {lack} is missing beside it"
+        )
     if vocab_json is None and tokenizer_json is None:
         raise ValueError("read_bpe_vocabulary needs vocab.json + merges.txt or a tokenizer.json")
     vocab = merges = None
@@ -182,20 +205,27 @@ def read_bpe_vocabulary(*, vocab_json: str | None = None, merges_txt: str | None
         model, pre = state.get("model") or {}, state.get("pre_tokenizer") or {}
         if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
             raise InputDataError(
-                f"{tokenizer_json}: a {model.get('type')} model under the {pre.get('type')} pre-tokenizer, not a byte-level BPE; "
-                "vocab.model: byte_level_bpe adopts RoBERTa/GPT-2 vocabularies (use vocab.model: wordpiece for a BERT one)"
+                f"{tokenizer_json}: a {model.get('type')} model under the {pre.get('type')} pre-tokenizer, "
+                "not a byte-level BPE; "
+                "vocab.model: byte_level_bpe adopts RoBERTa/GPT-2 vocabularies (use vocab.model: wordpiece "
+                "for a BERT one)"
             )
         theirs = bpe.vocab_and_merges(Tokenizer.from_str(json.dumps(state)))
         if vocab is None:
             vocab, merges = theirs
         elif theirs != (vocab, merges):
             what = "entries" if theirs[0] != vocab else "merges"
-            raise InputDataError(f"{tokenizer_json} and {vocab_json} + {merges_txt} hold different {what}; the files are of different vocabularies")
+            raise InputDataError(
+                f"{tokenizer_json} and {vocab_json} + {merges_txt} hold different {what}; the files are of "
+                "different vocabularies"
+            )
     where = vocab_json or tokenizer_json
     try:
         return bpe.bpe_tokenizer(vocab, merges)
     except ValueError as exc:
-        raise InputDataError(f"{where}: {exc}; only RoBERTa-style vocabularies with <s> <pad> </s> <unk> <mask> can be adopted") from None
+        raise InputDataError(
+            f"{where}: {exc}; only RoBERTa-style vocabularies with <s> <pad> </s> <unk> <mask> can be adopted"
+        ) from None
 
 
 def _read(path: str, reader):

@@ -38,6 +38,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from bertcore.vocab.config import (
     BOS,
+    BPE_FILES,
     BPE_MASK,
     BPE_PAD,
     BPE_SPECIAL_TOKENS,
@@ -46,7 +47,6 @@ from bertcore.vocab.config import (
     MERGES_FILE,
     TOKENIZER_FILE,
     VOCAB_JSON,
-    BPE_FILES,
     VocabConfig,
     write_transformers_files,
 )
@@ -55,8 +55,13 @@ _BATCH = 1000
 """Sentences handed to the trainer per batch (one Rust call each)."""
 
 SPECIAL_TOKENS_MAP = {
-    "bos_token": BOS, "eos_token": EOS, "unk_token": BPE_UNK, "sep_token": EOS,
-    "pad_token": BPE_PAD, "cls_token": BOS, "mask_token": BPE_MASK,
+    "bos_token": BOS,
+    "eos_token": EOS,
+    "unk_token": BPE_UNK,
+    "sep_token": EOS,
+    "pad_token": BPE_PAD,
+    "cls_token": BOS,
+    "mask_token": BPE_MASK,
 }
 """RoBERTa's roles of the special tokens, as transformers names them."""
 
@@ -90,9 +95,13 @@ def bpe_tokenizer(vocab: dict[str, int], merges: Sequence[tuple[str, str]]) -> T
     tok = Tokenizer(models.BPE(vocab, list(merges), dropout=None, unk_token=None, fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.RobertaProcessing((EOS, vocab[EOS]), (BOS, vocab[BOS]), trim_offsets=True, add_prefix_space=False)
+    tok.post_processor = processors.RobertaProcessing(
+        (EOS, vocab[EOS]), (BOS, vocab[BOS]), trim_offsets=True, add_prefix_space=False
+    )
     # matched in the raw text and never split; <mask> takes the space before it along
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=t == BPE_MASK) for t in BPE_SPECIAL_TOKENS])
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False, lstrip=t == BPE_MASK) for t in BPE_SPECIAL_TOKENS]
+    )
     return tok
 
 

@@ -77,14 +77,23 @@ def entries_file(names) -> str:
 
 ADOPTED_OPTIONS = ("lowercase", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word", "recompose_nfc")
 """The fields an adopted vocabulary brings from its own files (source: pretrained)."""
-WORDPIECE_ONLY = ("strip_accents", "tokenize_chinese_chars", "limit_alphabet", "max_input_chars_per_word", "bert_layout", "recompose_nfc", "pre_tokenizer")
+WORDPIECE_ONLY = (
+    "strip_accents",
+    "tokenize_chinese_chars",
+    "limit_alphabet",
+    "max_input_chars_per_word",
+    "bert_layout",
+    "recompose_nfc",
+    "pre_tokenizer",
+)
 """Fields a byte-level BPE vocabulary has no use for (its alphabet is the 256 bytes, it
 never makes [UNK], its specials are RoBERTa's); setting one to another value than its
 default with it is an error."""
 
 WHITESPACE = "whitespace"
 PRE_TOKENIZERS = (WHITESPACE, "kiwi", "mecab")
-"""vocab.pre_tokenizer: BERT's words, or Korean morphemes by kiwipiepy or python-mecab-ko (bertcore/vocab/morphemes.py)."""
+"""vocab.pre_tokenizer: BERT's words, or Korean morphemes by kiwipiepy or python-mecab-ko
+(bertcore/vocab/morphemes.py)."""
 
 
 class VocabConfig(Section):
@@ -95,34 +104,52 @@ class VocabConfig(Section):
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("model", "pre_tokenizer")
 
     model: VocabModel = "wordpiece"
-    """wordpiece: BERT's WordPiece with `##` continuations and [CLS] [SEP] [MASK]; byte_level_bpe: RoBERTa's byte-level BPE (tokenizers' ByteLevel, `Ġ` marks a word start) with <s> <pad> </s> <unk> <mask>, written as vocab.json + merges.txt. The examples, the model and the export follow it."""
+    """wordpiece: BERT's WordPiece with `##` continuations and [CLS] [SEP] [MASK]; byte_level_bpe: RoBERTa's byte-level
+    BPE (tokenizers' ByteLevel, `Ġ` marks a word start) with <s> <pad> </s> <unk> <mask>, written as vocab.json +
+    merges.txt. The examples, the model and the export follow it."""
     source: Literal["train", "pretrained"] = "train"
-    """train: learn a vocabulary on the corpus; pretrained: adopt an existing BERT vocabulary (vocab.pretrained) entry for entry, with its own casing options, instead of training."""
+    """train: learn a vocabulary on the corpus; pretrained: adopt an existing BERT vocabulary (vocab.pretrained) entry
+    for entry, with its own casing options, instead of training."""
     pretrained: str | None = None
-    """source pretrained: a vocab.txt, a tokenizer.json, or a model folder holding them (local or s3://); a folder's tokenizer_config.json (do_lower_case, ...) is honoured. byte_level_bpe: a folder with vocab.json + merges.txt, a vocab.json with merges.txt beside it, or a BPE tokenizer.json. Default: the folder of pretrain.init_from."""
+    """source pretrained: a vocab.txt, a tokenizer.json, or a model folder holding them (local or s3://); a folder's
+    tokenizer_config.json (do_lower_case, ...) is honoured. byte_level_bpe: a folder with vocab.json + merges.txt, a
+    vocab.json with merges.txt beside it, or a BPE tokenizer.json. Default: the folder of pretrain.init_from."""
     vocab_size: int = Field(30522, gt=0)
-    """Entries of the vocabulary, special tokens and [unusedN] included (BERT-base: 30522, RoBERTa: 50265). Training may stop short of it when no pair is frequent enough."""
+    """Entries of the vocabulary, special tokens and [unusedN] included (BERT-base: 30522, RoBERTa: 50265). Training may
+    stop short of it when no pair is frequent enough."""
     lowercase: bool = True
-    """Lowercase text before WordPiece (an "uncased" model). byte_level_bpe is cased, as RoBERTa: false is its default and true an error."""
+    """Lowercase text before WordPiece (an "uncased" model). byte_level_bpe is cased, as RoBERTa: false is its default
+    and true an error."""
     strip_accents: bool | None = None
-    """Drop combining accents (café -> cafe); None follows `lowercase`, as BERT does. Hangul syllables stay intact either way."""
+    """Drop combining accents (café -> cafe); None follows `lowercase`, as BERT does. Hangul syllables stay intact
+    either way."""
     tokenize_chinese_chars: bool = True
     """Put spaces around every CJK ideograph so each one is a word of its own, as BERT does."""
     min_frequency: int = Field(2, ge=1)
     """A pair of pieces must occur at least this often in the sample to be merged into a new piece."""
     limit_alphabet: int | None = Field(1000, ge=1)
-    """Keep at most this many distinct characters (the most frequent; ties by code point); words with any other character become [UNK]. None keeps all. Korean needs a few thousand (one per syllable)."""
+    """Keep at most this many distinct characters (the most frequent; ties by code point); words with any other
+    character become [UNK]. None keeps all. Korean needs a few thousand (one per syllable)."""
     max_input_chars_per_word: int = Field(100, ge=1)
-    """Words longer than this (in characters, after normalization) become a single [UNK]. Hugging Face uses 100, Google's original code 200."""
+    """Words longer than this (in characters, after normalization) become a single [UNK]. Hugging Face uses 100,
+    Google's original code 200."""
     bert_layout: bool = True
-    """Put [PAD] [UNK] [CLS] [SEP] [MASK] at Google's ids 0/100/101/102/103 with [unused0]..[unused98] at 1-99; false puts them at 0-4."""
+    """Put [PAD] [UNK] [CLS] [SEP] [MASK] at Google's ids 0/100/101/102/103 with [unused0]..[unused98] at 1-99; false
+    puts them at 0-4."""
     max_sentences: int = Field(10_000_000, ge=1)
     """Sentences sampled from the corpus for training; train_wordpiece reads no more than this."""
     recompose_nfc: bool = True
-    """After BERT's normalizer, recompose with NFC so Hangul stays as syllables (false: exactly Google's and transformers' normalization, Hangul as jamo). An adopted vocabulary follows its source: false for a vocab.txt, what its tokenizer.json says."""
+    """After BERT's normalizer, recompose with NFC so Hangul stays as syllables (false: exactly Google's and
+    transformers' normalization, Hangul as jamo). An adopted vocabulary follows its source: false for a vocab.txt, what
+    its tokenizer.json says."""
 
     pre_tokenizer: Literal["whitespace", "kiwi", "mecab"] = WHITESPACE
-    """How text is cut into words before WordPiece. whitespace: BERT's rule (whitespace, punctuation alone). kiwi / mecab: Korean morphemes, by kiwipiepy or python-mecab-ko (pip install either): every morpheme after the first of a word (eojeol) is a ## continuation (국민은 -> 국민 ##은), so pieces never cross a morpheme boundary and whole-word masking masks whole eojeols. Recorded in tokenizer_config.json; the examples and evaluate stages split text the same way; transformers' AutoTokenizer alone does not (docs/stages/vocab.md). An adopted vocabulary keeps what its files record."""
+    """How text is cut into words before WordPiece. whitespace: BERT's rule (whitespace, punctuation alone). kiwi /
+    mecab: Korean morphemes, by kiwipiepy or python-mecab-ko (pip install either): every morpheme after the first of a
+    word (eojeol) is a ## continuation (국민은 -> 국민 ##은), so pieces never cross a morpheme boundary and
+    whole-word masking masks whole eojeols. Recorded in tokenizer_config.json; the examples and evaluate stages split
+    text the same way; transformers' AutoTokenizer alone does not (docs/stages/vocab.md). An adopted vocabulary keeps
+    what its files record."""
 
     @model_validator(mode="before")
     @classmethod
@@ -152,14 +179,21 @@ class VocabConfig(Section):
     @model_validator(mode="after")
     def _room_for_pieces(self):
         if self.pretrained is not None and self.source != "pretrained":
-            raise ValueError("vocab.pretrained is set but vocab.source is train; set vocab.source: pretrained to adopt it")
+            raise ValueError(
+                "vocab.pretrained is set but vocab.source is train; set vocab.source: pretrained to adopt it"
+            )
         if self.byte_level:
             # a value other than the default (a manifest's dump of the section sets them all)
             wordpiece_only = [k for k in WORDPIECE_ONLY if getattr(self, k) != type(self).model_fields[k].default]
             if wordpiece_only:
-                raise ValueError(f"vocab.{wordpiece_only[0]} applies to WordPiece only; remove it (vocab.model is byte_level_bpe)")
+                raise ValueError(
+                    f"vocab.{wordpiece_only[0]} applies to WordPiece only; remove it (vocab.model is byte_level_bpe)"
+                )
             if self.lowercase:
-                raise ValueError("vocab.lowercase: byte_level_bpe is cased, as RoBERTa's; set vocab.lowercase: false or use vocab.model: wordpiece")
+                raise ValueError(
+                    "vocab.lowercase: byte_level_bpe is cased, as RoBERTa's; set vocab.lowercase: false or "
+                    "use vocab.model: wordpiece"
+                )
         if self.source == "pretrained":
             return self  # nothing is trained: the size is the adopted vocabulary's
         reserved = len(self.reserved_tokens)
@@ -169,7 +203,11 @@ class VocabConfig(Section):
                 f"{reserved} special tokens = {reserved + BYTE_ALPHABET}; raise vocab.vocab_size"
             )
         if self.vocab_size <= reserved:
-            what = "5 special tokens and 99 [unusedN] entries" if self.bert_layout and not self.byte_level else "5 special tokens"
+            what = (
+                "5 special tokens and 99 [unusedN] entries"
+                if self.bert_layout and not self.byte_level
+                else "5 special tokens"
+            )
             raise ValueError(
                 f"vocab.vocab_size={self.vocab_size} leaves no room for learned pieces: "
                 f"the {what} already take {reserved} entries; use a larger vocab.vocab_size"

@@ -51,14 +51,18 @@ NOTE_KEY = "bertpipe_note"
 """tokenizer_config.json: what a transformers user must do (HOW_TO_LOAD)."""
 
 HOW_TO_LOAD = (
-    "transformers' tokenizer alone does not split Korean morphemes; this vocabulary was trained on text split by {name} ({package}). "
+    "transformers' tokenizer alone does not split Korean morphemes; this vocabulary was trained on text "
+    "split by {name} ({package}). "
     "Tokenize as bertpipe did with: {call}  (folder: this folder; needs bertpipe and {package})"
 )
 
 
 def run_note(name: str, folder: str) -> str:
     """The line a run or an export prints under a model folder whose vocabulary splits morphemes."""
-    return f"its tokenizer splits {name} morphemes, which AutoTokenizer alone does not; tokenize as in training with: {load_call(folder)}"
+    return (
+        f"its tokenizer splits {name} morphemes, which AutoTokenizer alone does not; tokenize as in training "
+        f"with: {load_call(folder)}"
+    )
 
 
 def load_call(folder: str = "folder") -> str:
@@ -70,7 +74,10 @@ def load_call(folder: str = "folder") -> str:
     )
 
 
-PACKAGES = {"kiwi": ("kiwipiepy", "kiwipiepy", ("kiwipiepy", "kiwipiepy_model")), "mecab": ("mecab", "python-mecab-ko", ("python-mecab-ko", "python-mecab-ko-dic"))}
+PACKAGES = {
+    "kiwi": ("kiwipiepy", "kiwipiepy", ("kiwipiepy", "kiwipiepy_model")),
+    "mecab": ("mecab", "python-mecab-ko", ("python-mecab-ko", "python-mecab-ko-dic")),
+}
 """pre_tokenizer -> (module to import, package to pip install, distributions whose versions are recorded)."""
 
 TRAINING_MARK = "\x00"
@@ -122,7 +129,7 @@ def require(name: str) -> None:
         ) from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def analyzer(name: str) -> Analyzer:
     """The analyser of `name`, loaded once per process (Kiwi's model takes seconds)."""
     require(name)
@@ -130,7 +137,7 @@ def analyzer(name: str) -> Analyzer:
 
 
 def analyzer_versions(name: str) -> str:
-    """"kiwipiepy 0.24.1, kiwipiepy_model 0.24.0": what decides the split besides the text."""
+    """ "kiwipiepy 0.24.1, kiwipiepy_model 0.24.0": what decides the split besides the text."""
     found = []
     for dist in PACKAGES[name][2]:
         try:
@@ -269,7 +276,9 @@ def recorded(directory: str) -> dict[str, Any]:
         raise InputDataError(f"{path}: cannot read it ({exc})") from None
     name = data.get(PRE_TOKENIZER_KEY, WHITESPACE)
     if name not in PRE_TOKENIZERS:
-        raise InputDataError(f"{path}: {PRE_TOKENIZER_KEY} is {name!r}, not one of {', '.join(PRE_TOKENIZERS)}; rerun the vocab stage")
+        raise InputDataError(
+            f"{path}: {PRE_TOKENIZER_KEY} is {name!r}, not one of {', '.join(PRE_TOKENIZERS)}; rerun the vocab stage"
+        )
     if name == WHITESPACE:
         return {}
     return {key: data[key] for key in (PRE_TOKENIZER_KEY, ANALYZER_KEY, NOTE_KEY) if key in data}
@@ -303,7 +312,9 @@ def split_as_recorded(tokenizer: Any, directory: str) -> Any:
         require(name)
         installed = analyzer_versions(name)
         if found.get(ANALYZER_KEY) not in (None, installed):
-            log.warning("%s: the vocabulary was split by %s; installed is %s", directory, found[ANALYZER_KEY], installed)
+            log.warning(
+                "%s: the vocabulary was split by %s; installed is %s", directory, found[ANALYZER_KEY], installed
+            )
     return with_morphemes(tokenizer, name)
 
 

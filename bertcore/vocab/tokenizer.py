@@ -1,10 +1,11 @@
-# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one format whose parts must agree (the byte-level BPE is bpe.py).
+# Over 500 lines on purpose: Google's BasicTokenizer rules, WordPiece training and the vocab files are one
+# format whose parts must agree (the byte-level BPE is bpe.py).
 """BERT WordPiece vocabulary: train, lay out, save, load, measure.
 
 The output is what Google's BERT and `transformers` expect: a `vocab.txt` (one entry per
 line, line number = id) and a `tokenizer.json` whose pieces equal those of the reference
 BasicTokenizer + WordpieceTokenizer over that `vocab.txt`, except in two classes of text
-(tests/test_tokenizer_fidelity.py pins both):
+(tests/unit/test_tokenizer_fidelity.py pins both):
 
 - Hangul and other letters that NFD splits without producing a mark. Google's uncased
   normalizer lowercases, applies NFD and drops every nonspacing mark (Mn); NFD turns each
@@ -24,6 +25,7 @@ so two processes given the same text order, and near the size limit choose, piec
 differently. `train_wordpiece` chooses the alphabet itself and hands the trainer every
 starting symbol with a fixed id, which makes it deterministic.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,42 +36,29 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from tokenizers import (
-    AddedToken,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertcore.errors import InputDataError
-from bertcore.vocab import bpe
-from bertcore.vocab import morphemes
-from bertcore.vocab.config import (
+from bertcore.vocab import bpe, morphemes
+from bertcore.vocab.config import (  # noqa: F401 - re-exported; the names live with the section, without tokenizers
     BPE_UNK,
     CLS,
+    CONFIG_FILE,
     MASK,
     PAD,
     PREFIX,
     SEP,
     SPECIAL_TOKENS,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
     UNK,
+    VOCAB_FILE,
+    VOCAB_JSON,
     WHITESPACE,
     VocabConfig,
     write_transformers_files,
 )
-from bertcore.vocab.config import (  # noqa: F401 - the file names live with the section, without tokenizers; re-exported
-    CONFIG_FILE,
-    SPECIAL_TOKENS_FILE,
-    TOKENIZER_FILE,
-    TOKENIZER_FILES,
-    VOCAB_FILE,
-    VOCAB_JSON,
-)
-
 
 # Text handed to the trainer in strings of about this many characters: one Rust call per
 # chunk instead of one per sentence, and enough chunks to keep its threads busy.
@@ -204,9 +193,7 @@ def count_alphabet(sentences: Iterable[str], cfg: VocabConfig) -> AlphabetCounts
     return out
 
 
-def train_wordpiece(
-    sentences: Iterable[str], cfg: VocabConfig, alphabet: AlphabetCounts | None = None
-) -> Tokenizer:
+def train_wordpiece(sentences: Iterable[str], cfg: VocabConfig, alphabet: AlphabetCounts | None = None) -> Tokenizer:
     """Train a BERT WordPiece vocabulary on the first cfg.max_sentences sentences and
     return the finished tokenizer; its ids are the lines of the vocab.txt that
     `save_tokenizer` writes. With a morpheme cfg.pre_tokenizer the text is split into
@@ -253,7 +240,9 @@ def train_wordpiece(
     )
     work = Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=PREFIX))
     work.normalizer = build_normalizer(cfg)
-    work.pre_tokenizer = pre_tokenizers.BertPreTokenizer() if cfg.pre_tokenizer == WHITESPACE else _training_pre_tokenizer(cfg)
+    work.pre_tokenizer = (
+        pre_tokenizers.BertPreTokenizer() if cfg.pre_tokenizer == WHITESPACE else _training_pre_tokenizer(cfg)
+    )
     work.train_from_iterator(chunks, trainer=trainer)
 
     trained = work.get_vocab(with_added_tokens=False)
@@ -283,9 +272,7 @@ def vocab_list(tok: Tokenizer) -> list[str]:
     return order
 
 
-def save_tokenizer(
-    tok: Tokenizer, cfg: VocabConfig, directory: str, *, model_max_length: int = 512
-) -> list[str]:
+def save_tokenizer(tok: Tokenizer, cfg: VocabConfig, directory: str, *, model_max_length: int = 512) -> list[str]:
     """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json
     into `directory` (created if missing); return the file names.
 
@@ -343,7 +330,7 @@ def read_vocab(path: str) -> list[str]:
 # turns tab, newline and carriage return into spaces; lowercase maps A-Z to a-z; accents,
 # Chinese characters and NFC leave ASCII alone.
 _ASCII_DROPPED = [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]
-_ASCII_CLEAN = {**{c: None for c in _ASCII_DROPPED}, 0x09: " ", 0x0A: " ", 0x0D: " "}
+_ASCII_CLEAN = {**dict.fromkeys(_ASCII_DROPPED), 0x09: " ", 0x0A: " ", 0x0D: " "}
 
 
 @dataclass(frozen=True)
@@ -380,11 +367,20 @@ def _ascii_path(tok: Tokenizer) -> _AsciiPath | None:
     state = json.loads(tok.to_str())
     normalizer = state.get("normalizer") or {}
     steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
-    marks = "".join(sorted({t["content"][0] for t in state.get("added_tokens", []) if t["content"] and not t.get("normalized")}))
+    marks = "".join(
+        sorted({t["content"][0] for t in state.get("added_tokens", []) if t["content"] and not t.get("normalized")})
+    )
     path = None
-    if steps and steps[0].get("type") == "BertNormalizer" and all(s.get("type") == "NFC" for s in steps[1:]) and not any(m.isalpha() for m in marks):
+    if (
+        steps
+        and steps[0].get("type") == "BertNormalizer"
+        and all(s.get("type") == "NFC" for s in steps[1:])
+        and not any(m.isalpha() for m in marks)
+    ):
         bare = Tokenizer.from_str(json.dumps({**state, "normalizer": None}))
-        path = _AsciiPath(bare, _ASCII_CLEAN if steps[0].get("clean_text", True) else {}, bool(steps[0].get("lowercase", True)), marks)
+        path = _AsciiPath(
+            bare, _ASCII_CLEAN if steps[0].get("clean_text", True) else {}, bool(steps[0].get("lowercase", True)), marks
+        )
     if len(_ascii_paths) >= 8:
         _ascii_paths.clear()
     _ascii_paths[id(tok)] = (tok, path)
@@ -398,7 +394,9 @@ def _encode_groups(tok: Tokenizer, groups: list[list[str]], sep: int) -> list[tu
     import numpy as np
 
     out = []
-    for group, encoding in zip(groups, tok.encode_batch_fast([f" {SEP} ".join(g) for g in groups], add_special_tokens=False)):
+    for group, encoding in zip(
+        groups, tok.encode_batch_fast([f" {SEP} ".join(g) for g in groups], add_special_tokens=False)
+    ):
         ids = np.asarray(encoding.ids, dtype=np.int64)
         cuts = np.flatnonzero(ids == sep)
         if len(cuts) == len(group) - 1:

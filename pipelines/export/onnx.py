@@ -57,7 +57,10 @@ def default_stage(cfg: Any) -> str:
 
 def check_stage(name: str) -> str:
     if name not in EXPORTABLE:
-        raise ConfigError(f"--stage {name}: ONNX export reads a model folder, which only {', '.join(EXPORTABLE)} write{'s' if len(EXPORTABLE) == 1 else ''}")
+        raise ConfigError(
+            f"--stage {name}: ONNX export reads a model folder, which only {', '.join(EXPORTABLE)} "
+            f"write{'s' if len(EXPORTABLE) == 1 else ''}"
+        )
     return name
 
 
@@ -69,22 +72,32 @@ def _complete(storage: Storage, root: str, name: str, why: str) -> tuple[StageDi
     directory = StageDir(storage, root, REGISTRY[name].directory)
     manifest = directory.manifest()
     if manifest is None:
-        raise UpstreamMissing(f"{why} the {name} stage's output, and there is none under {directory.uri}: run `bertpipe run --only {name}` first")
+        raise UpstreamMissing(
+            f"{why} the {name} stage's output, and there is none under {directory.uri}: run `bertpipe run "
+            f"--only {name}` first"
+        )
     return directory, manifest
 
 
-def _local_checked(storage: Storage, directory: StageDir, manifest: Manifest, relative: str, cache_key: str) -> tuple[str, str]:
+def _local_checked(
+    storage: Storage, directory: StageDir, manifest: Manifest, relative: str, cache_key: str
+) -> tuple[str, str]:
     """(local path, sha256) of a file the manifest lists, after checking its bytes."""
     from pipelines.shards import local_copy
     from pipelines.storage import sha256_file
 
     record = next((s for s in manifest.shards if s.path == relative), None)
     if record is None:
-        raise InputDataError(f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage")
+        raise InputDataError(
+            f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage"
+        )
     local = local_copy(storage, directory.path(relative), cache_key)
     digest = sha256_file(local)
     if digest != record.sha256:
-        raise InputDataError(f"{directory.path(relative)} does not match its manifest (damaged): `bertpipe run --only {manifest.stage}` recomputes it")
+        raise InputDataError(
+            f"{directory.path(relative)} does not match its manifest (damaged): `bertpipe run --only "
+            f"{manifest.stage}` recomputes it"
+        )
     return local, digest
 
 
@@ -97,7 +110,9 @@ def model_folder(storage: Storage, root: str, stage: str) -> tuple[str, dict[str
     paths = {name: _local_checked(storage, directory, manifest, f"{MODEL_DIR}/{name}", cache_key) for name in HF_FILES}
     from bertcore.model.folder import check_model_folder
 
-    check_model_folder(os.path.dirname(paths[WEIGHTS_FILE][0]), f"the {stage} stage's {MODEL_DIR}/")  # config against weights, bounded, before torch
+    check_model_folder(
+        os.path.dirname(paths[WEIGHTS_FILE][0]), f"the {stage} stage's {MODEL_DIR}/"
+    )  # config against weights, bounded, before torch
     identity = {
         "stage": stage,
         "fingerprint": manifest.fingerprint,
@@ -119,15 +134,21 @@ def head_file(storage: Storage, root: str, task: str, weights_sha256: str) -> tu
         names = sorted({posixpath.splitext(posixpath.basename(p))[0] for p in kept})
         raise ConfigError(
             f"--task {task}: the evaluate stage under {directory.uri} kept no fine-tuned model of that name "
-            f"(it has: {', '.join(names) or 'none'}; models are kept for tasks that train: classification, regression, token classification, QA)"
+            f"(it has: {', '.join(names) or 'none'}; models are kept for tasks that train: classification, "
+            "regression, token classification, QA)"
         )
     for relative in candidates:
         local, digest = _local_checked(storage, directory, manifest, relative, f"export-{manifest.fingerprint}")
         if read_head(local).encoder_sha256 == weights_sha256:
-            return local, {"task": task, "file": directory.path(relative), "sha256": digest, "evaluate_fingerprint": manifest.fingerprint}
+            return local, {
+                "task": task,
+                "file": directory.path(relative),
+                "sha256": digest,
+                "evaluate_fingerprint": manifest.fingerprint,
+            }
     raise ConfigError(
-        f"--task {task}: the fine-tuned models in {directory.uri} started from other weights than the model being exported; "
-        "re-run the evaluate stage (`bertpipe run --only evaluate`) on this model"
+        f"--task {task}: the fine-tuned models in {directory.uri} started from other weights than the model being "
+        "exported; re-run the evaluate stage (`bertpipe run --only evaluate`) on this model"
     )
 
 
@@ -147,7 +168,13 @@ def held_out_sentences(storage: Storage, root: str, count: int, seed: int) -> li
         if len(pool) >= SENTENCE_POOL * count:
             break
     pool = pool[: SENTENCE_POOL * count]
-    chosen = sorted(keyed_numpy(seed, "export", "check-sentences").choice(len(pool), size=min(count, len(pool)), replace=False)) if pool else []
+    chosen = (
+        sorted(
+            keyed_numpy(seed, "export", "check-sentences").choice(len(pool), size=min(count, len(pool)), replace=False)
+        )
+        if pool
+        else []
+    )
     return [pool[i] for i in chosen]
 
 
@@ -188,28 +215,57 @@ def export_onnx(
     head_path, head = head_file(storage, root, task, source["weights_sha256"]) if task else (None, None)
     texts = held_out_sentences(storage, root, sentences, seed)
     settings = {
-        "format": "onnx", "stage": stage, "task": task, "quantize": "int8" if int8 else None,
-        "exporter": "torch.onnx.export (TorchScript, dynamo=False, eager attention) + onnxruntime.transformers optimizer (bert fusions)",
+        "format": "onnx",
+        "stage": stage,
+        "task": task,
+        "quantize": "int8" if int8 else None,
+        "exporter": (
+            "torch.onnx.export (TorchScript, dynamo=False, eager attention) + onnxruntime.transformers optimizer "
+            "(bert fusions)"
+        ),
         "dynamic_axes": {"batch": 0, "sequence": 1},
-        "int8": "onnxruntime quantize_dynamic: MatMul weights int8 per output channel, activations uint8 per batch" if int8 else None,
-        "tolerance": tolerance, "check_sentences": sentences, "seed": seed,
+        "int8": "onnxruntime quantize_dynamic: MatMul weights int8 per output channel, activations uint8 per batch"
+        if int8
+        else None,
+        "tolerance": tolerance,
+        "check_sentences": sentences,
+        "seed": seed,
     }
     started = time.perf_counter()
-    log.info("export: %s model %s to ONNX (fp32%s)%s, checked on %d held-out sentences", stage, source["model"], " and int8" if int8 else "", f" with the {task} head" if task else "", len(texts))
+    log.info(
+        "export: %s model %s to ONNX (fp32%s)%s, checked on %d held-out sentences",
+        stage,
+        source["model"],
+        " and int8" if int8 else "",
+        f" with the {task} head" if task else "",
+        len(texts),
+    )
     target = StageDir(storage, posixpath.dirname(out.rstrip("/")), posixpath.basename(out.rstrip("/")))
     earlier = target.manifest()  # an earlier export's (check_target let nothing else through)
     with tempfile.TemporaryDirectory(prefix="bertpipe-onnx-") as tmp:
-        report = export_folder(model_dir, tmp, texts, head_file=head_path, int8=int8, tolerance=tolerance, seed=keyed_seed(seed, "export", "mlm-positions"))
+        report = export_folder(
+            model_dir,
+            tmp,
+            texts,
+            head_file=head_path,
+            int8=int8,
+            tolerance=tolerance,
+            seed=keyed_seed(seed, "export", "mlm-positions"),
+        )
         if earlier is not None:
             storage.remove(target.path(MANIFEST))  # the folder is incomplete from here until the manifest is back
         shards = [target.publish_copy(name, os.path.join(tmp, name), rows=0) for name in sorted(os.listdir(tmp))]
-    for old in (earlier.shards if earlier is not None else []):
+    for old in earlier.shards if earlier is not None else []:
         if old.path not in {s.path for s in shards}:
             target.remove(old.path)  # e.g. the int8 file of an earlier export; files it did not list stay
     inputs = {"source": source, "head": head}
     manifest = Manifest(
-        stage="export-onnx", code_version=CODE_VERSION, fingerprint=fingerprint("export-onnx", CODE_VERSION, settings, inputs),
-        inputs=inputs, config=settings, shards=shards,
+        stage="export-onnx",
+        code_version=CODE_VERSION,
+        fingerprint=fingerprint("export-onnx", CODE_VERSION, settings, inputs),
+        inputs=inputs,
+        config=settings,
+        shards=shards,
         stats={**{k: report[k] for k in ("outputs", "fusions", "head", "sample", "checks")}, "versions": _versions()},
         timings={**report["timings"], "total_s": round(time.perf_counter() - started, 3)},
         headline=headline(report["checks"]),
@@ -236,8 +292,10 @@ def summary_lines(manifest: Manifest) -> list[str]:
     fused = ", ".join(f"{count} {op}" for op, count in sorted(manifest.stats.get("fusions", {}).items())) or "nothing"
     lines = [
         f"fused: {fused}",
-        f"fp32: max |difference| from PyTorch {fp32['max_abs_diff'][worst]:.1e} ({worst}; tolerance {fp32['tolerance']:g}) "
-        f"on {sample['sentences']} held-out sentences"
+        (
+            f"fp32: max |difference| from PyTorch {fp32['max_abs_diff'][worst]:.1e} ({worst}; tolerance "
+            f"{fp32['tolerance']:g}) on {sample['sentences']} held-out sentences"
+        ),
     ]
     if "int8" in checks:
         int8 = checks["int8"]
@@ -246,6 +304,9 @@ def summary_lines(manifest: Manifest) -> list[str]:
             agreed = f"no argmax to compare ({int8['argmax']})"
         else:
             verdict = "met" if int8["meets_goal"] else "NOT met"
-            agreed = f"{100 * int8['agreement']:.1f}% of {int8['compared']} predictions equal fp32's ({int8['argmax']}; goal {100 * int8['goal']:.0f}%: {verdict})"
+            agreed = (
+                f"{100 * int8['agreement']:.1f}% of {int8['compared']} predictions equal fp32's "
+                f"({int8['argmax']}; goal {100 * int8['goal']:.0f}%: {verdict})"
+            )
         lines.append(f"int8: {agreed}; embedding cosine to fp32 min {cosine['min']:.4f}, mean {cosine['mean']:.4f}")
     return lines

@@ -77,11 +77,15 @@ def _run_marker(storage: Storage, folder: str) -> str | None:
     if stage in EXPORT_STAGES:
         return None
     if stage is not None:
-        return f"its {MANIFEST} (the {stage} stage's)" if stage else f"its {MANIFEST}, which no run or export wrote whole"
+        return (
+            f"its {MANIFEST} (the {stage} stage's)" if stage else f"its {MANIFEST}, which no run or export wrote whole"
+        )
     for name in (LEASE, RESOLVED_CONFIG, PROGRESS):
         if storage.exists(join(folder, name)):
             return f"its {name}"
-    for directory in sorted({stage.directory for stage in REGISTRY.values()}):  # onnx/pretrain/ is an export's, not a stage's
+    for directory in sorted(
+        {stage.directory for stage in REGISTRY.values()}
+    ):  # onnx/pretrain/ is an export's, not a stage's
         if _manifest_stage(storage, join(folder, directory)) not in (None, *EXPORT_STAGES):
             return f"{directory}/{MANIFEST}, a stage's output"
         if storage.exists(join(folder, directory, PROGRESS)):
@@ -97,7 +101,9 @@ def _is_file(storage: Storage, uri: str) -> bool:
     return fs.isfile(path)
 
 
-def check_target(storage: Storage, root: str, out: str, *, twins: tuple[str, ...] = (), default: str | None = None) -> str:
+def check_target(
+    storage: Storage, root: str, out: str, *, twins: tuple[str, ...] = (), default: str | None = None
+) -> str:
     """`out` resolved, if an export of the run root `root` may write there (see the module
     docstring); else one ConfigError line. Inside `root` itself the target must sit in a
     folder of plain names that is not a stage directory (the default `onnx/<stage>` is one).
@@ -120,7 +126,10 @@ def _check_one(storage: Storage, root: str, out: str, folder: str, instead: str)
         stages = {stage.directory for stage in REGISTRY.values()}
         if not parts or parts[0] in stages:
             what = f"the {parts[0]} stage's directory" if parts else "the run root itself"
-            raise ConfigError(f"{named} is {'inside ' if len(parts) > 1 else ''}{what} of run.root {root}; export never writes there: name a new folder ({instead})")
+            raise ConfigError(
+                f"{named} is {'inside ' if len(parts) > 1 else ''}{what} of run.root {root}; export never "
+                f"writes there: name a new folder ({instead})"
+            )
         try:
             for part in parts:
                 safe_name(part)
@@ -133,12 +142,13 @@ def _check_one(storage: Storage, root: str, out: str, folder: str, instead: str)
         if marker is not None:
             where = "is" if walk == folder else f"is inside {walk}, which is"
             raise ConfigError(
-                f"{named} {where} a run root or stage directory ({marker}); export never writes there: name a new folder ({instead})"
+                f"{named} {where} a run root or stage directory ({marker}); export never writes there: name "
+                f"a new folder ({instead})"
             )
         walk = _parent(walk)
     own = _manifest_stage(storage, folder) in EXPORT_STAGES
     if not own and storage.exists(folder) and storage.listdir(folder):
         raise ConfigError(
-            f"{named} already holds files that no export made (no export {MANIFEST} there); export writes only into a new folder "
-            f"or one an earlier export made: name a new folder ({instead})"
+            f"{named} already holds files that no export made (no export {MANIFEST} there); export writes only into a "
+            f"new folder or one an earlier export made: name a new folder ({instead})"
         )

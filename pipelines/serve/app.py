@@ -1,191 +1,297 @@
-"""The Ray Serve deployment behind `bertpipe serve`: each replica holds one Engine
-(bertcore/inference/engine.py) and answers HTTP itself; Ray Serve's proxy routes requests
-to the replicas and replaces one that dies.
+"""The one ASGI app (Starlette) behind `bertpipe serve`, however it runs (launch.py: in this
+process under uvicorn, or as each replica of a Ray Serve deployment, replica.py).
 
-    POST /embed /classify /fill-mask   JSON in and out (bertcore/inference/validate.py)
-    GET  /health                       {"status": "ok"} once the replica has its model
-    GET  /metrics                      Prometheus text: every replica's counters and histograms
-    GET  /info                         the model, its run, the manifest fingerprint, max tokens
+    the route families of bertcore/inference/routes/   TEI, OpenAI, Hugging Face's fill-mask
+    GET /health    {"status": "ok"} once the model is loaded; never needs a key
+    GET /metrics   Prometheus text (with Ray Serve: every replica's, labelled by replica)
+    GET /info      TEI's fields (model_id, model_type, max_input_length, ...) and bertpipe's
+                   (the run, the manifest fingerprints, how inputs are read, the limits)
 
-A request is checked (and refused with its 4xx and a one-line JSON reason) before it is
-queued. Checked requests of every endpoint share one queue (`@serve.batch`): a batch runs
-when serve.max_batch_requests have come or serve.batch_wait_ms after its first, and the
-Engine cuts its texts into model calls within serve.max_batch_tokens. The model runs in a
-worker thread, so the replica goes on taking requests while it computes. An unexpected
-error answers 500 for the requests of that batch and leaves the replica up; the traceback
-goes to the replica's log.
-
-Metrics: each replica counts its own (bertcore/inference/prometheus.py) and hands a
-snapshot to one small Ray actor, the board, at most every `PUSH_EVERY_S`; /metrics shows
-every replica's last snapshot (its own current one), labelled by replica.
+A request goes: API key (keys.py; 401) -> its body, read up to the limit (413 naming it:
+past the limit the rest is read and dropped, up to DISCARD_BYTES, so a client that sends
+its whole body before reading sees the 413 instead of a closed connection) -> its route's
+checks (4xx with a one-line reason, in the family's error shape) -> the batcher's queue
+(429 with Retry-After at once when it is full) -> the Engine in the model thread -> its
+route's answer shape. An unexpected error answers 500 and leaves the server up; the
+traceback goes to the log.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-from ray import serve
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route as Endpoint
 
+from bertcore.inference.batcher import Batcher, Overloaded
 from bertcore.inference.config import ServeConfig
 from bertcore.inference.engine import Engine
 from bertcore.inference.prometheus import Metrics, render
-from bertcore.inference.validate import Limits, Offer, RequestError, parse
+from bertcore.inference.routes import MOVED, ROUTES, Route
+from bertcore.inference.validate import BODY_LIMIT, Limits, Offer, RequestError, read_json
+from pipelines.serve.keys import Keys, guarded
 
-log = logging.getLogger("ray.serve")
+log = logging.getLogger(__name__)
 
-ROUTES = {
-    "/embed": ("POST", "embed"),
-    "/classify": ("POST", "classify"),
-    "/fill-mask": ("POST", "fill_mask"),
-    "/health": ("GET", "health"),
-    "/metrics": ("GET", "metrics"),
-    "/info": ("GET", "info"),
-}
-PUSH_EVERY_S = 1.0
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DISCARD_BYTES = 64 << 20
+"""How much of an oversize body is read (and dropped) before its 413 is sent."""
+OPS = ("GET /health", "GET /metrics", "GET /info")
 
 
-@ray.remote(num_cpus=0)
-class Board:
-    """The replicas' latest metric snapshots, {replica: snapshot}."""
+@dataclass
+class Server:
+    """One server's state: the Engine and its batcher, what it offers, its metrics. With
+    Ray Serve, `others()` gives the other replicas' metric snapshots and `push(metrics)`
+    hands this one's to them."""
 
-    def __init__(self) -> None:
-        self.snapshots: dict[str, dict] = {}
+    engine: Engine
+    cfg: ServeConfig
+    identity: dict
+    name: str = "main"
+    mode: str = "in-process"
+    others: Callable[[], Awaitable[dict]] | None = None
+    push: Callable[[Metrics], None] | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    inflight: int = 0
+    answered: int = 0
 
-    def put(self, replica: str, snapshot: dict) -> None:
-        self.snapshots[replica] = snapshot
-
-    def get(self) -> dict[str, dict]:
-        return self.snapshots
-
-
-@serve.deployment(name="bertpipe", health_check_period_s=5, graceful_shutdown_timeout_s=5)
-class Replica:
-    def __init__(self, source: Any, storage: Any, cfg: ServeConfig, threads: int, board: Any) -> None:
-        _bind_to_the_node_address()
-        self.engine = Engine(source.engine_spec(storage, cfg.max_batch_tokens, threads))
-        head = source.head_info
+    def __post_init__(self) -> None:
+        head = self.engine.spec.head or {}
+        config = _config(self.engine.spec.folder)
         self.offer = Offer(
-            task=head["task"] if head else None, head_type=head["type"] if head else None,
-            mask_token=self.engine.tokenizer.mask_token if self.engine.spec.mlm_dir else None, pooling=source.pooling, top_k=cfg.top_k,
+            task=head.get("task"),
+            head_type=head.get("type"),
+            pairs=bool(head.get("pairs")),
+            labels=tuple(head.get("labels") or ()),
+            mask_token=self.engine.tokenizer.mask_token if self.engine.spec.mlm_dir else None,
+            pooling=self.identity["pooling"]["default"],
+            top_k=self.cfg.top_k,
+            model_id=self.identity["model_name"],
+            dimensions=config.get("hidden_size"),
+            vocab_size=len(self.engine.tokenizer),
         )
-        self.limits = Limits(cfg.max_texts, cfg.max_text_bytes)
-        self.metrics = Metrics()
-        self.board, self.pushed = board, 0.0
-        self.name = serve.get_replica_context().replica_id.unique_id
-        self.info = {
-            **source.identity,
-            "endpoints": [f"{method} {path}" for path, (method, kind) in ROUTES.items() if self._offers(kind)],
-            "batching": {"max_batch_tokens": cfg.max_batch_tokens, "max_batch_requests": cfg.max_batch_requests, "batch_wait_ms": cfg.batch_wait_ms},
-            "limits": {"max_texts": cfg.max_texts, "max_text_bytes": cfg.max_text_bytes, "max_body_bytes": self.limits.max_body_bytes},
+        self.limits = Limits(self.cfg.max_texts, self.cfg.max_text_bytes)
+        self.batcher = Batcher(
+            self.engine.run,
+            max_batch_requests=self.cfg.max_batch_requests,
+            batch_wait_ms=self.cfg.batch_wait_ms,
+            max_queued_texts=self.cfg.max_queued_texts,
+            record=self._record,
+        )
+
+    def routes(self) -> list[Route]:
+        return [route for route in ROUTES if route.offered(self.offer)]
+
+    def info(self, threads: int) -> dict:
+        """/info: TEI's fields, then bertpipe's."""
+        offer, cfg, identity = self.offer, self.cfg, self.identity
+        if offer.classifies:
+            labels = offer.labels or (offer.task,)
+            model_type = {
+                "classifier": {
+                    "id2label": {str(i): label for i, label in enumerate(labels)},
+                    "label2id": {label: i for i, label in enumerate(labels)},
+                }
+            }
+        else:
+            model_type = {"embedding": {"pooling": offer.pooling}}
+        return {
+            "model_id": offer.model_id,
+            "model_sha": identity.get("fingerprint"),
+            "model_dtype": identity.get("quantize") or "float32",
+            "model_type": model_type,
+            "max_concurrent_requests": cfg.max_queued_texts,
+            "max_input_length": identity["max_tokens"]["embed"],
+            "max_batch_tokens": cfg.max_batch_tokens,
+            "max_batch_requests": cfg.max_batch_requests,
+            "max_client_batch_size": cfg.max_texts,
+            "auto_truncate": True,
+            "tokenization_workers": 1,
+            "version": _version(),
+            **identity,
+            "pairs": offer.pairs if offer.task else None,
+            "mode": self.mode,
+            "endpoints": [f"{r.method} {r.path}" for r in self.routes()] + list(OPS),
+            "batching": {
+                "max_batch_tokens": cfg.max_batch_tokens,
+                "max_batch_requests": cfg.max_batch_requests,
+                "batch_wait_ms": cfg.batch_wait_ms,
+                "max_queued_texts": cfg.max_queued_texts,
+            },
+            "limits": {
+                "max_texts": cfg.max_texts,
+                "max_text_bytes": cfg.max_text_bytes,
+                "max_body_bytes": self.limits.max_body_bytes,
+            },
             "replica": {"id": self.name, "pid": os.getpid(), "threads": threads},
         }
-        self.batch.set_max_batch_size(cfg.max_batch_requests)
-        self.batch.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
 
-    def _offers(self, kind: str) -> bool:
-        if kind == "classify":
-            return self.offer.head_type in ("classification", "regression")
-        return kind != "fill_mask" or self.offer.mask_token is not None
-
-    async def __call__(self, request: Request) -> Response:
-        arrived = time.perf_counter()
-        path = request.url.path.rstrip("/") or "/"
-        endpoint = path if path in ROUTES else "other"
-        try:
-            if path not in ROUTES:
-                raise RequestError(404, f"no endpoint {path}; the endpoints are: {', '.join(ROUTES)}")
-            method, kind = ROUTES[path]
-            if request.method != method:
-                raise RequestError(405, f"{path} takes {method}, not {request.method}")
-            if kind == "health":
-                response = JSONResponse({"status": "ok"})
-            elif kind == "metrics":
-                response = PlainTextResponse(await self._metrics_page(), media_type=PROMETHEUS_TYPE)
-            elif kind == "info":
-                response = JSONResponse(self.info)
-            else:
-                job = parse(kind, await _body(request, self.limits.max_body_bytes), self.limits, self.offer)
-                response = JSONResponse(await self.batch((job, arrived)))
-        except RequestError as exc:
-            response = JSONResponse({"error": exc.reason}, status_code=exc.status)
-        except Exception as exc:  # noqa: BLE001 - one request fails, the replica stays
-            log.exception("bertpipe serve: %s failed", path)
-            response = JSONResponse({"error": f"internal error ({type(exc).__name__}); the replica's log has the traceback"}, status_code=500)
-        self.metrics.count("bertpipe_requests_total", endpoint=endpoint, code=str(response.status_code))
-        self.metrics.observe("bertpipe_request_seconds", time.perf_counter() - arrived, endpoint=endpoint)
-        self._push()
-        return response
-
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
-    async def batch(self, items: list[tuple[Any, float]]) -> list[dict]:
-        """One batch: every request's job through the Engine in a worker thread."""
-        started = time.perf_counter()
-        jobs = [job for job, _ in items]
-        self.metrics.observe("bertpipe_batch_requests", len(items))
-        for job, arrived in items:
-            self.metrics.observe("bertpipe_queue_seconds", started - arrived, endpoint=f"/{job.kind.replace('_', '-')}")
-            self.metrics.count("bertpipe_texts_total", len(job.texts), endpoint=f"/{job.kind.replace('_', '-')}")
-        answers, calls = await asyncio.to_thread(self.engine.run, jobs)
-        for call in calls:
+    def _record(self, batch, started: float, calls) -> None:
+        self.metrics.observe("bertpipe_batch_requests", len(batch))
+        for waiting in batch:
+            self.metrics.observe("bertpipe_queue_seconds", started - waiting.arrived, kind=waiting.job.kind)
+            self.metrics.count("bertpipe_texts_total", waiting.job.size, kind=waiting.job.kind)
+        for call in calls or ():
             self.metrics.observe("bertpipe_call_rows", call.rows)
             self.metrics.observe("bertpipe_call_tokens", call.tokens)
             self.metrics.observe("bertpipe_call_seconds", call.seconds)
-        return answers
 
-    def _push(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.pushed >= PUSH_EVERY_S:
-            self.pushed = now
-            self.board.put.remote(self.name, self.metrics.snapshot())
+    def count(self, endpoint: str, status: int, arrived: float) -> None:
+        self.metrics.count("bertpipe_requests_total", endpoint=endpoint, code=str(status))
+        self.metrics.observe("bertpipe_request_seconds", time.perf_counter() - arrived, endpoint=endpoint)
+        if self.push is not None:
+            self.push(self.metrics)
 
-    async def _metrics_page(self) -> str:
+    async def metrics_page(self) -> str:
         snapshots = {self.name: self.metrics.snapshot()}
-        try:
-            snapshots = {**await asyncio.wait_for(self.board.get.remote(), timeout=2.0), **snapshots}
-        except (asyncio.TimeoutError, ray.exceptions.RayError):  # the board is gone: this replica's own
-            log.warning("bertpipe serve: the metrics board did not answer; /metrics shows this replica only")
+        if self.others is not None:
+            snapshots = {**await self.others(), **snapshots}
         return render(snapshots)
 
 
-def _bind_to_the_node_address() -> None:
-    """Ray Serve 2.60 starts each replica's inter-deployment gRPC server on "[::]:0", every
-    interface of the machine (ray/serve/_private/replica.py, after the constructor runs);
-    other replicas and the proxy reach it by the node's address and the port it reports.
-    Bound to the node's address instead, as Ray binds its own processes: 127.0.0.1 for the
-    embedded Ray (pipelines/ray_runtime.py), the node's IP on a cluster. Another Ray
-    without that module attribute is left as it is."""
-    from ray.serve._private import replica as serve_replica
+def build_app(server: Server, keys: Keys, threads: int) -> Any:
+    """The ASGI app of `server`: its routes, the service's own, the API keys in front."""
+    endpoints = [Endpoint(route.path, _handler(server, route), methods=[route.method]) for route in server.routes()]
+    info = server.info(threads)
 
-    bind = getattr(serve_replica, "add_port_to_grpc_server", None)
-    if bind is None or getattr(bind, "bertpipe_node_address", False):
-        return
-    node = ray.util.get_node_ip_address()
-    host = f"[{node}]" if ":" in node else node
+    async def health(request: Request) -> Response:
+        return _json({"status": "ok"})
 
-    def on_the_node(server, address: str):
-        return bind(server, f"{host}:{address.rsplit(':', 1)[1]}" if address.startswith("[::]:") else address)
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(await server.metrics_page(), media_type=PROMETHEUS_TYPE)
 
-    on_the_node.bertpipe_node_address = True
-    serve_replica.add_port_to_grpc_server = on_the_node
+    async def about(request: Request) -> Response:
+        return _json(info)
+
+    for path, handler in (("/health", health), ("/metrics", metrics), ("/info", about)):
+        endpoints.append(Endpoint(path, _counted(server, path, handler), methods=["GET"]))
+    listed = ", ".join(info["endpoints"])
+
+    async def refused(request: Request, exc: HTTPException) -> Response:
+        path = request.url.path
+        if exc.status_code == 405:
+            allowed = [
+                m.strip() for m in (exc.headers or {}).get("Allow", "").split(",") if m.strip() not in ("", "HEAD")
+            ]
+            reason = f"{path} takes {', '.join(allowed) or 'another method'}, not {request.method}"
+        elif path in MOVED:
+            reason = f"no endpoint {path}: it is {MOVED[path]} now (see the changelog); the endpoints are: {listed}"
+        else:
+            reason = f"no endpoint {path}; the endpoints are: {listed}"
+        response = _json({"error": reason}, exc.status_code)
+        server.count("other", exc.status_code, time.perf_counter())
+        return response
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.batcher.start()
+        yield
+        await server.batcher.stop()
+        cut = f"; {server.inflight} were cut off by serve.drain_timeout_s" if server.inflight else ""
+        log.info("bertpipe serve: stopped; %d requests answered%s", server.answered, cut)
+
+    app = Starlette(routes=endpoints, lifespan=lifespan, exception_handlers={404: refused, 405: refused})
+    errors = {route.path: route.error for route in ROUTES}
+    return guarded(
+        app, keys, open_paths=("/health",), error=lambda path, reason: errors.get(path, _plain_error)(401, reason)
+    )
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it passes `limit` bytes."""
+def _handler(server: Server, route: Route):
+    async def handle(request: Request) -> Response:
+        arrived = time.perf_counter()
+        server.inflight += 1
+        try:
+            data = None
+            if route.method == "POST":
+                data = read_json(await read_body(request, server.limits.max_body_bytes), server.limits)
+            work = route.parse(data, request.query_params, server.offer, server.limits)
+            answer = await server.batcher.submit(work.job, arrived) if work.job is not None else {}
+            response = _json(work.reply(answer))
+        except RequestError as exc:
+            response = _json(route.error(exc.status, exc.reason), exc.status)
+        except Overloaded as exc:
+            response = _json(route.error(429, str(exc)), 429, headers={"Retry-After": str(exc.retry_after)})
+        except Exception as exc:  # one request fails, the server stays
+            log.exception("bertpipe serve: %s failed", route.path)
+            response = _json(
+                route.error(500, f"internal error ({type(exc).__name__}); the server's log has the traceback"), 500
+            )
+        finally:
+            server.inflight -= 1
+        server.answered += 1
+        server.count(route.path, response.status_code, arrived)
+        return response
+
+    return handle
+
+
+def _counted(server: Server, path: str, handler):
+    async def handle(request: Request) -> Response:
+        arrived = time.perf_counter()
+        response = await handler(request)
+        server.count(path, response.status_code, arrived)
+        return response
+
+    return handle
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 naming the limit once it passes `limit` bytes (see the
+    module docstring for what is read of the rest)."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the request body is {declared} bytes, over the limit of {limit} (serve.max_texts x serve.max_text_bytes)")
+    over = declared.isdigit() and int(declared) > limit
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the request body is over the limit of {limit} bytes (serve.max_texts x serve.max_text_bytes)")
-        chunks.append(chunk)
+        over = over or size > limit
+        if over and size > DISCARD_BYTES:
+            break
+        if not over:
+            chunks.append(chunk)
+    if over:
+        how_big = f"{declared} bytes" if declared.isdigit() else f"over {limit} bytes"
+        raise RequestError(
+            413, f"the request body is {how_big}, over the limit of {limit} bytes {BODY_LIMIT}; split the request"
+        )
     return b"".join(chunks)
+
+
+def _json(value: Any, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(
+        orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def _plain_error(status: int, reason: str) -> dict:
+    return {"error": reason}
+
+
+def _config(folder: str) -> dict:
+    import json
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("bertpipe")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bertcore.errors import ConfigError, InputDataError
+from bertcore.eval import kinds
 from bertcore.eval.windows import Windowing
 from bertcore.inference.engine import EngineSpec, Reading
 from bertcore.inference.export import COPIED, FP32_FILE, INT8_FILE
@@ -78,14 +79,24 @@ class Source:
         task = _fetch(storage, (self.task_file,), folder=False) if self.task_file else None
         mlm_folder = folder if set(self.mlm) <= set(self.files) else _fetch(storage, self.mlm)
         return EngineSpec(
-            folder=folder, embed=self.embed, classify=self.classify, fill_mask_tokens=self.fill_mask_tokens,
-            onnx_file=posixpath.join(folder, self.model_file) if onnx else None, torch_dir=None if onnx else folder,
-            head=self.head_info, task_onnx_file=task if onnx else None, head_file=None if onnx else task,
-            mlm_dir=_with_mlm_head(mlm_folder), budget=budget, threads=threads,
+            folder=folder,
+            embed=self.embed,
+            classify=self.classify,
+            fill_mask_tokens=self.fill_mask_tokens,
+            onnx_file=posixpath.join(folder, self.model_file) if onnx else None,
+            torch_dir=None if onnx else folder,
+            head=self.head_info,
+            task_onnx_file=task if onnx else None,
+            head_file=None if onnx else task,
+            mlm_dir=_with_mlm_head(mlm_folder),
+            budget=budget,
+            threads=threads,
         )
 
 
-def resolve(cfg: Any, storage: Storage, *, stage: str | None, task: str | None, fmt: str, quantize: str | None) -> Source:
+def resolve(
+    cfg: Any, storage: Storage, *, stage: str | None, task: str | None, fmt: str, quantize: str | None
+) -> Source:
     """The Source the options name (see the module docstring), or one ConfigError line."""
     if quantize not in (None, "int8"):
         raise ConfigError(f"--quantize {quantize}: the one quantization is int8")
@@ -99,7 +110,13 @@ def resolve(cfg: Any, storage: Storage, *, stage: str | None, task: str | None, 
     root = cfg.run.root
     directory, manifest = _complete(storage, root, model_stage)
     weights = _record(directory, manifest, "model/model.safetensors")
-    identity: dict[str, Any] = {"run": root, "stage": model_stage, "format": fmt, "quantize": quantize, "model_name": MODEL_NAMES[model_stage]}
+    identity: dict[str, Any] = {
+        "run": root,
+        "stage": model_stage,
+        "format": fmt,
+        "quantize": quantize,
+        "model_name": MODEL_NAMES[model_stage],
+    }
     head = task_file = None
     if task:
         from bertcore.eval.heads import read_head
@@ -107,19 +124,33 @@ def resolve(cfg: Any, storage: Storage, *, stage: str | None, task: str | None, 
         local, found = onnx_export.head_file(storage, root, task, weights.sha256)
         head = vars(read_head(local))
         task_file = File(found["file"], found["sha256"], f"serve-{found['evaluate_fingerprint']}")
-        identity["task"] = {"name": task, "type": head["type"], "labels": head["labels"], "fingerprint": found["evaluate_fingerprint"],
-                            "fingerprint_of": "the evaluate stage's output", "model": found["file"]}
+        identity["task"] = {
+            "name": task,
+            "type": head["type"],
+            "labels": head["labels"],
+            "fingerprint": found["evaluate_fingerprint"],
+            "fingerprint_of": "the evaluate stage's output",
+            "model": found["file"],
+        }
     mlm = tuple(_file(directory, manifest, f"model/{name}") for name in ("config.json", "model.safetensors"))
     if fmt == "onnx":
         files, model_file = _onnx_export(storage, root, model_stage, None, quantize, weights.sha256, identity)
         if task:
-            task_files, _ = _onnx_export(storage, root, model_stage, (task, task_file.sha256), quantize, weights.sha256, identity["task"])
+            task_files, _ = _onnx_export(
+                storage, root, model_stage, (task, task_file.sha256), quantize, weights.sha256, identity["task"]
+            )
             task_file = task_files[0]
     else:
         names = ("config.json", "model.safetensors", *[n for n in COPIED if n != "config.json"])
-        files = tuple(_file(directory, manifest, f"model/{name}") for name in names if _listed(manifest, f"model/{name}"))
+        files = tuple(
+            _file(directory, manifest, f"model/{name}") for name in names if _listed(manifest, f"model/{name}")
+        )
         model_file = "model.safetensors"
-        identity.update(fingerprint=manifest.fingerprint, fingerprint_of=f"the {model_stage} stage's output", model=directory.path("model"))
+        identity.update(
+            fingerprint=manifest.fingerprint,
+            fingerprint_of=f"the {model_stage} stage's output",
+            model=directory.path("model"),
+        )
     config = storage.read_json(join(directory.path("model"), "config.json"))
     positions = int(config.get("max_position_embeddings", 512))
     embed_cfg = cfg.evaluate.embeddings
@@ -127,31 +158,69 @@ def resolve(cfg: Any, storage: Storage, *, stage: str | None, task: str | None, 
     classify, note = _classify_reading(head, positions)
     pooling, why = _pooling(storage, root, directory.path("model"), model_stage)
     identity.update(
-        max_tokens={"embed": embed.max_tokens, "classify": classify.max_tokens if classify else None, "fill_mask": positions},
-        long_inputs={"embed": embed.long_inputs, "classify": (classify.long_inputs + note) if classify else None, "fill_mask": "truncate"},
+        max_tokens={
+            "embed": embed.max_tokens,
+            "classify": classify.max_tokens if classify else None,
+            "fill_mask": positions,
+        },
+        long_inputs={
+            "embed": embed.long_inputs,
+            "classify": (classify.long_inputs + note) if classify else None,
+            "fill_mask": "truncate",
+        },
         pooling={"default": pooling, "why": why},
     )
-    return Source(files, model_file, embed, classify, positions, task_file=task_file, head_info=head, mlm=mlm, pooling=pooling, identity=identity)
+    return Source(
+        files,
+        model_file,
+        embed,
+        classify,
+        positions,
+        task_file=task_file,
+        head_info=head,
+        mlm=mlm,
+        pooling=pooling,
+        identity=identity,
+    )
 
 
-def _onnx_export(storage: Storage, root: str, stage: str, task: tuple[str, str] | None, quantize: str | None, weights_sha256: str, identity: dict) -> tuple[tuple[File, ...], str]:
+def _onnx_export(
+    storage: Storage,
+    root: str,
+    stage: str,
+    task: tuple[str, str] | None,
+    quantize: str | None,
+    weights_sha256: str,
+    identity: dict,
+) -> tuple[tuple[File, ...], str]:
     """The files of the export folder of `stage`'s model (with `task` = (name, sha256 of the
     task model), of its fine-tuned model) and the model file's name, after checking it was
     made from what the run holds now; records its fingerprint in `identity`."""
     out = onnx_export.default_out(root, stage, task[0] if task else None)
     export_dir = StageDir(storage, posixpath.dirname(out), posixpath.basename(out))
     export = export_dir.manifest()
-    command = f"bertpipe export --format onnx{' --quantize int8' if quantize else ''} --stage {stage}{f' --task {task[0]}' if task else ''}"
+    command = (
+        f"bertpipe export --format onnx{' --quantize int8' if quantize else ''} --stage "
+        f"{stage}{f' --task {task[0]}' if task else ''}"
+    )
     model_file = INT8_FILE if quantize else FP32_FILE
     if export is None or export.stage not in EXPORT_STAGES:
         raise ConfigError(f"no ONNX export under {out}: run `{command}` first (or serve --format torch)")
     if not _listed(export, model_file):
         raise ConfigError(f"the ONNX export under {out} has no {model_file}: run `{command}`")
     if (export.inputs.get("source") or {}).get("weights_sha256") != weights_sha256:
-        raise ConfigError(f"the ONNX export under {out} was made from other weights than the {stage} stage holds now: run `{command}` again")
+        raise ConfigError(
+            f"the ONNX export under {out} was made from other weights than the {stage} stage holds now: run "
+            f"`{command}` again"
+        )
     if task and (export.inputs.get("head") or {}).get("sha256") != task[1]:
-        raise ConfigError(f"the ONNX export under {out} holds another fine-tuned {task[0]} model than the evaluate stage keeps now: run `{command}` again")
-    identity.update(fingerprint=export.fingerprint, fingerprint_of=f"the ONNX export under {out}", model=export_dir.path(model_file))
+        raise ConfigError(
+            f"the ONNX export under {out} holds another fine-tuned {task[0]} model than the evaluate stage "
+            f"keeps now: run `{command}` again"
+        )
+    identity.update(
+        fingerprint=export.fingerprint, fingerprint_of=f"the ONNX export under {out}", model=export_dir.path(model_file)
+    )
     names = [model_file, *[n for n in COPIED if _listed(export, n)]]
     return tuple(_file(export_dir, export, name) for name in names), model_file
 
@@ -159,15 +228,22 @@ def _onnx_export(storage: Storage, root: str, stage: str, task: tuple[str, str] 
 def _classify_reading(head: dict | None, positions: int) -> tuple[Reading | None, str]:
     """How /classify reads texts: as the head was fine-tuned. A head that pooled windows by
     element-wise max cannot be reproduced from each window's logits: those texts are cut."""
-    if head is None or head["type"] not in ("classification", "regression"):
+    if head is None or kinds.get(head["type"]).head_shape not in ("labels", "score"):
         return None, ""
     length = min(head["max_seq_length"], positions)
     windows = head.get("long_inputs")
     if not windows:
         return Reading(length), ""
     if windows.get("window_pool") == "max":
-        return Reading(length), " (the head was fine-tuned on windows pooled by max, which the served logits cannot reproduce)"
-    return Reading(length, Windowing(length, windows.get("window_stride"), windows.get("window_pool", "mean"), windows.get("max_windows", 16))), ""
+        return Reading(
+            length
+        ), " (the head was fine-tuned on windows pooled by max, which the served logits cannot reproduce)"
+    return Reading(
+        length,
+        Windowing(
+            length, windows.get("window_stride"), windows.get("window_pool", "mean"), windows.get("max_windows", 16)
+        ),
+    ), ""
 
 
 def _pooling(storage: Storage, root: str, model_uri: str, model_stage: str) -> tuple[str, str]:
@@ -187,7 +263,10 @@ def _complete(storage: Storage, root: str, name: str) -> tuple[StageDir, Manifes
     directory = StageDir(storage, root, REGISTRY[name].directory)
     manifest = directory.manifest()
     if manifest is None:
-        raise ConfigError(f"bertpipe serve reads the {name} stage's model, and there is none under {directory.uri}: run `bertpipe run --only {name}` first")
+        raise ConfigError(
+            f"bertpipe serve reads the {name} stage's model, and there is none under {directory.uri}: run "
+            f"`bertpipe run --only {name}` first"
+        )
     return directory, manifest
 
 
@@ -198,12 +277,16 @@ def _listed(manifest: Manifest, relative: str) -> bool:
 def _record(directory: StageDir, manifest: Manifest, relative: str):
     record = next((s for s in manifest.shards if s.path == relative), None)
     if record is None:
-        raise InputDataError(f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage")
+        raise InputDataError(
+            f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage"
+        )
     return record
 
 
 def _file(directory: StageDir, manifest: Manifest, relative: str) -> File:
-    return File(directory.path(relative), _record(directory, manifest, relative).sha256, f"serve-{manifest.fingerprint}")
+    return File(
+        directory.path(relative), _record(directory, manifest, relative).sha256, f"serve-{manifest.fingerprint}"
+    )
 
 
 def _fetch(storage: Storage, files, *, folder: bool = True) -> str:
@@ -216,7 +299,10 @@ def _fetch(storage: Storage, files, *, folder: bool = True) -> str:
     for f in files:
         local = local_copy(storage, f.uri, f.cache_key)
         if sha256_file(local) != f.sha256:
-            raise InputDataError(f"{f.uri} does not match the sha256 its manifest records (damaged or replaced); re-run the stage or export that wrote it")
+            raise InputDataError(
+                f"{f.uri} does not match the sha256 its manifest records (damaged or replaced); re-run the "
+                "stage or export that wrote it"
+            )
         paths.append(local)
     return posixpath.dirname(paths[0]) if folder else paths[0]
 

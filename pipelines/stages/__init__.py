@@ -9,5 +9,5 @@
   the stage's other helpers (`corpus/inputs.py`, `evaluate/jobs.py`, ...) may import Ray,
   torch and pyarrow, the machinery at the top of pipelines/ and `pipelines/training/`.
 
-No stage imports another stage's folder (tests/test_architecture.py).
+No stage imports another stage's folder (tests/repo/test_architecture.py).
 """

@@ -8,7 +8,7 @@ pipelines/ray_runtime.py, or another process's embedded Ray joined as one), the 
 stages use `LoopbackTorchConfig` instead: the first worker binds the store's socket to
 127.0.0.1 itself and hands it to the store (`master_listen_fd`), every worker joins it there,
 and gloo (and NCCL's bootstrap) use the loopback interface. On a real cluster Ray Train's
-set-up is used as it is. tests/test_security.py checks every listening socket while a
+set-up is used as it is. tests/stages/test_security.py checks every listening socket while a
 pretrain stage trains.
 """
 
@@ -81,7 +81,9 @@ def _join(backend: str, world_rank: int, world_size: int, port: int, timeout_s: 
     os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     timeout = timedelta(seconds=timeout_s)
     if world_rank == 0:
-        store = dist.TCPStore(LOOPBACK, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=_listener_fd)
+        store = dist.TCPStore(
+            LOOPBACK, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=_listener_fd
+        )
     else:
         store = dist.TCPStore(LOOPBACK, port, world_size, False, timeout)
     dist.init_process_group(backend, store=store, rank=world_rank, world_size=world_size, timeout=timeout)
@@ -92,8 +94,17 @@ class _LoopbackBackend(_TorchBackend):
         port = worker_group.execute_single(0, _listen)
         if not isinstance(worker_group, V1WorkerGroup):  # LOCAL_RANK, RANK, ... as Ray Train's own set-up does
             worker_group.execute(_set_torch_distributed_env_vars)
-        ray.get([
-            worker_group.execute_single_async(i, _join, backend=backend_config.backend, world_rank=i, world_size=len(worker_group),
-                                              port=port, timeout_s=backend_config.timeout_s)
-            for i in range(len(worker_group))
-        ])
+        ray.get(
+            [
+                worker_group.execute_single_async(
+                    i,
+                    _join,
+                    backend=backend_config.backend,
+                    world_rank=i,
+                    world_size=len(worker_group),
+                    port=port,
+                    timeout_s=backend_config.timeout_s,
+                )
+                for i in range(len(worker_group))
+            ]
+        )

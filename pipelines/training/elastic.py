@@ -64,7 +64,10 @@ def _chain(exc: BaseException):
             continue
         seen.add(id(current))
         yield current
-        todo += [getattr(current, name, None) for name in ("health_check_failure", "controller_failure", "cause", "__cause__")]
+        todo += [
+            getattr(current, name, None)
+            for name in ("health_check_failure", "controller_failure", "cause", "__cause__")
+        ]
         todo += list((getattr(current, "worker_failures", None) or {}).values())
 
 
@@ -99,7 +102,9 @@ def node_of(failure: BaseException) -> str:
 def node_ids(failure: BaseException) -> list[str]:
     """The full hex ids of the nodes named in the failure's text."""
     text = " ".join(str(e) for e in _chain(failure))
-    return sorted(set(re.findall(r"node_id='?([0-9a-f]{20,})", text)) | set(re.findall(r"node ID:? ?([0-9a-f]{20,})", text)))
+    return sorted(
+        set(re.findall(r"node_id='?([0-9a-f]{20,})", text)) | set(re.findall(r"node ID:? ?([0-9a-f]{20,})", text))
+    )
 
 
 def workers_available(use_gpu: bool) -> int:
@@ -173,10 +178,17 @@ def choose_world_size(cfg: Any, what: str) -> int:
     fitting = [w for w in sizes if w <= available]
     if not fitting:
         key = cfg.SECTION
-        need = f"{key}.num_workers={cfg.num_workers} (ZeRO-{cfg.zero_stage} {cfg.precision} resumes on its own world size only)" if not resizable(cfg) else (
-            f"at least {key}.min_workers={cfg.min_workers or 1} workers")
+        need = (
+            (
+                f"{key}.num_workers={cfg.num_workers} (ZeRO-{cfg.zero_stage} {cfg.precision} resumes on its own "
+                "world size only)"
+            )
+            if not resizable(cfg)
+            else (f"at least {key}.min_workers={cfg.min_workers or 1} workers")
+        )
         raise WorkersLost(
-            f"{key}: lost {what}; after {cfg.rejoin_timeout_s:.0f} s the cluster holds {available} worker(s), but the run needs {need}; "
+            f"{key}: lost {what}; after {cfg.rejoin_timeout_s:.0f} s the cluster holds {available} "
+            f"worker(s), but the run needs {need}; "
             f"its latest checkpoint is kept: add nodes and rerun, or lower {key}.min_workers"
         )
     return fitting[0]
@@ -192,4 +204,6 @@ def resized(cfg: Any, world: int) -> Any:
         return cfg
     gas = cfg.num_workers * cfg.gradient_accumulation_steps // world
     validation = -(-cfg.num_workers * cfg.validation_batches // world)
-    return cfg.model_copy(update={"num_workers": world, "gradient_accumulation_steps": gas, "validation_batches": validation})
+    return cfg.model_copy(
+        update={"num_workers": world, "gradient_accumulation_steps": gas, "validation_batches": validation}
+    )

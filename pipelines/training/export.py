@@ -46,7 +46,9 @@ class ObjectiveSpec(Protocol):
         ...
 
 
-def _write_folder(storage: Storage, state: dict, model_cfg, spec: ObjectiveSpec, vocab_dir: str, out_uri: str, tmp: str) -> list[dict]:
+def _write_folder(
+    storage: Storage, state: dict, model_cfg, spec: ObjectiveSpec, vocab_dir: str, out_uri: str, tmp: str
+) -> list[dict]:
     """Publish the Hugging Face folder of `state` at `out_uri` (a BertForMaskedLM when not
     `spec.nsp`; with NSP a BertForPreTraining, and its BertForMaskedLM twin at `out_uri`-mlm,
     which AutoModelForMaskedLM loads without unexpected keys; a roberta model: one
@@ -63,18 +65,33 @@ def _write_folder(storage: Storage, state: dict, model_cfg, spec: ObjectiveSpec,
         for name in export_checkpoint(state, model_cfg, vocab_dir, out_local, nsp=with_nsp, sentence=spec.sentence):
             local = os.path.join(out_local, name)
             info = storage.write_file(join(uri, name), lambda path, local=local: shutil.copyfile(local, path))
-            written.append({"uri": join(uri, name), "folder": posixpath.basename(uri), "name": name, "bytes": info.bytes,
-                            "sha256": info.sha256, "stamp": info.stamp})
+            written.append(
+                {
+                    "uri": join(uri, name),
+                    "folder": posixpath.basename(uri),
+                    "name": name,
+                    "bytes": info.bytes,
+                    "sha256": info.sha256,
+                    "stamp": info.stamp,
+                }
+            )
     return written
 
 
-def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_files: list[str], vocab_key: str, marker: dict, out_uri: str) -> list[dict]:
+def _export_task(
+    stage: StageDir,
+    spec: ObjectiveSpec,
+    vocab_uri: str,
+    vocab_files: list[str],
+    vocab_key: str,
+    marker: dict,
+    out_uri: str,
+) -> list[dict]:
     """Consolidate the checkpoint of `marker` and publish its folder at `out_uri` (see `_write_folder`)."""
-    from pipelines.stage_files import stage_files
-
-    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag
     from bertcore.model.bert import ModelConfig
+    from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag
     from pipelines.shards import local_folder
+    from pipelines.stage_files import stage_files
 
     storage = stage.storage
     tag = checkpoint_tag(marker["step"])
@@ -84,17 +101,28 @@ def _export_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_fil
         state = spec.exportable(files.local_path(f"{CHECKPOINTS}/{tag}"), marker)
         files.drop_local(f"{CHECKPOINTS}/{tag}")
         vocab_dir = local_folder(storage, vocab_uri, vocab_files, vocab_key)
-        return _write_folder(storage, state, ModelConfig.model_validate(marker["model_config"]), spec, vocab_dir, out_uri, tmp)
+        return _write_folder(
+            storage, state, ModelConfig.model_validate(marker["model_config"]), spec, vocab_dir, out_uri, tmp
+        )
 
 
-def _start_task(stage: StageDir, spec: ObjectiveSpec, vocab_uri: str, vocab_files: list[str], vocab_key: str, seed: int, section: str, out_uri: str) -> list[dict]:
+def _start_task(
+    stage: StageDir,
+    spec: ObjectiveSpec,
+    vocab_uri: str,
+    vocab_files: list[str],
+    vocab_key: str,
+    seed: int,
+    section: str,
+    out_uri: str,
+) -> list[dict]:
     """Build the model training starts from (what step 1 updates: the same seeded
     initialisation as the workers') and publish its folder at `out_uri` (see `_write_folder`).
     `spec` also says what of the module is exported (`start_state`, the distill stage's)."""
     import torch
 
     from bertcore.model.bert import ModelConfig
-    from bertcore.train.trainer import init_generator
+    from bertcore.train.objectives import init_generator
     from pipelines.shards import local_folder
 
     storage = stage.storage
@@ -122,14 +150,15 @@ def _remote(task, *args) -> list[dict]:
         raise
 
 
-def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step: int | None = None, out: str | None = None) -> list[dict]:
+def export_model(
+    stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step: int | None = None, out: str | None = None
+) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
     one) to `out` (default: <stage>/model/), and with NSP its BertForMaskedLM twin beside it
     (`out`-mlm); returns the files written. `vocab`: the vocabulary it was trained with.
     Needs Ray (ensure_ray) for the one task that does the work."""
-    from pipelines.stage_files import stage_files
-
     from bertcore.train.checkpoint import CHECKPOINTS, checkpoint_tag, complete_checkpoints
+    from pipelines.stage_files import stage_files
 
     files = stage_files(stage.storage, stage.uri, "driver")
     markers = complete_checkpoints(files)
@@ -138,14 +167,35 @@ def export_model(stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, *, step:
     if not markers:
         what = f"checkpoint {checkpoint_tag(step)}" if step is not None else "checkpoint"
         raise ConfigError(f"{stage.path(CHECKPOINTS)}: no complete {what}; run the {stage.directory} stage first")
-    return _remote(_export_task, stage, spec, vocab.dir.uri, _vocab_files(vocab), f"{stage.directory}-{vocab.fingerprint}", markers[-1], out or stage.path(MODEL_DIR))
+    return _remote(
+        _export_task,
+        stage,
+        spec,
+        vocab.dir.uri,
+        _vocab_files(vocab),
+        f"{stage.directory}-{vocab.fingerprint}",
+        markers[-1],
+        out or stage.path(MODEL_DIR),
+    )
 
 
-def export_start(cfg: TrainingConfig, stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, seed: int, out: str) -> list[dict]:
+def export_start(
+    cfg: TrainingConfig, stage: StageDir, spec: ObjectiveSpec, vocab: Upstream, seed: int, out: str
+) -> list[dict]:
     """Write the folder of the model before its first training step (`spec.start_state`
     of the module the workers build from the run seed) to `out`, laid out as the trained
     one; returns the files written. Needs Ray."""
-    return _remote(_start_task, stage, spec, vocab.dir.uri, _vocab_files(vocab), f"{stage.directory}-{vocab.fingerprint}", seed, cfg.SECTION, out)
+    return _remote(
+        _start_task,
+        stage,
+        spec,
+        vocab.dir.uri,
+        _vocab_files(vocab),
+        f"{stage.directory}-{vocab.fingerprint}",
+        seed,
+        cfg.SECTION,
+        out,
+    )
 
 
 def _vocab_files(vocab: Upstream) -> list[str]:
@@ -157,4 +207,7 @@ def _vocab_files(vocab: Upstream) -> list[str]:
 
 def model_shards(exported: list[dict]) -> list[ShardInfo]:
     """The files `export_model` or `export_start` wrote, as the stage's shards."""
-    return [ShardInfo(f"{f['folder']}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"]) for f in exported]
+    return [
+        ShardInfo(f"{f['folder']}/{f['name']}", rows=1, bytes=f["bytes"], sha256=f["sha256"], stamp=f["stamp"])
+        for f in exported
+    ]

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bertcore.errors import BertpipeError, ConfigError
-from bertcore.train.metrics_log import METRICS, VALIDATION
 from bertcore.train.config import TrainingConfig
+from bertcore.train.metrics_log import METRICS, VALIDATION
 from pipelines.stage import Upstream, UpstreamMissing
 from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage
@@ -79,21 +79,33 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
     phases = []
     train, validation = {}, {}
     for i, phase in enumerate(cfg.phases):
-        phases.append(phase.model_copy(update={"max_seq_length": phase.max_seq_length or examples_cfg.phase(phase.name).max_seq_length}))
+        phases.append(
+            phase.model_copy(
+                update={"max_seq_length": phase.max_seq_length or examples_cfg.phase(phase.name).max_seq_length}
+            )
+        )
         train_shards = examples.manifest.shards_under(f"{phase.name}/train/")
         train[phase.name] = [examples.path(s.path) for s in train_shards]
-        validation[phase.name] = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/")]
+        validation[phase.name] = [
+            examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/")
+        ]
         if not train_shards:
-            raise UpstreamMissing(f"{examples.path(phase.name + '/train')}: the examples manifest lists no shards; rerun the examples stage")
+            raise UpstreamMissing(
+                f"{examples.path(phase.name + '/train')}: the examples manifest lists no shards; rerun the "
+                "examples stage"
+            )
         rows = sum(s.rows for s in train_shards)
         if rows < cfg.micro_batch_size(phase):
             raise ConfigError(
-                f"{cfg.SECTION}.phases[{i}].batch_size ({phase.batch_size}) needs {cfg.micro_batch_size(phase)} sequences per worker "
+                f"{cfg.SECTION}.phases[{i}].batch_size ({phase.batch_size}) needs "
+                f"{cfg.micro_batch_size(phase)} sequences per worker "
                 f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
             )
     listed = entries_file(s.path for s in vocab.manifest.shards)  # vocab.txt, or a byte-level BPE's vocab.json
     tokens = read_entries(local_copy(storage, vocab.path(listed), f"{cfg.SECTION}-{vocab.fingerprint}"))
-    inputs = Inputs(examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation)
+    inputs = Inputs(
+        examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation
+    )
     return cfg.model_copy(update={"phases": phases}), inputs
 
 
@@ -115,7 +127,7 @@ class WorkerJob:
     env: dict[str, str] = field(default_factory=dict)
 
     def phase_data(self) -> list:
-        from bertcore.train.trainer import PhaseData
+        from bertcore.train.phase_data import PhaseData
         from pipelines.shards import local_copy
 
         vocab = self.inputs.vocab
@@ -128,11 +140,15 @@ class WorkerJob:
                 PhaseData(
                     name=phase.name,
                     paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
-                    validation_paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]]
+                    validation_paths=[
+                        local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]
+                    ]
                     if self.cfg.validation_batches
                     else [],
                     masking=masking,
-                    mask_config=self.inputs.examples.mask_config(examples_phase, vocab) if masking == "dynamic" else None,
+                    mask_config=self.inputs.examples.mask_config(examples_phase, vocab)
+                    if masking == "dynamic"
+                    else None,
                     pad_id=vocab.special.pad,
                     length_bins=list(self.inputs.examples.length_bins),
                     token_types=vocab.special.layout == "bert",  # RoBERTa has one token type
@@ -160,7 +176,9 @@ def _quiet_deepspeed_comm() -> None:
     saved = builtins.print
     builtins.print = lambda *args, **kwargs: None
     try:
-        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, verbose=False)
+        deepspeed.init_distributed(
+            dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False, verbose=False
+        )
     finally:
         builtins.print = saved
 
@@ -171,10 +189,11 @@ def _train_worker(config: dict) -> None:
     import ray.train.torch
     import torch
 
-    from bertcore.train.trainer import Trainer, WorkerContext
-    from pipelines.training.reporting import StepReporter
+    from bertcore.train.phase_data import WorkerContext
+    from bertcore.train.trainer import Trainer
     from pipelines.ray_runtime import quiet_known_warnings
     from pipelines.stage_files import stage_files
+    from pipelines.training.reporting import StepReporter
 
     job: WorkerJob = config["job"]
     quiet_known_warnings()
@@ -186,7 +205,9 @@ def _train_worker(config: dict) -> None:
         torch.set_num_threads(job.cfg.torch_threads)
     who = f"rank-{ctx.rank}"
     queue = config.get("progress")
-    reporter = StepReporter(queue, job.cfg.total_steps, job.cfg.SECTION) if (ctx.rank == 0 and queue is not None) else None
+    reporter = (
+        StepReporter(queue, job.cfg.total_steps, job.cfg.SECTION) if (ctx.rank == 0 and queue is not None) else None
+    )
     trainer = Trainer(
         job.cfg,
         job.spec.objective(job.storage),
@@ -210,8 +231,15 @@ def fit(job: WorkerJob) -> list[dict]:
     import dataclasses
 
     from bertcore.train.checkpoint import checkpoint_tag, latest_checkpoint
-    from pipelines.training.elastic import WorkersLost, choose_world_size, lost_workers, node_ids, resized, wait_for_dead
     from pipelines.stage_files import stage_files
+    from pipelines.training.elastic import (
+        WorkersLost,
+        choose_world_size,
+        lost_workers,
+        node_ids,
+        resized,
+        wait_for_dead,
+    )
 
     cfg, world, restarts = job.cfg, job.cfg.num_workers, []
     while True:
@@ -227,18 +255,34 @@ def fit(job: WorkerJob) -> list[dict]:
             start = f"checkpoint {checkpoint_tag(marker['step'])}" if marker else "step 0 (no checkpoint yet)"
             if len(restarts) >= cfg.max_failures:
                 raise WorkersLost(
-                    f"{cfg.SECTION}: lost {what}; gave up after {cfg.max_failures} restart(s) ({cfg.SECTION}.max_failures); "
+                    f"{cfg.SECTION}: lost {what}; gave up after {cfg.max_failures} restart(s) "
+                    f"({cfg.SECTION}.max_failures); "
                     f"{'the latest ' + start + ' is kept' if marker else 'no checkpoint was written yet'}: "
                     f"when the cluster is whole again, `bertpipe run --only {cfg.SECTION}` resumes from it"
                 ) from None
-            log.warning("%s: lost %s; restarting the workers from %s (restart %d of %d)", cfg.SECTION, what, start, len(restarts) + 1, cfg.max_failures)
+            log.warning(
+                "%s: lost %s; restarting the workers from %s (restart %d of %d)",
+                cfg.SECTION,
+                what,
+                start,
+                len(restarts) + 1,
+                cfg.max_failures,
+            )
             wait_for_dead(node_ids(exc))
             world = choose_world_size(cfg, what)
             restarts.append({"step": marker["step"] if marker else 0, "lost": what, "workers": world})
             if world != cfg.num_workers:
                 log.warning(
-                    "%s: the cluster holds %d of %d workers after %.0f s; going on with %d, gradient accumulation %d (the same global batch)",
-                    cfg.SECTION, world, cfg.num_workers, cfg.rejoin_timeout_s, world, resized(cfg, world).gradient_accumulation_steps,
+                    (
+                        "%s: the cluster holds %d of %d workers after %.0f s; going on with %d, gradient "
+                        "accumulation %d (the same global batch)"
+                    ),
+                    cfg.SECTION,
+                    world,
+                    cfg.num_workers,
+                    cfg.rejoin_timeout_s,
+                    world,
+                    resized(cfg, world).gradient_accumulation_steps,
                 )
 
 
@@ -248,13 +292,15 @@ def _fit_once(job: WorkerJob) -> None:
     from ray.train.torch import TorchTrainer
     from ray.util.queue import Queue
 
-    from pipelines.training.reporting import relay_progress
     from pipelines.ray_runtime import drop_train_leftovers, unwrap
     from pipelines.training.backend import torch_config
+    from pipelines.training.reporting import relay_progress
 
     cfg = job.cfg
     queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-    storage_path = tempfile.mkdtemp(prefix="bertpipe-ray-train-")  # Ray Train's run records: nothing of ours; removed after
+    storage_path = tempfile.mkdtemp(
+        prefix="bertpipe-ray-train-"
+    )  # Ray Train's run records: nothing of ours; removed after
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": job, "progress": queue},
@@ -263,13 +309,16 @@ def _fit_once(job: WorkerJob) -> None:
         run_config=RunConfig(
             name=f"{cfg.SECTION}-{job.resume_key[:8]}-{uuid.uuid4().hex[:6]}",
             storage_path=storage_path,
-            failure_config=FailureConfig(max_failures=0),  # restarts are fit()'s: another world size needs a new trainer
+            failure_config=FailureConfig(
+                max_failures=0
+            ),  # restarts are fit()'s: another world size needs a new trainer
             worker_runtime_env={"env_vars": job.env} if job.env else None,
         ),
     )
     # fit() stays on this thread, where it handles Ctrl-C, unless `bertpipe run` handles it
-    # (flows/cli.py: fit() would replace that handler with its own); the progress lines are
-    # logged from another thread, in this thread's context (Prefect's flow-run log needs it)
+    # (flows/commands/running.py: fit() would replace that handler with its own); the
+    # progress lines are logged from another thread, in this thread's context (Prefect's
+    # flow-run log needs it)
     stop = threading.Event()
     relay = threading.Thread(target=contextvars.copy_context().run, args=(relay_progress, queue, stop), daemon=True)
     relay.start()
@@ -287,7 +336,9 @@ def _fit_once(job: WorkerJob) -> None:
         if failures and (full := _full_disk(job.stage_uri)):
             # torch's checkpoint writer reports a full disk as "unexpected pos": say what it is
             log.warning("%s: the workers failed on a full disk: %s", cfg.SECTION, " ".join(str(exc).split())[:200])
-            raise OSError(errno.ENOSPC, f"No space left on device ({shutil.disk_usage(full).free:,} bytes free)", full) from None
+            raise OSError(
+                errno.ENOSPC, f"No space left on device ({shutil.disk_usage(full).free:,} bytes free)", full
+            ) from None
         raise
     finally:
         stop.set()
@@ -296,7 +347,7 @@ def _fit_once(job: WorkerJob) -> None:
         shutil.rmtree(storage_path, ignore_errors=True)
         try:
             drop_train_leftovers()  # the detached AutoscalingCoordinator a fit leaves alive
-        except Exception as exc:  # tidying only: never the error a run ends with
+        except Exception as exc:  # noqa: BLE001 - tidying only: never the error a run ends with
             log.debug("%s: could not drop Ray Train's leftover actors (%s)", cfg.SECTION, exc)
 
 
@@ -307,7 +358,7 @@ def _on_another_thread(call) -> None:
     def target() -> None:
         try:
             call()
-        except BaseException as exc:  # handed back to the waiting thread
+        except BaseException as exc:  # noqa: BLE001 - handed back to the waiting thread
             failure.append(exc)
 
     worker = threading.Thread(target=contextvars.copy_context().run, args=(target,), name="bertpipe-fit", daemon=True)
@@ -347,7 +398,11 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
 
     if cfg.resume == "never" or force:
         if force and latest_checkpoint(files) is not None:
-            log.info("%s: --force: deleting the checkpoints under %s; training starts at step 0", cfg.SECTION, stage.path(CHECKPOINTS))
+            log.info(
+                "%s: --force: deleting the checkpoints under %s; training starts at step 0",
+                cfg.SECTION,
+                stage.path(CHECKPOINTS),
+            )
         clear_checkpoints(files)
         return
     marker = latest_checkpoint(files)
@@ -364,14 +419,15 @@ def prepare_checkpoints(cfg: TrainingConfig, files, resume_key: str, stage: Stag
 # -- the stage's outputs ---------------------------------------------------------------------------
 
 
-def train_and_export(cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab: Upstream) -> tuple[dict, list[ShardInfo], dict]:
+def train_and_export(
+    cfg: TrainingConfig, job: WorkerJob, stage: StageDir, vocab: Upstream
+) -> tuple[dict, list[ShardInfo], dict]:
     """Train (resuming per the section's resume setting), export the final checkpoint to
     model/; returns the final marker, the stage's shards (model/, metrics.jsonl,
     validation.jsonl) and its statistics. With resume=auto a finished checkpoint is
     re-exported rather than retrained."""
-    from pipelines.stage_files import stage_files
-
     from bertcore.train.checkpoint import CHECKPOINTS, latest_checkpoint
+    from pipelines.stage_files import stage_files
 
     files = stage_files(stage.storage, stage.uri, "driver")
     restarts = fit(job)

@@ -21,7 +21,6 @@ from typing import Any
 from bertcore.figures import count, duration, percent
 
 
-
 def _log(line: dict[str, Any]) -> logging.Logger:
     return logging.getLogger(f"pipelines.{line.get('stage', 'pretrain')}")
 
@@ -52,18 +51,29 @@ def step_line(s: dict[str, Any]) -> str:
 
 def budget_line(s: dict[str, Any]) -> str:
     """distill: stopped at step 132 of 400: the time budget of 240 s is spent"""
-    return f"{s.get('stage', 'pretrain')}: stopped at step {s['step']} of {s['total_steps']}: the time budget of {duration(s['time_budget_s'])} is spent"
+    return (
+        f"{s.get('stage', 'pretrain')}: stopped at step {s['step']} of {s['total_steps']}: the time budget of "
+        f"{duration(s['time_budget_s'])} is spent"
+    )
 
 
 def jump_line(jump: dict[str, Any]) -> str:
     """pretrain: the loss jumped to 13.80 at step 95, 1.8x its running mean of 7.62; training goes on"""
-    return (f"{jump.get('stage', 'pretrain')}: the loss jumped to {jump['loss']:.2f} at step {jump['step']}, {jump['factor']:.1f}x "
-            f"its running mean of {jump['running_mean']:.2f}; training goes on")
+    return (
+        f"{jump.get('stage', 'pretrain')}: the loss jumped to {jump['loss']:.2f} at step {jump['step']}, "
+        f"{jump['factor']:.1f}x its running mean of {jump['running_mean']:.2f}; training goes on"
+    )
 
 
 def validation_line(v: dict[str, Any]) -> str:
     """pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%"""
-    parts = [f"{v.get('stage', 'pretrain')}: validation at step {v['step']} ({count(v.get('sequences') or 0)} held-out sequences)", f"loss {v['loss']:.3f}"]
+    parts = [
+        (
+            f"{v.get('stage', 'pretrain')}: validation at step {v['step']} ({count(v.get('sequences') or 0)} "
+            "held-out sequences)"
+        ),
+        f"loss {v['loss']:.3f}",
+    ]
     if v.get("hidden_loss") is not None:
         parts.append(f"hidden-state loss {v['hidden_loss']:.3f}")
     if v.get("mlm_accuracy") is not None:
@@ -86,17 +96,21 @@ class StepReporter:
             return
         per_step = summary["seconds"] / summary["steps"] if summary["steps"] else 0.0
         eta, by = (self.total_steps - summary["step"]) * per_step, "steps"
-        if summary.get("budget_left_s") is not None and summary["budget_left_s"] < eta:  # the budget ends training first
+        if (
+            summary.get("budget_left_s") is not None and summary["budget_left_s"] < eta
+        ):  # the budget ends training first
             eta, by = summary["budget_left_s"], "time_budget"
-        self._put({
-            "event": "train_progress",
-            "stage": self.stage,
-            **{k: v for k, v in summary.items() if k not in ("loss_jumps", "budget_left_s")},
-            "total_steps": self.total_steps,
-            "eta_s": eta,
-            "eta_by": by,
-            "loss_jumps": [{**jump, "stage": self.stage} for jump in summary["loss_jumps"]],
-        })
+        self._put(
+            {
+                "event": "train_progress",
+                "stage": self.stage,
+                **{k: v for k, v in summary.items() if k not in ("loss_jumps", "budget_left_s")},
+                "total_steps": self.total_steps,
+                "eta_s": eta,
+                "eta_by": by,
+                "loss_jumps": [{**jump, "stage": self.stage} for jump in summary["loss_jumps"]],
+            }
+        )
 
     def _put(self, line: dict) -> None:
         from ray.util.queue import Full

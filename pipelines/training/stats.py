@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bertcore.train import metrics_log
 from bertcore.figures import percent
+from bertcore.train import metrics_log
 from bertcore.train.config import TrainingConfig
-
 
 CURVE_POINTS = 50
 """Validation records kept in the manifest statistics at most (validation.jsonl has all)."""
@@ -24,7 +23,9 @@ def _thin(records: list[dict], points: int) -> list[dict]:
     return [records[i] for i in picks]
 
 
-def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict], restarts: Sequence[dict] = ()) -> dict[str, Any]:
+def training_stats(
+    cfg: TrainingConfig, marker: dict, records: list[dict], validations: list[dict], restarts: Sequence[dict] = ()
+) -> dict[str, Any]:
     """The manifest statistics. `final` holds the final training figures: the means over the
     last logging interval (bertcore.train.metrics_log), with the steps they cover; `validation`
     the last validation, on the held-out sample; `restarts` those of the workers in this
@@ -59,14 +60,17 @@ def training_stats(cfg: TrainingConfig, marker: dict, records: list[dict], valid
 
 
 def headline(stats: dict) -> dict[str, Any]:
-    """final loss 7.464 (mean of steps 551-600) · validation MLM accuracy 8.8% (639 sequences) · tokens/s 12.3k · steps 600"""
+    """final loss 7.464 (mean of steps 551-600) · validation MLM accuracy 8.8% (639 sequences) · tokens/s 12.3k · steps
+    600"""
     out: dict[str, Any] = {}
     final = stats.get("final") or {}
     if final.get("loss") is not None:
         out["final loss"] = f"{final['loss']:.3f} ({metrics_log.steps_text(final)})"
     validation = stats.get("validation") or {}
     if validation.get("mlm_accuracy") is not None:  # the sample validated during training (evaluate scores all of it)
-        out["validation MLM accuracy"] = f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
+        out["validation MLM accuracy"] = (
+            f"{percent(validation['mlm_accuracy'])} ({validation.get('sequences', 0):,} sequences)"
+        )
     if stats["tokens_per_s"]:
         out["tokens/s"] = round(stats["tokens_per_s"])
     stopped = " (time budget)" if stats.get("stopped_by") == "time_budget" else ""

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from bertcore.text.config import CorpusConfig
-from pipelines.stages.corpus.inputs import check_local_inputs, input_location_free, list_inputs
 from pipelines.progress import size
 from pipelines.stage import External, Stage
+from pipelines.stages.corpus.inputs import (
+    check_local_inputs,
+    input_location_free,
+    list_inputs,
+)
 from pipelines.storage import Storage
 
 
@@ -19,7 +23,13 @@ def identify(cfg: CorpusConfig, storage: Storage) -> External:
 
 # The split hashes document ids; only MinHash near-deduplication draws from the seed.
 STAGE = Stage(
-    "corpus", CorpusConfig, "pipelines.stages.corpus.work:run", code_version="3", identify=identify, seeded=lambda cfg: cfg.near_dedup,
-    fingerprint_config=input_location_free, preflight=check_local_inputs,
+    "corpus",
+    CorpusConfig,
+    "pipelines.stages.corpus.work:run",
+    code_version="5",
+    identify=identify,
+    seeded=lambda cfg: cfg.near_dedup,
+    fingerprint_config=input_location_free,
+    preflight=check_local_inputs,
     writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
 )

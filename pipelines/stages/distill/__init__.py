@@ -31,16 +31,29 @@ def check(cfg: DistillConfig, reads: dict[str, Any]) -> None:
     vocab = reads["vocab"]
     if cfg.teacher is None:
         if "pretrain" not in reads:
-            raise ValueError("distill.teacher is unset, so the teacher would be the pretrain stage's model, but the recipe leaves pretrain out; name a teacher folder")
+            raise ValueError(
+                "distill.teacher is unset, so the teacher would be the pretrain stage's model, but the "
+                "recipe leaves pretrain out; name a teacher folder"
+            )
         pretrain = reads["pretrain"]
         if pretrain.max_position_embeddings is not None:  # None with pretrain.init_from: checked when the stage runs
-            cfg.check_positions(lengths, pretrain.max_position_embeddings, "shorten the phase or give the pretrained model more positions")
+            cfg.check_positions(
+                lengths,
+                pretrain.max_position_embeddings,
+                "shorten the phase or give the pretrained model more positions",
+            )
         return
     if vocab.source != "pretrained" or not _same_folder(vocab.pretrained, cfg.teacher):
-        built_with = f"vocab.pretrained {vocab.pretrained}" if vocab.source == "pretrained" else "a vocabulary trained on the corpus (vocab.source: train)"
+        built_with = (
+            f"vocab.pretrained {vocab.pretrained}"
+            if vocab.source == "pretrained"
+            else "a vocabulary trained on the corpus (vocab.source: train)"
+        )
         raise ValueError(
-            f"distill.teacher {cfg.teacher} and the examples' vocabulary ({built_with}) differ: the student uses the teacher's "
-            "vocabulary, so set vocab.source: pretrained and leave vocab.pretrained unset (it defaults to distill.teacher)"
+            f"distill.teacher {cfg.teacher} and the examples' vocabulary ({built_with}) differ: the student "
+            "uses the teacher's "
+            "vocabulary, so set vocab.source: pretrained and leave vocab.pretrained unset (it defaults to "
+            "distill.teacher)"
         )
 
 
@@ -57,9 +70,20 @@ def identify(cfg: DistillConfig, storage: Storage) -> External | None:
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "distill", DistillConfig, "pipelines.stages.distill.work:run", reads=("pretrain", "examples", "vocab"), check=check, identify=identify, off=off,
-    resumable=False, verify_inputs=True,
-    code_version="2",  # 2: keeps the student's start (student-start/); the student of an embedding teacher is an embedding model
-    writes="(when distill.enabled) DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout: the student; with a teacher "
-           "without an MLM head an embedding model with sentence-transformers files), student-start/ (the student before its first step), metrics.jsonl",
+    "distill",
+    DistillConfig,
+    "pipelines.stages.distill.work:run",
+    reads=("pretrain", "examples", "vocab"),
+    check=check,
+    identify=identify,
+    off=off,
+    resumable=False,
+    verify_inputs=True,
+    # 2: keeps the student's start (student-start/); the student of an embedding teacher is an embedding model
+    code_version="2",
+    writes=(
+        "(when distill.enabled) DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout: the student; "
+        "with a teacher without an MLM head an embedding model with sentence-transformers files), student-start/ "
+        "(the student before its first step), metrics.jsonl"
+    ),
 )

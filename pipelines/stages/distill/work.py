@@ -34,13 +34,7 @@ from bertcore.model.hf_files import MODEL_DIR, START_DIR
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
 from pipelines.training.export import export_start, model_shards
-from pipelines.training.launch import (
-    WorkerJob,
-    prepare_checkpoints,
-    read_inputs,
-    train_and_export,
-    worker_env,
-)
+from pipelines.training.launch import WorkerJob, prepare_checkpoints, read_inputs, train_and_export, worker_env
 from pipelines.training.stats import headline
 
 if TYPE_CHECKING:
@@ -69,14 +63,20 @@ def _teacher(r: StageRun, vocab_size: int) -> Teacher:
     from bertcore.model.folder import check_model_folder
     from pipelines.external import model_folder
 
-    folder = r.external if r.external is not None else model_folder(r.storage, r.inputs["pretrain"].path(MODEL_DIR), "pretrain/model")
+    folder = (
+        r.external
+        if r.external is not None
+        else model_folder(r.storage, r.inputs["pretrain"].path(MODEL_DIR), "pretrain/model")
+    )
     local = folder.local(r.storage)
     checked = check_model_folder(local, "distill.teacher")
     config = checked.config
     if config.vocab_size != vocab_size:
         raise ConfigError(
-            f"distill.teacher: the model at {folder.uri} has {config.vocab_size} word embeddings but the examples were built with "
-            f"a vocabulary of {vocab_size} entries; build them with the teacher's (vocab.source: pretrained, vocab.pretrained unset)"
+            f"distill.teacher: the model at {folder.uri} has {config.vocab_size} word embeddings but the "
+            "examples were built with "
+            f"a vocabulary of {vocab_size} entries; build them with the teacher's (vocab.source: pretrained, "
+            "vocab.pretrained unset)"
         )
     return Teacher(folder, config, checked.has_mlm_head, local)
 
@@ -98,7 +98,8 @@ def _check_vocabulary(r: StageRun, teacher: Teacher) -> None:
     if ours != theirs:
         first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         raise ConfigError(
-            f"distill.teacher: {theirs_uri} and {vocab.path(listed)} (the examples' vocabulary) differ from entry {first} on; "
+            f"distill.teacher: {theirs_uri} and {vocab.path(listed)} (the examples' vocabulary) differ from "
+            f"entry {first} on; "
             "the student uses the teacher's vocabulary: build the examples with it (vocab.source: pretrained)"
         )
 
@@ -120,7 +121,8 @@ class DistillSpec:
     sentence: SentenceLayout | None = None
     """With a teacher without an MLM head: the export is an embedding model in this layout (the teacher's pooling)."""
     nsp: bool = False
-    """Distillation trains no NSP head (nor the pooler it feeds): the export is a BertForMaskedLM, or an embedding model."""
+    """Distillation trains no NSP head (nor the pooler it feeds): the export is a BertForMaskedLM, or an embedding
+    model."""
 
     def objective(self, storage: Storage):
         from bertcore.distill.objective import Distillation
@@ -128,18 +130,25 @@ class DistillSpec:
         from bertcore.model.pretrained import read_weights
 
         return Distillation(
-            ModelConfig.model_validate(self.student_config), ModelConfig.model_validate(self.teacher_config),
-            read_weights(self.teacher.local(storage), "distill.teacher"), self.pairs, self.loss, self.init, self.soft_targets,
+            ModelConfig.model_validate(self.student_config),
+            ModelConfig.model_validate(self.teacher_config),
+            read_weights(self.teacher.local(storage), "distill.teacher"),
+            self.pairs,
+            self.loss,
+            self.init,
+            self.soft_targets,
         )
 
     def exportable(self, checkpoint_dir: str, marker: dict) -> dict:
         from bertcore.distill.objective import DistillStudent, exportable_state
-        from bertcore.train.export import consolidate_checkpoint
         from bertcore.model.bert import ModelConfig
+        from bertcore.train.export import consolidate_checkpoint
 
         student = ModelConfig.model_validate(marker["model_config"])
         teacher_hidden = marker["teacher_config"]["hidden_size"]
-        state = consolidate_checkpoint(checkpoint_dir, student, build=lambda: DistillStudent(student, teacher_hidden, self.loss))
+        state = consolidate_checkpoint(
+            checkpoint_dir, student, build=lambda: DistillStudent(student, teacher_hidden, self.loss)
+        )
         return exportable_state(state)
 
     def start_state(self, module_state: dict) -> dict:
@@ -155,8 +164,8 @@ class DistillSpec:
 def run(r: StageRun) -> Output:
     """Distil (resuming per distill.resume), export the student to model/, and list model/,
     metrics.jsonl and validation.jsonl as the stage's shards. Ray must be running."""
-    from bertcore.train.checkpoint import latest_checkpoint
     from bertcore.distill.student import check_from_teacher, layer_map, student_config
+    from bertcore.train.checkpoint import latest_checkpoint
     from pipelines.stage_files import stage_files
 
     cfg, inputs = read_inputs(r.section, r.inputs["examples"], r.inputs["vocab"], r.storage)
@@ -167,7 +176,9 @@ def run(r: StageRun) -> Output:
     if cfg.student.init == "from_teacher":
         check_from_teacher(student, teacher.config)
     try:
-        cfg.check_positions([p.max_seq_length for p in cfg.phases], teacher.config.max_position_embeddings, "shorten the phase")
+        cfg.check_positions(
+            [p.max_seq_length for p in cfg.phases], teacher.config.max_position_embeddings, "shorten the phase"
+        )
     except ValueError as exc:
         raise ConfigError(f"{exc} (distill.teacher: {teacher.folder.uri})") from None
     notes = _notes(cfg, teacher)
@@ -180,29 +191,70 @@ def run(r: StageRun) -> Output:
     for note in notes:
         log.warning("distill: %s", note)
     files = stage_files(r.storage, r.dir.uri, "driver")
-    resume_key = cfg.resume_key({"examples": inputs.examples_fingerprint, "vocab": inputs.vocab_fingerprint, "seed": r.seed,
-                                 "teacher": teacher.folder.identity})
+    resume_key = cfg.resume_key(
+        {
+            "examples": inputs.examples_fingerprint,
+            "vocab": inputs.vocab_fingerprint,
+            "seed": r.seed,
+            "teacher": teacher.folder.identity,
+        }
+    )
     prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
-    spec = DistillSpec(student.model_dump(mode="json"), teacher.config.model_dump(mode="json"), teacher.folder, pairs, cfg.loss,
-                       cfg.student.init, teacher.has_mlm_head, sentence)
-    job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,
-                    inputs=inputs, env=worker_env(cfg))
+    spec = DistillSpec(
+        student.model_dump(mode="json"),
+        teacher.config.model_dump(mode="json"),
+        teacher.folder,
+        pairs,
+        cfg.loss,
+        cfg.student.init,
+        teacher.has_mlm_head,
+        sentence,
+    )
+    job = WorkerJob(
+        cfg=cfg,
+        spec=spec,
+        seed=r.seed,
+        resume_key=resume_key,
+        storage=r.storage,
+        stage_uri=r.dir.uri,
+        inputs=inputs,
+        env=worker_env(cfg),
+    )
     start = latest_checkpoint(files)
     log.info(
-        "distill: teacher %s (%d layers x %d) -> student %d layers x %d (%s, teacher layers %s) on %d %s workers; %s; %s",
-        teacher.folder.uri, teacher.config.num_hidden_layers, teacher.config.hidden_size, student.num_hidden_layers,
-        student.hidden_size, cfg.student.init, pairs, cfg.num_workers, "GPU" if cfg.use_gpu else "CPU",
+        (
+            "distill: teacher %s (%d layers x %d) -> student %d layers x %d (%s, teacher layers %s) on %d %s "
+            "workers; %s; %s"
+        ),
+        teacher.folder.uri,
+        teacher.config.num_hidden_layers,
+        teacher.config.hidden_size,
+        student.num_hidden_layers,
+        student.hidden_size,
+        cfg.student.init,
+        pairs,
+        cfg.num_workers,
+        "GPU" if cfg.use_gpu else "CPU",
         ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases),
         f"resuming from step {start['step']}" if start else "from scratch",
     )
     marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
     shards += model_shards(export_start(cfg, r.dir, spec, r.inputs["vocab"], r.seed, r.dir.path(START_DIR)))
     stats.update(_model_stats(teacher, student, pairs, marker, notes))
-    stats["export"] = {"model": MODEL_DIR, "start": START_DIR, "layout": "sentence-transformers" if sentence else "masked-lm",
-                       "sentence": sentence.to_json() if sentence else None}
+    stats["export"] = {
+        "model": MODEL_DIR,
+        "start": START_DIR,
+        "layout": "sentence-transformers" if sentence else "masked-lm",
+        "sentence": sentence.to_json() if sentence else None,
+    }
     out_headline = headline(stats)
-    out_headline["student"] = f"{student.num_hidden_layers}x{student.hidden_size}, {stats['student']['parameters'] / 1e6:.1f}M parameters"
-    out_headline["teacher"] = f"{teacher.config.num_hidden_layers}x{teacher.config.hidden_size}, {stats['teacher']['parameters'] / 1e6:.1f}M parameters"
+    out_headline["student"] = (
+        f"{student.num_hidden_layers}x{student.hidden_size}, {stats['student']['parameters'] / 1e6:.1f}M parameters"
+    )
+    out_headline["teacher"] = (
+        f"{teacher.config.num_hidden_layers}x{teacher.config.hidden_size}, "
+        f"{stats['teacher']['parameters'] / 1e6:.1f}M parameters"
+    )
     return Output(shards=shards, stats=stats, headline=out_headline, inputs={"teacher": teacher.folder.uri})
 
 
@@ -211,13 +263,15 @@ def _notes(cfg: DistillConfig, teacher: Teacher) -> list[str]:
     notes = []
     if cfg.loss.soft_targets > 0 and not teacher.has_mlm_head:
         notes.append(
-            f"the teacher at {teacher.folder.uri} has no MLM head (its weights are a BertModel's), so the soft-target loss "
-            f"(distill.loss.soft_targets={cfg.loss.soft_targets}) is skipped; the hidden-state, attention and MLM terms remain"
+            f"the teacher at {teacher.folder.uri} has no MLM head (its weights are a BertModel's), so the "
+            "soft-target loss "
+            f"(distill.loss.soft_targets={cfg.loss.soft_targets}) is skipped; the hidden-state, attention "
+            "and MLM terms remain"
         )
         if not any((cfg.loss.hidden, cfg.loss.attention, cfg.loss.mlm)):
             raise ConfigError(
-                f"distill.loss: only soft_targets has a weight, and the teacher at {teacher.folder.uri} has no MLM head; "
-                "give distill.loss.hidden, attention or mlm a weight"
+                f"distill.loss: only soft_targets has a weight, and the teacher at {teacher.folder.uri} has no MLM "
+                "head; give distill.loss.hidden, attention or mlm a weight"
             )
     return notes
 
@@ -226,25 +280,44 @@ def _layout_notes(layout: SentenceLayout, teacher: Teacher) -> list[str]:
     """What the user should know about how the embedding student is exported."""
     notes = []
     if layout.source == "default":
-        notes.append(f"the teacher at {teacher.folder.uri} has no MLM head and no sentence-transformers files (modules.json); "
-                     "its student is exported as an embedding model with mean pooling")
+        notes.append(
+            f"the teacher at {teacher.folder.uri} has no MLM head and no sentence-transformers files (modules.json); "
+            "its student is exported as an embedding model with mean pooling"
+        )
     if layout.left_out:
-        notes.append(f"the teacher's sentence-transformers modules {', '.join(layout.left_out)} hold weights that distillation does "
-                     "not train; the student is exported without them (Transformer, Pooling" + (", Normalize)" if layout.normalize else ")"))
+        notes.append(
+            f"the teacher's sentence-transformers modules {', '.join(layout.left_out)} hold weights that distillation "
+            "does not train; the student is exported without them (Transformer, Pooling"
+            + (", Normalize)" if layout.normalize else ")")
+        )
     return notes
 
 
-def _model_stats(teacher: Teacher, student: ModelConfig, pairs: list[int], marker: dict, notes: list[str]) -> dict[str, Any]:
+def _model_stats(
+    teacher: Teacher, student: ModelConfig, pairs: list[int], marker: dict, notes: list[str]
+) -> dict[str, Any]:
     import torch
 
     from bertcore.model.bert import BertForPreTraining
 
     with torch.device("meta"):  # parameter counts without allocating anything
-        sizes = {name: BertForPreTraining(cfg).num_parameters() for name, cfg in (("teacher", teacher.config), ("student", student))}
+        sizes = {
+            name: BertForPreTraining(cfg).num_parameters()
+            for name, cfg in (("teacher", teacher.config), ("student", student))
+        }
     return {
-        "teacher": {"uri": teacher.folder.uri, "parameters": sizes["teacher"], "layers": teacher.config.num_hidden_layers,
-                    "hidden_size": teacher.config.hidden_size, "has_mlm_head": teacher.has_mlm_head},
-        "student": {"parameters": sizes["student"], "layers": student.num_hidden_layers, "hidden_size": student.hidden_size},
+        "teacher": {
+            "uri": teacher.folder.uri,
+            "parameters": sizes["teacher"],
+            "layers": teacher.config.num_hidden_layers,
+            "hidden_size": teacher.config.hidden_size,
+            "has_mlm_head": teacher.has_mlm_head,
+        },
+        "student": {
+            "parameters": sizes["student"],
+            "layers": student.num_hidden_layers,
+            "hidden_size": student.hidden_size,
+        },
         "layer_map": pairs,
         "init": marker.get("init"),
         "notes": notes,

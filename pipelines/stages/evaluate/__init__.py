@@ -6,7 +6,8 @@ import os
 from typing import Any
 
 from bertcore.errors import ConfigError
-from bertcore.eval.config import TASK_FILES, EvaluateConfig
+from bertcore.eval.config import EvaluateConfig
+from bertcore.eval.settings import TASK_FILES
 from pipelines.stage import External, Stage
 from pipelines.storage import Storage, is_local
 
@@ -38,7 +39,9 @@ def identify(eval_cfg: EvaluateConfig, storage: Storage) -> External:
 
     tasks = []
     for i, task in enumerate(eval_cfg.tasks):
-        update = {s: check(getattr(task, s), f"evaluate.tasks[{i}].{s}") for s in TASK_FILES if getattr(task, s) is not None}
+        update = {
+            s: check(getattr(task, s), f"evaluate.tasks[{i}].{s}") for s in TASK_FILES if getattr(task, s) is not None
+        }
         tasks.append(task.model_copy(update=update))
     resolved = eval_cfg.model_copy(update={"tasks": tasks})
     sts = eval_cfg.embeddings.sts
@@ -84,8 +87,16 @@ def check_lengths(cfg: EvaluateConfig, positions: int, model: str, error: type[E
 
 
 STAGE = Stage(
-    "evaluate", EvaluateConfig, "pipelines.stages.evaluate.work:run", reads=("pretrain", "distill", "examples", "corpus"), directory="eval",
-    identify=identify, check=check, fingerprint_config=task_location_free,
-    code_version="3",  # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`; 3: long inputs in windows, learning curves over train_fractions, the distilled student's start
+    "evaluate",
+    EvaluateConfig,
+    "pipelines.stages.evaluate.work:run",
+    reads=("pretrain", "distill", "examples", "corpus"),
+    directory="eval",
+    identify=identify,
+    check=check,
+    fingerprint_config=task_location_free,
+    # 2: keeps each task's fine-tuned model (heads/) for `bertpipe export --task`; 3: long inputs in windows,
+    # learning curves over train_fractions, the distilled student's start
+    code_version="3",
     writes="metrics.json, report.md, plots/*.png, tensorboard/, heads/<model>/<task>.safetensors",
 )

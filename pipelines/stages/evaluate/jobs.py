@@ -15,7 +15,8 @@ import ray
 
 from bertcore.errors import BertpipeError
 from bertcore.eval import finetune
-from bertcore.eval.config import TASK_FILES, EmbeddingsConfig, IntrinsicConfig, SpeedConfig, TaskConfig
+from bertcore.eval.config import EmbeddingsConfig, IntrinsicConfig, SpeedConfig, TaskConfig
+from bertcore.eval.settings import TASK_FILES
 from bertcore.examples.config import ExamplesConfig, PhaseConfig
 from bertcore.rng import keyed_seed
 from pipelines.shards import local_copy, local_folder, read_batches
@@ -98,10 +99,10 @@ def intrinsic_job(
     num_threads: int,
 ) -> dict:
     """MLM/NSP scores of one phase's validation shards, with the unigram and label-balance baselines."""
-    from bertcore.train.loader import ExamplesLoader
     from bertcore.eval.finetune import device
     from bertcore.eval.intrinsic import held_out_scores, load_pretraining_model
     from bertcore.examples.masking import VocabTables
+    from bertcore.train.loader import ExamplesLoader
     from bertcore.vocab.config import entries_file
     from bertcore.vocab.tokenizer import read_entries
 
@@ -116,7 +117,8 @@ def intrinsic_job(
     loader = ExamplesLoader(
         paths,
         cfg.batch_size,
-        seed=keyed_seed(seed, "evaluate", "intrinsic", phase.name) >> 1,  # the dynamic masks: fixed, the same for both models
+        seed=keyed_seed(seed, "evaluate", "intrinsic", phase.name)
+        >> 1,  # the dynamic masks: fixed, the same for both models
         masking=examples_cfg.masking,
         mask_config=mask_config,
         pad_id=model.cfg.pad_token_id,
@@ -156,7 +158,9 @@ def has_mlm_head(model_dir: str) -> bool:
 
 
 @ray.remote(max_retries=1)
-def fill_mask_job(model: Model, sentences: list[str], count: int, seed: int, storage: Storage, num_threads: int) -> list[dict]:
+def fill_mask_job(
+    model: Model, sentences: list[str], count: int, seed: int, storage: Storage, num_threads: int
+) -> list[dict]:
     """The pretrained model's top guesses for one masked word in each of a few held-out sentences."""
     from bertcore.eval.encoder import load_tokenizer
     from bertcore.eval.intrinsic import fill_mask, load_pretraining_model
@@ -168,8 +172,16 @@ def fill_mask_job(model: Model, sentences: list[str], count: int, seed: int, sto
 
 @ray.remote(max_retries=1)
 def finetune_job(
-    task: TaskConfig, model: Model, tokenizer: Model, task_seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int,
-    keep_in: StageDir | None = None, fraction: float = 1.0, subset_seed: int = 0,
+    task: TaskConfig,
+    model: Model,
+    tokenizer: Model,
+    task_seed: int,
+    storage: Storage,
+    file_keys: dict[str, str],
+    num_threads: int,
+    keep_in: StageDir | None = None,
+    fraction: float = 1.0,
+    subset_seed: int = 0,
 ) -> dict:
     """One fine-tuning run (all folds of one seed, on `fraction` of the training examples,
     the subset drawn with `subset_seed`, the run seed); file names in messages are the
@@ -182,8 +194,15 @@ def finetune_job(
     kept: list | None = [] if keep_in is not None else None
     try:
         result = finetune.run_task(
-            local, model_dir, tokenizer.local(storage), task_seed, random_init=model.random_init, num_threads=num_threads, keep=kept,
-            fraction=fraction, subset_seed=subset_seed,
+            local,
+            model_dir,
+            tokenizer.local(storage),
+            task_seed,
+            random_init=model.random_init,
+            num_threads=num_threads,
+            keep=kept,
+            fraction=fraction,
+            subset_seed=subset_seed,
         )
     except BertpipeError as exc:
         raise type(exc)(original_paths(str(exc), back)) from None
@@ -193,7 +212,9 @@ def finetune_job(
     return result
 
 
-def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_dir: str, seed: int, result: dict) -> ShardInfo:
+def _save_task_model(
+    stage: StageDir, task: TaskConfig, name: str, model, model_dir: str, seed: int, result: dict
+) -> ShardInfo:
     """heads/<name>/<task>.safetensors (name: pretrained, or student): the fine-tuned model
     and what export needs to know of it."""
     from bertcore.eval.heads import TaskHead, head_path, save_task_model
@@ -201,11 +222,25 @@ def _save_task_model(stage: StageDir, task: TaskConfig, name: str, model, model_
     from pipelines.storage import sha256_file
 
     head = TaskHead(
-        task=task.name, type=task.type, labels=list(result["labels"]), num_outputs=model.head.out_features,
-        layers=task.layers if isinstance(task.layers, str) else list(task.layers), combine=task.combine, pooling=task.pooling,
-        seed=seed, trained_on=_trained_on(result),
-        encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)), max_seq_length=task.max_seq_length,
-        long_inputs={"window_stride": task.window_stride, "window_pool": task.window_pool, "max_windows": task.max_windows} if task.long_inputs == "windows" else None,
+        task=task.name,
+        type=task.type,
+        labels=list(result["labels"]),
+        num_outputs=model.head.out_features,
+        layers=task.layers if isinstance(task.layers, str) else list(task.layers),
+        combine=task.combine,
+        pooling=task.pooling,
+        seed=seed,
+        trained_on=_trained_on(result),
+        encoder_sha256=sha256_file(os.path.join(model_dir, WEIGHTS_FILE)),
+        max_seq_length=task.max_seq_length,
+        long_inputs={
+            "window_stride": task.window_stride,
+            "window_pool": task.window_pool,
+            "max_windows": task.max_windows,
+        }
+        if task.long_inputs == "windows"
+        else None,
+        pairs=task.text_b is not None,
     )
     return stage.publish(head_path(name, task.name), lambda path: save_task_model(path, model, head), rows=0)
 
@@ -217,12 +252,22 @@ def _trained_on(result: dict) -> str:
         return f"the whole training file ({whole} examples)"
     from bertcore.eval.fractions import subset_size
 
-    return f"a seeded {result['fraction']:g} of the training file ({subset_size(result['fraction'], whole)} of {whole} examples)"
+    return (
+        f"a seeded {result['fraction']:g} of the training file ({subset_size(result['fraction'], whole)} of "
+        f"{whole} examples)"
+    )
 
 
 @ray.remote(max_retries=1)
 def embeddings_job(
-    model: Model, tokenizer: Model, sentences: list[str], cfg: EmbeddingsConfig, seed: int, storage: Storage, file_keys: dict[str, str], num_threads: int
+    model: Model,
+    tokenizer: Model,
+    sentences: list[str],
+    cfg: EmbeddingsConfig,
+    seed: int,
+    storage: Storage,
+    file_keys: dict[str, str],
+    num_threads: int,
 ) -> dict:
     """Anisotropy (and STS Spearman) for [CLS] and mean pooling, and how many of the
     sentences were longer than the window."""
@@ -241,12 +286,30 @@ def embeddings_job(
         problems = [original_paths(p, {path: cfg.sts.file}) for p in read.problems]
     tokenizer_dir = tokenizer.local(storage)
     scores = embedding_report(
-        model.local(storage), tokenizer_dir, sentences, seed=seed, sts_pairs=pairs, num_pairs=cfg.num_pairs,
-        max_seq_length=cfg.max_seq_length, random_init=model.random_init, num_threads=num_threads, windowing=Windowing.of(cfg),
+        model.local(storage),
+        tokenizer_dir,
+        sentences,
+        seed=seed,
+        sts_pairs=pairs,
+        num_pairs=cfg.num_pairs,
+        max_seq_length=cfg.max_seq_length,
+        random_init=model.random_init,
+        num_threads=num_threads,
+        windowing=Windowing.of(cfg),
     )
     texts = list(sentences) + [text for p in pairs or [] for text in (p.text_a, p.text_b or "")]
-    long_inputs = {"mode": cfg.long_inputs, "max_seq_length": cfg.max_seq_length, **long_input_counts(load_tokenizer(tokenizer_dir), texts, None, cfg)}
-    return {"scores": scores, "sts_pairs": len(pairs or []), "skipped": skipped, "skipped_problems": problems, "long_inputs": long_inputs}
+    long_inputs = {
+        "mode": cfg.long_inputs,
+        "max_seq_length": cfg.max_seq_length,
+        **long_input_counts(load_tokenizer(tokenizer_dir), texts, None, cfg),
+    }
+    return {
+        "scores": scores,
+        "sts_pairs": len(pairs or []),
+        "skipped": skipped,
+        "skipped_problems": problems,
+        "long_inputs": long_inputs,
+    }
 
 
 @ray.remote(max_retries=1)
@@ -255,4 +318,11 @@ def speed_job(models: list[Model], cfg: SpeedConfig, seed: int, storage: Storage
     from bertcore.eval.speed import measure
 
     folders = {m.name: (m.local(storage), m.random_init) for m in models}
-    return measure(folders, batch_size=cfg.batch_size, seq_length=cfg.max_seq_length, passes=cfg.passes, seed=seed, threads=num_threads)
+    return measure(
+        folders,
+        batch_size=cfg.batch_size,
+        seq_length=cfg.max_seq_length,
+        passes=cfg.passes,
+        seed=seed,
+        threads=num_threads,
+    )

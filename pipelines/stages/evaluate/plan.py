@@ -10,20 +10,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-
 from bertcore.errors import ConfigError, InputDataError
 from bertcore.eval import summary
-from bertcore.eval.config import TRAINED_TYPES, EmbeddingsConfig, EvaluateConfig, TaskConfig
+from bertcore.eval.config import EmbeddingsConfig, EvaluateConfig, TaskConfig
+from bertcore.eval.distillation import START
 from bertcore.eval.fractions import check_fractions
 from bertcore.eval.tasks import check_task_files
 from bertcore.examples.config import ExamplesConfig
-from bertcore.eval.distillation import START
 from bertcore.model.hf_files import START_DIR
-from bertcore.train.export import HF_FILES, MODEL_DIR
 from bertcore.rng import keyed_numpy
-from pipelines.stages.evaluate.jobs import Model, local_task, original_paths
+from bertcore.train.export import HF_FILES, MODEL_DIR
 from pipelines.shards import read_batches
 from pipelines.stage import StageRun, Upstream
+from pipelines.stages.evaluate.jobs import Model, local_task, original_paths
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,9 @@ def finetune_key(task: str, model: str, fraction: float, seed: int) -> str:
     return f"finetune__{task}__{model}{share}__seed{seed}"
 
 
-def embedding_sentences(storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]) -> list[str]:
+def embedding_sentences(
+    storage: Storage, corpus: Upstream, cfg: EmbeddingsConfig, seed: int, notes: list[str]
+) -> list[str]:
     """Up to cfg.sentences held-out corpus sentences, sampled with a keyed RNG from the first
     SENTENCE_POOL x that many of the validation split (in shard order)."""
     pool: list[str] = []
@@ -117,7 +118,10 @@ def models_of(r: StageRun, baseline: bool) -> tuple[list[Model], Model, Upstream
         models, trained = [subject], pretrain
     if not r.storage.exists(f"{subject.uri}/config.json"):
         stage = trained.dir.directory
-        raise ConfigError(f"{subject.uri}: no exported model (config.json missing); re-run the {stage} stage (`bertpipe run --only {stage} --force`)")
+        raise ConfigError(
+            f"{subject.uri}: no exported model (config.json missing); re-run the {stage} stage (`bertpipe "
+            f"run --only {stage} --force`)"
+        )
     if baseline:
         models.append(Model("random_init", subject.uri, subject.files, subject.cache_key, random_init=True))
     return models, subject, trained
@@ -138,13 +142,17 @@ def _teacher(r: StageRun, distill: Upstream) -> Model:
 
     uri = distill.manifest.inputs.get("teacher")
     if uri is None:
-        raise ConfigError(f"{distill.dir.uri}: the distill manifest names no teacher; re-run the distill stage (`bertpipe run --only distill --force`)")
+        raise ConfigError(
+            f"{distill.dir.uri}: the distill manifest names no teacher; re-run the distill stage (`bertpipe "
+            "run --only distill --force`)"
+        )
     folder = model_folder(r.storage, uri, "distill.teacher", sentence_files=True)
     learned = (distill.manifest.inputs.get("external") or {}).get("teacher")  # what the distill fingerprint covers
     if learned is not None and learned != folder.identity:
         changed = sorted(k for k in {*learned, *folder.identity} if learned.get(k) != folder.identity.get(k))
         raise ConfigError(
-            f"distill.teacher: {', '.join(changed)} changed since the distill stage ran, so its student learned from other weights; "
+            f"distill.teacher: {', '.join(changed)} changed since the distill stage ran, so its student "
+            "learned from other weights; "
             "run `bertpipe run --only distill,evaluate` (evaluate compares a student with the teacher it learned from)"
         )
     return Model("teacher", folder.uri, tuple(folder.files), folder.cache_key)
@@ -167,7 +175,10 @@ def plan_jobs(plan: Plan, r: StageRun, max_positions: int) -> None:
     cfg = plan.cfg
     masked_lm = cfg.intrinsic.enabled and plan.masked_lm
     if cfg.intrinsic.enabled and not plan.masked_lm:
-        plan.notes.append(f"intrinsic: the {plan.subject.name} has no MLM head (an embedding model, as its teacher), so held-out MLM and fill-mask are not scored")
+        plan.notes.append(
+            f"intrinsic: the {plan.subject.name} has no MLM head (an embedding model, as its teacher), so "
+            "held-out MLM and fill-mask are not scored"
+        )
     if masked_lm:
         examples = r.inputs["examples"]
         from bertcore.eval.intrinsic import phases_to_score
@@ -176,23 +187,39 @@ def plan_jobs(plan: Plan, r: StageRun, max_positions: int) -> None:
         trained = [p.get("name") for p in (plan.trained.manifest.config or {}).get("phases", []) if isinstance(p, dict)]
         phases = phases_to_score(cfg.intrinsic, plan.examples_cfg, trained, max_positions, plan.notes)
         for phase in phases:
-            shards = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
+            shards = [
+                examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows
+            ]
             if not shards:
                 plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
                 continue
             train = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/train/") if s.rows]
             for model in plan.models:
                 if model is plan.subject or model.random_init:  # the masked-LM skill of the subject against random init
-                    plan.jobs.append(Job(f"intrinsic__{phase.name}__{model.name}", "intrinsic", model, phase=phase.name, shards=shards, train_shards=train))
+                    plan.jobs.append(
+                        Job(
+                            f"intrinsic__{phase.name}__{model.name}",
+                            "intrinsic",
+                            model,
+                            phase=phase.name,
+                            shards=shards,
+                            train_shards=train,
+                        )
+                    )
     for i, task in enumerate(cfg.tasks):
-        check_files(task, f"evaluate.tasks[{i}]", r.storage, plan.signatures)  # an unusable file or fraction is one line, before any job starts
+        check_files(
+            task, f"evaluate.tasks[{i}]", r.storage, plan.signatures
+        )  # an unusable file or fraction is one line, before any job starts
         for fraction in task.train_fractions:
             for model in plan.models:
                 for task_seed in summary.seeds_of(task, model.random_init):
                     # the kept model: the subject's first seed on the largest fraction (the whole file by default)
-                    keep = model is plan.subject and task.type in TRAINED_TYPES and task_seed == task.seeds[0] and fraction == task.train_fractions[-1]
+                    keep = model is plan.subject and task.kind.trains and task_seed == task.seeds[0]
+                    keep = keep and fraction == task.train_fractions[-1]
                     key = finetune_key(task.name, model.name, fraction, task_seed)
-                    plan.jobs.append(Job(key, "finetune", model, task=task, task_seed=task_seed, fraction=fraction, keep_model=keep))
+                    plan.jobs.append(
+                        Job(key, "finetune", model, task=task, task_seed=task_seed, fraction=fraction, keep_model=keep)
+                    )
     fill_mask = masked_lm and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = embedding_sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)

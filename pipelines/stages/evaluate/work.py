@@ -53,15 +53,21 @@ from typing import Any
 
 import ray
 
-from bertcore.train import metrics_log
 from bertcore.errors import ConfigError
 from bertcore.eval import distillation, report, summary
-from bertcore.eval.plots import plot_learning_curves, plot_pretraining, plot_tasks
-from bertcore.eval.learning_curve import learning_curve
 from bertcore.eval.distillation import START
+from bertcore.eval.learning_curve import learning_curve
+from bertcore.eval.plots import plot_learning_curves, plot_pretraining, plot_tasks
+from bertcore.eval.scores import json_dumps, score_rows
 from bertcore.model.hf_files import START_DIR
+from bertcore.train import metrics_log
 from bertcore.train.export import MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
+from pipelines.ray_runtime import run_tasks
+from pipelines.shards import local_copy
+from pipelines.stage import Output, StageRun, Upstream
+from pipelines.stage_dir import ShardInfo, StageDir
+from pipelines.stages.evaluate import check_lengths
 from pipelines.stages.evaluate.jobs import (
     Model,
     embeddings_job,
@@ -71,22 +77,10 @@ from pipelines.stages.evaluate.jobs import (
     intrinsic_job,
     speed_job,
 )
-from pipelines.ray_runtime import run_tasks
-from pipelines.shards import local_copy
-from pipelines.stage import Output, StageRun, Upstream
-from pipelines.stage_dir import ShardInfo, StageDir
-from pipelines.stages.evaluate import check_lengths
 from pipelines.stages.evaluate.plan import Job, Plan, finetune_key, models_of, plan_jobs
 from pipelines.storage import Storage
 
 log = logging.getLogger(__name__)
-
-
-
-
-
-
-
 
 
 def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], list[dict], dict | None]:
@@ -96,10 +90,10 @@ def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], lis
     uri = pretrain.path(METRICS)
     if not storage.exists(uri):
         return [], [], None
-    records, bad = report.read_training_log(storage.read_text(uri).splitlines())
+    records, bad = metrics_log.read_training_log(storage.read_text(uri).splitlines())
     validations: list[dict] = []
     if storage.exists(pretrain.path(VALIDATION)):
-        validations, _ = report.read_training_log(storage.read_text(pretrain.path(VALIDATION)).splitlines())
+        validations, _ = metrics_log.read_training_log(storage.read_text(pretrain.path(VALIDATION)).splitlines())
     every = int((pretrain.manifest.config or {}).get("log_every") or 1)
     summary = {
         "uri": f"{pretrain.dir.directory}/{METRICS}",
@@ -115,14 +109,6 @@ def _training_log(storage: Storage, pretrain: Upstream) -> tuple[list[dict], lis
 
 
 # -- the stage ----------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
 
 
 def run(r: StageRun) -> Output:
@@ -147,29 +133,39 @@ def run(r: StageRun) -> Output:
     records, validations, log_summary = _training_log(r.storage, trained)
     metrics = _metrics(plan, results, configs, log_summary, r.seed, r.fingerprint)
     for model in metrics["models"].values():  # relative to run.root when a stage wrote it: the report survives a move
-        model["uri"] = next((f"{up.dir.directory}/{folder}" for up in r.inputs.values() for folder in (MODEL_DIR, START_DIR)
-                             if model["uri"] == up.path(folder)), model["uri"])
+        model["uri"] = next(
+            (
+                f"{up.dir.directory}/{folder}"
+                for up in r.inputs.values()
+                for folder in (MODEL_DIR, START_DIR)
+                if model["uri"] == up.path(folder)
+            ),
+            model["uri"],
+        )
     metrics["timings"] = {"jobs_s": round(jobs_s, 3), "jobs": len(plan.jobs), "jobs_reused": reused}
-    skipped = [{"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"} for uri, n in metrics["skipped_rows"]["files"].items()]
+    skipped = [
+        {"file": uri, "reason": f"{n} malformed row(s) skipped (on_error: skip)"}
+        for uri, n in metrics["skipped_rows"]["files"].items()
+    ]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records, validations) + _track(r, trained, metrics) + _saved_models(results),
+        shards=_write_outputs(r.dir, metrics, records, validations)
+        + _track(r, trained, metrics)
+        + _saved_models(results),
         stats=stats,
         timings={"jobs_s": round(jobs_s, 3)},
         skipped=skipped,
         report="report.md",
-        tables={"evaluation-scores": report.score_rows(metrics)},
-        headline=report.headline(stats),
+        tables={"evaluation-scores": score_rows(metrics)},
+        headline=summary.headline(stats),
     )
-
-
-
-
 
 
 def _saved_models(results: dict[str, Any]) -> list[ShardInfo]:
     """The fine-tuned models the jobs saved (heads/), as shard records."""
-    return [ShardInfo(**result["saved"]) for result in results.values() if isinstance(result, dict) and result.get("saved")]
+    return [
+        ShardInfo(**result["saved"]) for result in results.values() if isinstance(result, dict) and result.get("saved")
+    ]
 
 
 def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
@@ -181,15 +177,33 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         options = {"num_cpus": cfg.num_threads} | ({"num_gpus": cfg.num_gpus} if cfg.num_gpus else {})
         if job.kind == "intrinsic":
             return intrinsic_job.options(**options).remote(
-                job.model, job.shards, job.train_shards, plan.examples_cfg.phase(job.phase), plan.examples_cfg, cfg.intrinsic,
-                seed, storage, job.model.cache_key, cfg.num_threads,
+                job.model,
+                job.shards,
+                job.train_shards,
+                plan.examples_cfg.phase(job.phase),
+                plan.examples_cfg,
+                cfg.intrinsic,
+                seed,
+                storage,
+                job.model.cache_key,
+                cfg.num_threads,
             )
         if job.kind == "fill_mask":
-            return fill_mask_job.options(**options).remote(job.model, plan.sentences, cfg.intrinsic.fill_mask, seed, storage, cfg.num_threads)
+            return fill_mask_job.options(**options).remote(
+                job.model, plan.sentences, cfg.intrinsic.fill_mask, seed, storage, cfg.num_threads
+            )
         if job.kind == "finetune":
             return finetune_job.options(**options).remote(
-                job.task, job.model, plan.subject, job.task_seed, storage, plan.signatures, cfg.num_threads, r.dir if job.keep_model else None,
-                job.fraction, seed,
+                job.task,
+                job.model,
+                plan.subject,
+                job.task_seed,
+                storage,
+                plan.signatures,
+                cfg.num_threads,
+                r.dir if job.keep_model else None,
+                job.fraction,
+                seed,
             )
         if job.kind == "speed":  # the student's start has the student's architecture: its speed is the student's
             timed = [m for m in plan.models if m.name != START]
@@ -206,10 +220,15 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
     kinds = Counter(job.kind for job in todo)
     log.info(
         "evaluate: %d jobs to run (%s)%s, %d thread(s) each",
-        len(todo), ", ".join(f"{n} {kind}" for kind, n in kinds.items()) or "none",
-        f", {len(results)} kept from an interrupted attempt" if results else "", cfg.num_threads,
+        len(todo),
+        ", ".join(f"{n} {kind}" for kind, n in kinds.items()) or "none",
+        f", {len(results)} kept from an interrupted attempt" if results else "",
+        cfg.num_threads,
     )
-    batches = (([j for j in todo if j.kind != "speed"], r.parallelism, "evaluate"), ([j for j in todo if j.kind == "speed"], 1, "evaluate: speed"))
+    batches = (
+        ([j for j in todo if j.kind != "speed"], r.parallelism, "evaluate"),
+        ([j for j in todo if j.kind == "speed"], 1, "evaluate: speed"),
+    )
     for batch, parallelism, desc in batches:
         if not batch:
             continue
@@ -217,13 +236,20 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         def finished(index: int, result: Any, batch=batch) -> None:
             r.dir.complete(batch[index].key, r.fingerprint, _saved_models({batch[index].key: result}), result)
 
-        for job, result in zip(batch, run_tasks(submit, batch, parallelism=parallelism, desc=desc, on_result=finished, unit="jobs")):
+        for job, result in zip(
+            batch, run_tasks(submit, batch, parallelism=parallelism, desc=desc, on_result=finished, unit="jobs")
+        ):
             results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 
 
 def _model_entry(model: Model, cfg, parameters: int) -> dict:
-    return {"uri": model.uri, "parameters": parameters, "config": cfg.model_dump(mode="json"), "random_init": model.random_init}
+    return {
+        "uri": model.uri,
+        "parameters": parameters,
+        "config": cfg.model_dump(mode="json"),
+        "random_init": model.random_init,
+    }
 
 
 def _metrics(plan: Plan, results: dict[str, Any], configs: dict, log_summary, seed: int, fp: str) -> dict:
@@ -235,7 +261,10 @@ def _metrics(plan: Plan, results: dict[str, Any], configs: dict, log_summary, se
 
     eval_cfg, jobs, subject = plan.cfg, plan.jobs, plan.subject.name
     with torch.device("meta"):  # counts parameters without allocating or initialising them
-        models = {m.name: _model_entry(m, configs[m.name], BertForPreTraining(configs[m.name]).num_parameters()) for m in plan.models}
+        models = {
+            m.name: _model_entry(m, configs[m.name], BertForPreTraining(configs[m.name]).num_parameters())
+            for m in plan.models
+        }
     metrics: dict[str, Any] = {
         "stage": "evaluate",
         "fingerprint": fp,
@@ -258,11 +287,17 @@ def _metrics(plan: Plan, results: dict[str, Any], configs: dict, log_summary, se
     files: Counter[str] = Counter()
     for task in eval_cfg.tasks:
         by_fraction = {
-            f: {m.name: [results[finetune_key(task.name, m.name, f, s)] for s in summary.seeds_of(task, m.random_init)] for m in plan.models}
+            f: {
+                m.name: [results[finetune_key(task.name, m.name, f, s)] for s in summary.seeds_of(task, m.random_init)]
+                for m in plan.models
+            }
             for f in task.train_fractions
         }
         entries = {f: summary.task_entry(task, runs, subject) for f, runs in by_fraction.items()}
-        runs, entry = by_fraction[task.train_fractions[-1]], entries[task.train_fractions[-1]]  # the headline: the largest fraction
+        runs, entry = (
+            by_fraction[task.train_fractions[-1]],
+            entries[task.train_fractions[-1]],
+        )  # the headline: the largest fraction
         if len(entries) > 1:
             entry["learning_curve"] = learning_curve(entries)
         entry["saved_model"] = next((run["saved"]["path"] for run in runs[subject] if run.get("saved")), None)
@@ -274,7 +309,11 @@ def _metrics(plan: Plan, results: dict[str, Any], configs: dict, log_summary, se
     embedding_jobs = [job for job in jobs if job.kind == "embeddings"]
     if embedding_jobs:
         first = results[embedding_jobs[0].key]
-        metrics["embeddings"] = {"sentences": len(plan.sentences), "sts_pairs": first["sts_pairs"], "long_inputs": first.get("long_inputs")}
+        metrics["embeddings"] = {
+            "sentences": len(plan.sentences),
+            "sts_pairs": first["sts_pairs"],
+            "long_inputs": first.get("long_inputs"),
+        }
         for job in embedding_jobs:
             metrics["embeddings"][job.model.name] = results[job.key]["scores"]
         if first["skipped"]:
@@ -303,17 +342,30 @@ def _track(r: StageRun, pretrain: Upstream, metrics: dict) -> list[ShardInfo]:
     verdicts: dict[str, str] = {}
     for phase, scores in metrics["intrinsic"].items():
         subject = metrics["subject"]
-        lines = (("MLM", summary.mlm_verdict(phase, scores, subject)), ("NSP", summary.nsp_verdict(phase, scores, subject)))
+        lines = (
+            ("MLM", summary.mlm_verdict(phase, scores, subject)),
+            ("NSP", summary.nsp_verdict(phase, scores, subject)),
+        )
         verdicts.update({f"{phase} {what}": line for what, line in lines if line})
     verdicts.update({name: task["verdict"]["text"] for name, task in metrics["tasks"].items()})
-    verdicts.update({f"{label} distilled": line for label, line in zip(metrics.get("distillation") or {}, distillation.lines(metrics))})
+    verdicts.update(
+        {
+            f"{label} distilled": line
+            for label, line in zip(metrics.get("distillation") or {}, distillation.lines(metrics))
+        }
+    )
     shards = []
     for folder in ("tensorboard", "wandb"):
         storage.remove(r.dir.path(folder), recursive=True)  # the tracker files of this evaluation only
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-tracking-") as tmp:
         log_evaluation(
-            cfg, state, step=int(pretrain.manifest.stats.get("steps") or 0), scalars=evaluation_scalars(report.score_rows(metrics)),
-            verdicts=verdicts, tensorboard_dir=os.path.join(tmp, "tensorboard"), wandb_dir=os.path.join(tmp, "wandb"),
+            cfg,
+            state,
+            step=int(pretrain.manifest.stats.get("steps") or 0),
+            scalars=evaluation_scalars(score_rows(metrics)),
+            verdicts=verdicts,
+            tensorboard_dir=os.path.join(tmp, "tensorboard"),
+            wandb_dir=os.path.join(tmp, "wandb"),
             run_name=f"evaluate-{r.fingerprint[:8]}",
         )
         for folder, _, names in os.walk(tmp):
@@ -326,7 +378,9 @@ def _track(r: StageRun, pretrain: Upstream, metrics: dict) -> list[ShardInfo]:
 def _unigram(metrics: dict) -> float | None:
     """The unigram baseline's MLM accuracy of the last intrinsic phase (the plot's floor line)."""
     for by_model in reversed(list((metrics.get("intrinsic") or {}).values())):
-        unigram = ((by_model.get(metrics.get("subject", "pretrained")) or {}).get("baselines") or {}).get("unigram") or {}
+        unigram = ((by_model.get(metrics.get("subject", "pretrained")) or {}).get("baselines") or {}).get(
+            "unigram"
+        ) or {}
         if unigram.get("mlm_accuracy") is not None:
             return unigram["mlm_accuracy"]
     return None
@@ -341,7 +395,11 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validati
     with tempfile.TemporaryDirectory(prefix="bertpipe-eval-") as tmp:
         drawn = {
             "pretraining": plot_pretraining(
-                records, validations, (metrics.get("pretraining_log") or {}).get("log_every", 1), _unigram(metrics), os.path.join(tmp, "pretraining.png")
+                records,
+                validations,
+                (metrics.get("pretraining_log") or {}).get("log_every", 1),
+                _unigram(metrics),
+                os.path.join(tmp, "pretraining.png"),
             ),
             "tasks": plot_tasks(metrics["tasks"], os.path.join(tmp, "tasks.png")),
             "label_fractions": plot_learning_curves(metrics["tasks"], os.path.join(tmp, "label_fractions.png")),
@@ -352,7 +410,9 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validati
                 with open(os.path.join(tmp, f"{name}.png"), "rb") as handle:
                     written.append((relative, storage.write_bytes(stage.path(relative), handle.read())))
                 plots[name] = relative
-    metrics_bytes = report.json_dumps(metrics).encode()
+    metrics_bytes = json_dumps(metrics).encode()
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
-    written.append(("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode())))
+    written.append(
+        ("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode()))
+    )
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]

@@ -8,6 +8,10 @@ from pipelines.stage import Stage
 CODE_VERSION = "1"
 
 STAGE = Stage(
-    "examples", ExamplesConfig, "pipelines.stages.examples.work:run", reads=("corpus", "vocab"), code_version=CODE_VERSION,
+    "examples",
+    ExamplesConfig,
+    "pipelines.stages.examples.work:run",
+    reads=("corpus", "vocab"),
+    code_version=CODE_VERSION,
     writes="masked pretraining sequences: PHASE/{train,validation}/part-NNNNN-lenBBB.arrow",
 )

@@ -34,20 +34,15 @@ import pyarrow.ipc as ipc
 import ray
 from tokenizers import Tokenizer
 
-from bertcore.examples.arrow import arrow_array, list_array, numpy_dtype, numpy_view, offsets_of
 from bertcore.errors import InputDataError
-from bertcore.examples.layout import ExampleStats, arrow_schema, example_batches, id_type
+from bertcore.examples.arrow import arrow_array, list_array, numpy_dtype, numpy_view, offsets_of
 from bertcore.examples.config import ExamplesConfig, PhaseConfig, length_bin
+from bertcore.examples.layout import ExampleStats, arrow_schema, example_batches, id_type
 from bertcore.examples.masking import VocabTables
 from bertcore.examples.pairs import FlatDocument
 from bertcore.text.lengths import Lengths
 from bertcore.vocab.config import tokenizer_files
-from bertcore.vocab.tokenizer import (
-    encode_sentences,
-    load_tokenizer,
-    vocab_fingerprint,
-    vocab_list,
-)
+from bertcore.vocab.tokenizer import encode_sentences, load_tokenizer, vocab_fingerprint, vocab_list
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches, write_table
 from pipelines.stage import Output, StageRun, Upstream, fingerprint
@@ -130,11 +125,15 @@ class TokenStore:
         ids, segment_bounds, document_bounds = batches[b]
         row -= starts[b]
         # tokenize_shard stores no empty segment
-        return FlatDocument(ids, segment_bounds[document_bounds[row] : document_bounds[row + 1] + 1], nonempty_known=True)
+        return FlatDocument(
+            ids, segment_bounds[document_bounds[row] : document_bounds[row + 1] + 1], nonempty_known=True
+        )
 
 
 @functools.lru_cache(maxsize=4096)
-def _mapped_token_shard(path: str, size: int, mtime_ns: int) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def _mapped_token_shard(
+    path: str, size: int, mtime_ns: int
+) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """One token shard, memory-mapped: the first row of each record batch, and per batch
     (ids, segment bounds, document bounds) as numpy views of the map. Cached per worker
     process, so the tasks a worker runs one after another (which all draw random documents
@@ -215,7 +214,10 @@ def tokenize_shard(corpus_uri: str, relative: str, vocab: VocabSource, stage: St
     lengths = Lengths(_TOKEN_LENGTH_CAP)
     with _one_thread():
         parts = [
-            pa.table({"doc_id": batch.column("doc_id"), "segments": _tokenize(tokenizer, batch, ids_type, lengths)}, schema=schema)
+            pa.table(
+                {"doc_id": batch.column("doc_id"), "segments": _tokenize(tokenizer, batch, ids_type, lengths)},
+                schema=schema,
+            )
             for batch in read_batches(stage.storage, corpus_uri)
         ]
     table = pa.concat_tables(parts) if parts else schema.empty_table()
@@ -294,7 +296,11 @@ def build_shard(
 def run(r: StageRun) -> Output:
     cfg: ExamplesConfig = r.section
     corpus, vocab_stage = r.inputs["corpus"], r.inputs["vocab"]
-    vocab = VocabSource(vocab_stage.dir.uri, vocab_stage.fingerprint, tuple(tokenizer_files(s.path for s in vocab_stage.manifest.shards)))
+    vocab = VocabSource(
+        vocab_stage.dir.uri,
+        vocab_stage.fingerprint,
+        tuple(tokenizer_files(s.path for s in vocab_stage.manifest.shards)),
+    )
     actual = _checked_vocab_fingerprint(r.storage, vocab_stage, vocab)
 
     # step 1: tokens, keyed by corpus and vocab only (changing masking settings reuses them)
@@ -304,10 +310,16 @@ def run(r: StageRun) -> Output:
 
     # step 2: examples per (phase, split, corpus shard)
     t0 = time.perf_counter()
-    tasks = [(phase, split, n) for phase in cfg.phases for split in SPLITS for n in range(len(indexes[split].shard_uris))]
+    tasks = [
+        (phase, split, n) for phase in cfg.phases for split in SPLITS for n in range(len(indexes[split].shard_uris))
+    ]
     log.info(
         "examples: %s, %s masking, phases %s, dupe_factor %d: %d build tasks",
-        cfg.objective, cfg.masking, ", ".join(p.name for p in cfg.phases), cfg.dupe_factor, len(tasks),
+        cfg.objective,
+        cfg.masking,
+        ", ".join(p.name for p in cfg.phases),
+        cfg.dupe_factor,
+        len(tasks),
     )
     results = run_tasks(
         lambda t: build_shard.remote(t[0], t[1], t[2], indexes[t[1]], cfg, r.seed, vocab, r.dir, r.fingerprint),

@@ -22,9 +22,13 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
             "(vocab.pretrained then defaults to pretrain.init_from)"
         )
     if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
-        roberta = reads["vocab"].byte_level  # a byte-level BPE vocabulary makes a RoBERTa (its positions start after <pad>)
+        roberta = reads[
+            "vocab"
+        ].byte_level  # a byte-level BPE vocabulary makes a RoBERTa (its positions start after <pad>)
         positions = cfg.build_model_config(30522, 1 if roberta else 0, roberta=roberta).max_sequence_length
-        cfg.check_positions(lengths, positions, "raise pretrain.model_overrides.max_position_embeddings or shorten the phase")
+        cfg.check_positions(
+            lengths, positions, "raise pretrain.model_overrides.max_position_embeddings or shorten the phase"
+        )
 
 
 def identify(cfg: PretrainConfig, storage: Storage) -> External | None:
@@ -45,7 +49,14 @@ def off(sections: dict[str, Any]) -> str | None:
 
 # Not resumable unit by unit: checkpoints are its units, and a rerun resumes from the latest complete one.
 STAGE = Stage(
-    "pretrain", PretrainConfig, "pipelines.stages.pretrain.work:run", reads=("examples", "vocab"), check=check, identify=identify, off=off,
-    resumable=False, verify_inputs=True,
+    "pretrain",
+    PretrainConfig,
+    "pipelines.stages.pretrain.work:run",
+    reads=("examples", "vocab"),
+    check=check,
+    identify=identify,
+    off=off,
+    resumable=False,
+    verify_inputs=True,
     writes="DeepSpeed checkpoints/step-NNNNNNN/, model/ (Hugging Face layout), metrics.jsonl",
 )

@@ -24,16 +24,9 @@ from pipelines.stage import Output, StageRun, Upstream
 from pipelines.stage_dir import StageDir
 from pipelines.stage_files import stage_files
 from pipelines.storage import Storage
-from pipelines.training.launch import (
-    Inputs,
-    WorkerJob,
-    prepare_checkpoints,
-    read_inputs,
-    train_and_export,
-    worker_env,
-)
-from pipelines.training.stats import headline
 from pipelines.training.export import export_model as export_training_model
+from pipelines.training.launch import Inputs, WorkerJob, prepare_checkpoints, read_inputs, train_and_export, worker_env
+from pipelines.training.stats import headline
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +39,23 @@ def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs
     the phases' sequence lengths."""
     from bertcore.model.folder import check_model_folder
 
-    base = check_model_folder(init.local(storage), "pretrain.init_from").config  # config against the weights' header, before any worker
+    base = check_model_folder(
+        init.local(storage), "pretrain.init_from"
+    ).config  # config against the weights' header, before any worker
     layout = inputs.vocab.special.layout
     if base.model_type != layout:
         raise ConfigError(
-            f"pretrain.init_from: the model at {init.uri} is a {base.model_type} model but the vocabulary is {layout}'s "
-            f"({'byte-level BPE' if layout == 'roberta' else 'WordPiece'}); adopt the model's own vocabulary with the matching vocab.model"
+            f"pretrain.init_from: the model at {init.uri} is a {base.model_type} model but the vocabulary is "
+            f"{layout}'s "
+            f"({'byte-level BPE' if layout == 'roberta' else 'WordPiece'}); adopt the model's own vocabulary "
+            "with the matching vocab.model"
         )
     if base.vocab_size != inputs.vocab.vocab_size:
         raise ConfigError(
-            f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the vocab stage's vocabulary "
-            f"has {inputs.vocab.vocab_size} entries; adopt the model's vocabulary (vocab.source: pretrained, vocab.pretrained unset)"
+            f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the "
+            "vocab stage's vocabulary "
+            f"has {inputs.vocab.vocab_size} entries; adopt the model's vocabulary (vocab.source: pretrained, "
+            "vocab.pretrained unset)"
         )
     try:
         cfg.check_positions([p.max_seq_length for p in cfg.phases], base.max_sequence_length, "shorten the phase")
@@ -74,13 +73,14 @@ class PretrainSpec:
 
     model_config: dict
     nsp: bool
-    """Whether the examples carry NSP labels: the export is then a BertForPreTraining (and its BertForMaskedLM twin), else a BertForMaskedLM (a RoBERTa model: a RobertaForMaskedLM either way)."""
+    """Whether the examples carry NSP labels: the export is then a BertForPreTraining (and its BertForMaskedLM twin),
+    else a BertForMaskedLM (a RoBERTa model: a RobertaForMaskedLM either way)."""
     init: ExternalFolder | None = None
     sentence = None  # pretraining exports a masked-LM model, never an embedding model
 
     def objective(self, storage: Storage):
-        from bertcore.train.objectives import Pretraining
         from bertcore.model.pretrained import read_weights
+        from bertcore.train.objectives import Pretraining
 
         weights = read_weights(self.init.local(storage)) if self.init is not None else None
         return Pretraining(ModelConfig.model_validate(self.model_config), init_state_dict=weights)
@@ -91,7 +91,9 @@ class PretrainSpec:
         return consolidate_checkpoint(checkpoint_dir, ModelConfig.model_validate(marker["model_config"]))
 
 
-def export_model(stage: StageDir, inputs: dict[str, Upstream], *, step: int | None = None, out: str | None = None) -> list[dict]:
+def export_model(
+    stage: StageDir, inputs: dict[str, Upstream], *, step: int | None = None, out: str | None = None
+) -> list[dict]:
     """Write the Hugging Face folder of checkpoint `step` (default: the latest complete
     one) to `out` (default: <root>/pretrain/model/), and with NSP its BertForMaskedLM twin
     beside it (`out`-mlm); returns the files written. `inputs`: the examples and vocab
@@ -119,15 +121,29 @@ def run(r: StageRun) -> Output:
     if init is not None:
         model_cfg = _init_model_config(cfg, init, inputs, r.storage)
     else:
-        model_cfg = cfg.build_model_config(inputs.vocab.vocab_size, inputs.vocab.special.pad, roberta=inputs.vocab.special.layout == "roberta")
+        model_cfg = cfg.build_model_config(
+            inputs.vocab.vocab_size, inputs.vocab.special.pad, roberta=inputs.vocab.special.layout == "roberta"
+        )
         try:
-            cfg.check_positions([p.max_seq_length for p in cfg.phases], model_cfg.max_sequence_length, "raise pretrain.model_overrides.max_position_embeddings")
+            cfg.check_positions(
+                [p.max_seq_length for p in cfg.phases],
+                model_cfg.max_sequence_length,
+                "raise pretrain.model_overrides.max_position_embeddings",
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
     spec = PretrainSpec(model_cfg.model_dump(mode="json"), inputs.examples.has_nsp, init)
-    job = WorkerJob(cfg=cfg, spec=spec, seed=r.seed, resume_key=resume_key, storage=r.storage, stage_uri=r.dir.uri,
-                    inputs=inputs, env=worker_env(cfg))
+    job = WorkerJob(
+        cfg=cfg,
+        spec=spec,
+        seed=r.seed,
+        resume_key=resume_key,
+        storage=r.storage,
+        stage_uri=r.dir.uri,
+        inputs=inputs,
+        env=worker_env(cfg),
+    )
     log.info("%s", _start_line(cfg, model_cfg, init, latest_checkpoint(files)))
     marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
     if init is not None:
@@ -136,14 +152,14 @@ def run(r: StageRun) -> Output:
 
 
 def _start_line(cfg: PretrainConfig, model_cfg: ModelConfig, init: ExternalFolder | None, start: dict | None) -> str:
-    """pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x 32
-    With init_from, the model is the folder's (its config.json gives the shape) and the run continues it."""
+    """pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x
+    32 With init_from, the model is the folder's (its config.json gives the shape) and the run continues it."""
     shape = f"{model_cfg.num_hidden_layers} layers, hidden {model_cfg.hidden_size}"
     model = f"the model in {init.uri} ({shape}, from its config.json)" if init else f"{cfg.model_size} model ({shape})"
-    if start:
-        origin = f"resuming from step {start['step']}"
-    else:
-        origin = "continued" if init else "from scratch"
-    hardware = f"{cfg.num_workers} {'GPU' if cfg.use_gpu else 'CPU'} workers, ZeRO-{cfg.zero_stage} {cfg.precision} {cfg.optimizer}"
+    origin = f"resuming from step {start['step']}" if start else ("continued" if init else "from scratch")
+    hardware = (
+        f"{cfg.num_workers} {'GPU' if cfg.use_gpu else 'CPU'} workers, ZeRO-{cfg.zero_stage} {cfg.precision} "
+        f"{cfg.optimizer}"
+    )
     phases = ", ".join(f"{p.name} {p.steps} steps x {p.batch_size}" for p in cfg.phases)
     return f"pretrain: {model} {origin} on {hardware}; {phases}"

@@ -16,7 +16,10 @@ def identify(cfg: VocabConfig, storage: Storage) -> External | None:
     if cfg.source != "pretrained":
         return None
     if cfg.pretrained is None:
-        raise ConfigError("vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json or a model folder (or set distill.teacher or pretrain.init_from)")
+        raise ConfigError(
+            "vocab.source is pretrained but vocab.pretrained is not set; name a vocab.txt, a tokenizer.json "
+            "or a model folder (or set distill.teacher or pretrain.init_from)"
+        )
     files = vocabulary_files(storage, cfg.pretrained, "vocab.pretrained", byte_level=cfg.byte_level)
     return External(identity={"pretrained": files.identity}, value=files)
 
@@ -30,13 +33,20 @@ def inherit(cfg: VocabConfig, sections: dict[str, Any]) -> dict[str, Any]:
     source = distill.teacher if distill.enabled and distill.teacher is not None else sections["pretrain"].init_from
     if source is None:
         raise ValueError(
-            "vocab.source is pretrained but neither vocab.pretrained, distill.teacher nor pretrain.init_from names the vocabulary to adopt"
+            "vocab.source is pretrained but neither vocab.pretrained, distill.teacher nor pretrain.init_from "
+            "names the vocabulary to adopt"
         )
     return {"pretrained": source}
 
 
 STAGE = Stage(
-    "vocab", VocabConfig, "pipelines.stages.vocab.work:run", reads=("corpus",), resumable=False, identify=identify, inherit=inherit,
+    "vocab",
+    VocabConfig,
+    "pipelines.stages.vocab.work:run",
+    reads=("corpus",),
+    resumable=False,
+    identify=identify,
+    inherit=inherit,
     writes="WordPiece vocabulary: vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json "
     "(byte-level BPE: vocab.json and merges.txt instead of vocab.txt)",
 )

@@ -29,6 +29,10 @@ from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError
 from bertcore.rng import keyed_numpy
+from bertcore.vocab import morphemes
+from bertcore.vocab.adopt import read_bpe_vocabulary, read_vocabulary
+from bertcore.vocab.bpe import save_bpe, train_byte_level_bpe
+from bertcore.vocab.config import ADOPTED_OPTIONS, MERGES_FILE, VOCAB_JSON
 from bertcore.vocab.tokenizer import (
     CONFIG_FILE,
     VOCAB_FILE,
@@ -41,10 +45,6 @@ from bertcore.vocab.tokenizer import (
     train_wordpiece,
     vocab_fingerprint,
 )
-from bertcore.vocab import morphemes
-from bertcore.vocab.adopt import read_bpe_vocabulary, read_vocabulary
-from bertcore.vocab.bpe import save_bpe, train_byte_level_bpe
-from bertcore.vocab.config import ADOPTED_OPTIONS, MERGES_FILE, VOCAB_JSON
 from pipelines.external import ExternalFolder
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import read_batches
@@ -80,7 +80,9 @@ def shard_alphabet(sample: list[str], cfg: VocabConfig) -> AlphabetCounts:
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def train_and_save(sample_refs: list, alphabet_refs: list, validation: list[str], cfg: VocabConfig, stage: StageDir) -> tuple[list[ShardInfo], dict]:
+def train_and_save(
+    sample_refs: list, alphabet_refs: list, validation: list[str], cfg: VocabConfig, stage: StageDir
+) -> tuple[list[ShardInfo], dict]:
     """Train on the sample (shard order), write the tokenizer files, compute statistics."""
 
     def sentences():
@@ -97,7 +99,9 @@ def train_and_save(sample_refs: list, alphabet_refs: list, validation: list[str]
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def adopt_and_save(source: ExternalFolder, validation: list[str], cfg: VocabConfig, stage: StageDir) -> tuple[list[ShardInfo], dict]:
+def adopt_and_save(
+    source: ExternalFolder, validation: list[str], cfg: VocabConfig, stage: StageDir
+) -> tuple[list[ShardInfo], dict]:
     """Read and check the adopted vocabulary, write its tokenizer files, compute statistics."""
     local = source.local(stage.storage)
     paths = {name: os.path.join(local, name) for name in source.files}
@@ -105,7 +109,9 @@ def adopt_and_save(source: ExternalFolder, validation: list[str], cfg: VocabConf
         tokenizer = read_bpe_vocabulary(
             vocab_json=paths.get(VOCAB_JSON),
             merges_txt=paths.get(MERGES_FILE),
-            tokenizer_json=next((p for n, p in paths.items() if n not in (CONFIG_FILE, VOCAB_JSON) and n.endswith(".json")), None),
+            tokenizer_json=next(
+                (p for n, p in paths.items() if n not in (CONFIG_FILE, VOCAB_JSON) and n.endswith(".json")), None
+            ),
         )
         shards, stats = _publish(tokenizer, cfg, validation, stage)
         stats["adopted"] = {"from": source.uri, "files": source.files, "options": {}}
@@ -117,12 +123,16 @@ def adopt_and_save(source: ExternalFolder, validation: list[str], cfg: VocabConf
     )
     effective = adopted.config(cfg)
     shards, stats = _publish(adopted.tokenizer(cfg), effective, validation, stage)
-    options = {key: getattr(effective, key) for key in ADOPTED_OPTIONS} | {"strip_accents": effective.strip_accents_effective}
+    options = {key: getattr(effective, key) for key in ADOPTED_OPTIONS} | {
+        "strip_accents": effective.strip_accents_effective
+    }
     stats["adopted"] = {"from": source.uri, "files": source.files, "options": options}
     return shards, stats
 
 
-def _publish(tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stage: StageDir) -> tuple[list[ShardInfo], dict]:
+def _publish(
+    tokenizer: Tokenizer, cfg: VocabConfig, validation: list[str], stage: StageDir
+) -> tuple[list[ShardInfo], dict]:
     """Write the tokenizer files as the stage's shards; statistics on the validation
     sentences, tokenized as the files say (a morpheme split as recorded), as later stages will."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,28 +154,45 @@ def run(r: StageRun) -> Output:
     if cfg.source == "pretrained":
         validation = _validation_sentences(r.storage, corpus)
         shards, stats = run_tasks(
-            lambda _: adopt_and_save.remote(r.external, validation, cfg, r.dir), [None], parallelism=1, desc="vocab: adopt"
+            lambda _: adopt_and_save.remote(r.external, validation, cfg, r.dir),
+            [None],
+            parallelism=1,
+            desc="vocab: adopt",
         )[0]
-        return Output(shards=shards, stats=stats, headline=_headline(stats, adopted=True), inputs={"pretrained": r.external.identity})
+        return Output(
+            shards=shards,
+            stats=stats,
+            headline=_headline(stats, adopted=True),
+            inputs={"pretrained": r.external.identity},
+        )
     train = corpus.manifest.shards_under("train/")
     total = sum(s.extra.get("sentences", 0) for s in train)
     if total == 0:
         raise ConfigError(
             f"vocab: the corpus under {corpus.dir.uri} has no training sentences "
-            f"(the corpus stage kept {corpus.manifest.stats.get('documents_kept', 0)} documents); check corpus.inputs and the corpus filters"
+            f"(the corpus stage kept {corpus.manifest.stats.get('documents_kept', 0)} documents); check "
+            "corpus.inputs and the corpus filters"
         )
     probability = min(1.0, cfg.max_sentences / total)
     log.info(
         "vocab: training a %d-entry %s on %s of %d corpus sentences (%d train shards)%s",
-        cfg.vocab_size, "byte-level BPE" if cfg.byte_level else "WordPiece", "all" if probability >= 1.0 else f"{probability:.1%}",
-        total, len(train),
-        "" if cfg.pre_tokenizer == "whitespace" else f", split into {cfg.pre_tokenizer} morphemes ({morphemes.analyzer_versions(cfg.pre_tokenizer)})",
+        cfg.vocab_size,
+        "byte-level BPE" if cfg.byte_level else "WordPiece",
+        "all" if probability >= 1.0 else f"{probability:.1%}",
+        total,
+        len(train),
+        ""
+        if cfg.pre_tokenizer == "whitespace"
+        else f", split into {cfg.pre_tokenizer} morphemes ({morphemes.analyzer_versions(cfg.pre_tokenizer)})",
     )
     sample_refs = [sample_shard.remote(r.storage, corpus.path(s.path), probability, r.seed, s.path) for s in train]
     alphabet_refs = [] if cfg.byte_level else [shard_alphabet.remote(ref, cfg) for ref in sample_refs]
     validation = _validation_sentences(r.storage, corpus)
     shards, stats = run_tasks(
-        lambda _: train_and_save.remote(sample_refs, alphabet_refs, validation, cfg, r.dir), [None], parallelism=1, desc="vocab: train"
+        lambda _: train_and_save.remote(sample_refs, alphabet_refs, validation, cfg, r.dir),
+        [None],
+        parallelism=1,
+        desc="vocab: train",
     )[0]
     stats["sampled_sentences_probability"] = probability
     stats["corpus_train_sentences"] = total
@@ -176,7 +203,11 @@ def _headline(stats: dict, adopted: bool = False) -> dict:
     """vocabulary 8,000 · [UNK] rate 0.02% · pieces/word 1.31 (on the corpus's validation
     sentences) · and with a morpheme split, `split kiwi morphemes`"""
     size = f"{stats['vocab_size']:,} (adopted)" if adopted else stats["vocab_size"]
-    headline = {"vocabulary": size, "[UNK] rate": f"{stats['unk_rate']:.2%}", "pieces/word": round(stats["pieces_per_word"], 2)}
+    headline = {
+        "vocabulary": size,
+        "[UNK] rate": f"{stats['unk_rate']:.2%}",
+        "pieces/word": round(stats["pieces_per_word"], 2),
+    }
     if morphemes.PRE_TOKENIZER_KEY in stats:
         headline["split"] = f"{stats[morphemes.PRE_TOKENIZER_KEY]} morphemes"
     return headline
