@@ -126,6 +126,20 @@ class WorkerJob:
     inputs: Inputs
     env: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def of_stage(cls, r: Any, cfg: Any, spec: ObjectiveSpec, resume_key: str, inputs: Inputs) -> WorkerJob:
+        """The job of the training stage run `r` (a StageRun: its seed, storage and folder)."""
+        return cls(
+            cfg=cfg,
+            spec=spec,
+            seed=r.seed,
+            resume_key=resume_key,
+            storage=r.storage,
+            stage_uri=r.dir.uri,
+            inputs=inputs,
+            env=worker_env(cfg),
+        )
+
     def phase_data(self) -> list:
         from bertcore.train.phase_data import PhaseData
         from pipelines.shards import local_copy

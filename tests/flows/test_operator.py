@@ -309,7 +309,7 @@ def test_a_deployed_run_outlives_a_lost_ray_node(tmp_path):
                     endpoint,
                     BUCKET,
                     first_checkpoint,
-                    "420",
+                    "900",
                 ],
                 env=_prefect_env(home, PREFECT_API_URL=api),
                 stdout=subprocess.PIPE,
@@ -322,10 +322,10 @@ def test_a_deployed_run_outlives_a_lost_ray_node(tmp_path):
         def tail() -> str:
             return f"{workers.tail()}\n--- {operate_log}\n{operate_log.read_text(errors='replace')[-2500:]}"
 
-        run = json.loads(lines.next("RUN", 120, "the run to be triggered", tail))
+        run = json.loads(lines.next("RUN", 300, "the run to be triggered", tail))
 
         # pretraining's first checkpoint is complete: the worker node is lost, and comes back
-        lines.next("CHECKPOINT", 300, f"checkpoint {checkpoint_tag(CHECKPOINT_EVERY)} of pretrain", tail)
+        lines.next("CHECKPOINT", 600, f"checkpoint {checkpoint_tag(CHECKPOINT_EVERY)} of pretrain", tail)
         lap("deployed, triggered, first checkpoint")
         frozen = freeze_node(cluster.procs[1])
         # every socket of what the test started, the flow run and the training workers on both nodes included
@@ -334,7 +334,7 @@ def test_a_deployed_run_outlives_a_lost_ray_node(tmp_path):
         )
         lost = kill_node(cluster.procs[1], frozen)
         cluster.join_node()
-        final = json.loads(lines.next("FINAL", 480, "the run to end", tail))
+        final = json.loads(lines.next("FINAL", 900, "the run to end", tail))
         lap("node lost -> run ended")
         # the run completed by itself: its first attempt, no stage retried
         assert final["completed"], f"{final}\n{tail()}"
@@ -352,7 +352,7 @@ def test_a_deployed_run_outlives_a_lost_ray_node(tmp_path):
         assert fetched.returncode == 0, fetched.stderr[-2000:]
 
         try:
-            reference_driver.wait(timeout=300)
+            reference_driver.wait(timeout=600)
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"the uninterrupted run did not end:\n{reference_log.read_text(errors='replace')[-3000:]}"

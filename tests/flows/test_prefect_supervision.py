@@ -38,6 +38,17 @@ CRASH_AFTER_S = 45  # heartbeats come every 30 s (Prefect's minimum)
 POOL = "bertpipe-supervision"
 
 
+def small_recipe(root: Path) -> list[str]:
+    """The demo's recipe on its news file alone: what is tested is the run's supervision, not
+    the stages, and each stage still takes seconds (a kill lands inside it)."""
+    return [
+        f"run.root={root}",
+        "corpus.inputs=[{uri: '{demo_data}/lee_background.cor', format: lines, name: lee-news}]",
+        "vocab.vocab_size=2000",
+        "examples.dupe_factor=1",
+    ]
+
+
 class Workers:
     """Process workers this test starts, each in a session of its own (a SIGTERM or SIGKILL
     reaches only it), and every process they started, for the clean-up. `enter` is a command
@@ -253,7 +264,7 @@ def test_a_run_outlives_its_worker_and_is_rescheduled(api, tmp_path):  # noqa: F
     root = tmp_path / "run"
     deploy(
         DEMO,
-        [f"run.root={root}", "vocab.vocab_size=2000", "examples.dupe_factor=1"],
+        small_recipe(root),
         pool=POOL,
         kinds=["full"],
         schedules={"full": None},
@@ -263,7 +274,7 @@ def test_a_run_outlives_its_worker_and_is_rescheduled(api, tmp_path):  # noqa: F
     # deploying again changes nothing: the automations are updated by name, not added
     deploy(
         DEMO,
-        [f"run.root={root}", "vocab.vocab_size=2000", "examples.dupe_factor=1"],
+        small_recipe(root),
         pool=POOL,
         kinds=["full"],
         schedules={"full": None},

@@ -27,7 +27,7 @@ driver held about 5 KB per document with near dedup on)."""
 
 def _through_dedup_and_plan(root: Path, n: int) -> tuple[int, object, object]:
     stage = StageDir(Storage(StorageConfig()), str(root), "corpus")
-    paths, rows, planted = write_works(str(root / "corpus" / "_work"), n, files=8, spec=SPEC, processes=2)
+    paths, rows, planted = write_works(str(root / "corpus" / "_work"), n, files=8, spec=SPEC, processes=1)
     works = Works(tuple(paths), tuple(rows))
     corpus = CorpusConfig(inputs=[{"uri": "unused"}], near_dedup=True, shard_chars=400_000)
     tracemalloc.start()

@@ -180,13 +180,22 @@ def _loads_in_sentence_transformers(folder: str) -> None:
     assert cosines.min() >= 0.999
 
 
+@pytest.fixture(scope="module")
+def distilled(ray_cluster, inputs, tmp_path_factory):
+    """One distillation of `section`'s 30 steps, for the export test and as the uninterrupted
+    run the SIGKILLed one must match: (root, manifest, computed)."""
+    _, teacher = inputs
+    root = _fresh_root(inputs, tmp_path_factory.mktemp("distilled") / "run")
+    manifest, computed = run_stage("distill", section(teacher), root=str(root), storage=STORAGE, seed=SEED, reads=READS)
+    return root, manifest, computed
+
+
 @pytest.mark.slow
 def test_a_student_is_distilled_from_a_bertmodel_teacher_and_exported_as_an_embedding_model_with_its_start(
-    ray_cluster, inputs, tmp_path
+    distilled, inputs, tmp_path
 ):
     _, teacher = inputs
-    root = _fresh_root(inputs, tmp_path / "run")
-    manifest, computed = run_stage("distill", section(teacher), root=str(root), storage=STORAGE, seed=SEED, reads=READS)
+    root, manifest, computed = distilled
     assert computed and manifest.stats["steps"] == 30
     stats = manifest.stats
     assert stats["teacher"]["has_mlm_head"] is False and "soft-target loss" in stats["notes"][0]
@@ -317,13 +326,12 @@ def _evaluate_three_ways(root: Path, teacher: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sigkilled_distillation_resumes_to_the_student_of_an_uninterrupted_run(ray_cluster, inputs, tmp_path):
+def test_a_sigkilled_distillation_resumes_to_the_student_of_an_uninterrupted_run(
+    ray_cluster, distilled, inputs, tmp_path
+):
     _, teacher = inputs
-    cfg = section(
-        teacher, phases=[{"name": "seq64", "steps": 40, "batch_size": 16, "max_seq_length": 64}], validation_batches=0
-    )
-    reference_root, killed_root = _fresh_root(inputs, tmp_path / "reference"), _fresh_root(inputs, tmp_path / "killed")
-    run_stage("distill", cfg, root=str(reference_root), storage=STORAGE, seed=SEED, reads=READS)
+    cfg = section(teacher)  # the uninterrupted run is `distilled`'s
+    reference_root, killed_root = distilled[0], _fresh_root(inputs, tmp_path / "killed")
 
     process = subprocess.Popen(
         [
@@ -344,11 +352,11 @@ def test_a_sigkilled_distillation_resumes_to_the_student_of_an_uninterrupted_run
     log = killed_root / "distill" / "metrics.jsonl"
     sigkill_when(process, lambda: first_marker.exists() and len(MetricsLog(str(log)).records()) >= 14)
     _wait_for_idle_workers(ray_cluster, cpus=2)
-    assert 14 <= len(MetricsLog(str(log)).records()) < 40, "the kill did not land in the middle of the run"
+    assert 14 <= len(MetricsLog(str(log)).records()) < 30, "the kill did not land in the middle of the run"
     assert not (killed_root / "distill" / "model").exists()
 
     resumed, computed = run_stage("distill", cfg, root=str(killed_root), storage=STORAGE, seed=SEED, reads=READS)
-    assert computed and resumed.stats["steps"] == 40
+    assert computed and resumed.stats["steps"] == 30
 
     def trajectory(root):
         return [

@@ -70,6 +70,7 @@ def write_works(
     names them); with `spec` (a MinHashSpec) their signatures too. Returns the relative
     paths, their row counts and what was planted."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     import pyarrow as pa
     import pyarrow.ipc as ipc
@@ -79,12 +80,17 @@ def write_works(
     from pipelines.stages.corpus.works import WORK_SCHEMA
 
     docs, exact, near = _texts(n, seed, exact_share, near_share)
-    if spec is not None:
-        chunks = [(docs[i : i + 10_000], spec) for i in range(0, n, 10_000)]
-        with multiprocessing.get_context("spawn").Pool(processes or os.cpu_count()) as pool:
-            signatures = [s for part in pool.map(_signatures, chunks) for s in part]
-    else:
+    if spec is None:
         signatures = [None] * n
+    elif processes == 1:  # in this process: no pool to start (the tests' sizes)
+        signatures = _signatures((docs, spec))
+    else:
+        # a process pool that fails when a worker dies (multiprocessing.Pool would wait for
+        # the lost chunk forever, as it once did in a pytest-xdist worker)
+        chunks = [(docs[i : i + 10_000], spec) for i in range(0, n, 10_000)]
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(processes or os.cpu_count(), mp_context=spawn) as pool:
+            signatures = [s for part in pool.map(_signatures, chunks) for s in part]
     os.makedirs(work_dir, exist_ok=True)
     bounds = np.linspace(0, n, files + 1).astype(int)
     paths, rows = [], []

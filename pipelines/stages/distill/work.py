@@ -34,7 +34,7 @@ from bertcore.model.hf_files import MODEL_DIR, START_DIR
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
 from pipelines.training.export import export_start, model_shards
-from pipelines.training.launch import WorkerJob, prepare_checkpoints, read_inputs, train_and_export, worker_env
+from pipelines.training.launch import WorkerJob, prepare_checkpoints, read_inputs, train_and_export
 from pipelines.training.stats import headline
 
 if TYPE_CHECKING:
@@ -210,16 +210,7 @@ def run(r: StageRun) -> Output:
         teacher.has_mlm_head,
         sentence,
     )
-    job = WorkerJob(
-        cfg=cfg,
-        spec=spec,
-        seed=r.seed,
-        resume_key=resume_key,
-        storage=r.storage,
-        stage_uri=r.dir.uri,
-        inputs=inputs,
-        env=worker_env(cfg),
-    )
+    job = WorkerJob.of_stage(r, cfg, spec, resume_key, inputs)
     start = latest_checkpoint(files)
     log.info(
         (

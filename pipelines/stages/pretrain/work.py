@@ -25,7 +25,7 @@ from pipelines.stage_dir import StageDir
 from pipelines.stage_files import stage_files
 from pipelines.storage import Storage
 from pipelines.training.export import export_model as export_training_model
-from pipelines.training.launch import Inputs, WorkerJob, prepare_checkpoints, read_inputs, train_and_export, worker_env
+from pipelines.training.launch import Inputs, WorkerJob, prepare_checkpoints, read_inputs, train_and_export
 from pipelines.training.stats import headline
 
 log = logging.getLogger(__name__)
@@ -134,16 +134,7 @@ def run(r: StageRun) -> Output:
             raise ConfigError(str(exc)) from None
     prepare_checkpoints(cfg, files, resume_key, r.dir, force=r.force)
     spec = PretrainSpec(model_cfg.model_dump(mode="json"), inputs.examples.has_nsp, init)
-    job = WorkerJob(
-        cfg=cfg,
-        spec=spec,
-        seed=r.seed,
-        resume_key=resume_key,
-        storage=r.storage,
-        stage_uri=r.dir.uri,
-        inputs=inputs,
-        env=worker_env(cfg),
-    )
+    job = WorkerJob.of_stage(r, cfg, spec, resume_key, inputs)
     log.info("%s", _start_line(cfg, model_cfg, init, latest_checkpoint(files)))
     marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
     if init is not None:
