@@ -73,7 +73,8 @@ def build_shards(root: Path, out: Path, seq: int, masking: str, repeat: int) -> 
     from bertcore.examples.layout import arrow_schema, example_batches
     from bertcore.examples.masking import VocabTables
     from bertcore.examples.pairs import InMemoryDocs
-    from bertcore.vocab.tokenizer import encode_sentences, load_tokenizer, vocab_list
+    from bertcore.vocab.encode import encode_sentences
+    from bertcore.vocab.tokenizer import load_tokenizer, vocab_list
 
     folder = out / f"seq{seq}-{masking}"
     done = folder / "done"

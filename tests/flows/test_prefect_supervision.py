@@ -122,6 +122,19 @@ def wait_for(what: str, check, timeout: float, workers: Workers, every: float = 
         time.sleep(every)
 
 
+def complete_on_a_new_worker(client, run_id, workers: Workers) -> None:
+    """Start a worker and wait until the rescheduled run `run_id` ends: it must complete."""
+    workers.start()
+    state = wait_for(
+        "the rescheduled run to end",
+        lambda: (s := client.read_flow_run(run_id).state).is_final() and s,
+        420,
+        workers,
+        every=2,
+    )
+    assert state.is_completed(), f"{state.name}: {state.message}\n{workers.tail()}"
+
+
 def gone(proc: psutil.Process) -> bool:
     try:
         return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
@@ -320,15 +333,7 @@ def test_a_run_outlives_its_worker_and_is_rescheduled(api, tmp_path):  # noqa: F
                 workers,
             )
             timings["1: killed -> rescheduled"] = time.monotonic() - killed
-            workers.start()
-            state = wait_for(
-                "the rescheduled run to end",
-                lambda: (s := client.read_flow_run(first.id).state).is_final() and s,
-                420,
-                workers,
-                every=2,
-            )
-            assert state.is_completed(), f"{state.name}: {state.message}\n{workers.tail()}"
+            complete_on_a_new_worker(client, first.id, workers)
             timings["1: killed -> completed"] = time.monotonic() - killed
             first_run = client.read_flow_run(first.id)
         log = log_of(root, first_run.name)
@@ -370,15 +375,7 @@ def test_a_run_outlives_its_worker_and_is_rescheduled(api, tmp_path):  # noqa: F
                 60,
                 workers,
             )
-            workers.start()
-            state = wait_for(
-                "the rescheduled run to end",
-                lambda: (s := client.read_flow_run(second.id).state).is_final() and s,
-                420,
-                workers,
-                every=2,
-            )
-            assert state.is_completed(), f"{state.name}: {state.message}\n{workers.tail()}"
+            complete_on_a_new_worker(client, second.id, workers)
             timings["2: SIGTERM -> completed"] = time.monotonic() - term
             second_run = client.read_flow_run(second.id)
         assert (root / "examples" / "_manifest.json").is_file()

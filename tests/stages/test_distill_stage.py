@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,7 +33,7 @@ from bertcore.vocab.config import VocabConfig
 from bertcore.vocab.tokenizer import TOKENIZER_FILES
 from pipelines.runner import run_stage
 from pipelines.storage import Storage
-from test_pretrain_stage import KILLED_RUN, _wait_for_idle_workers, sigkill_when
+from test_pretrain_stage import _wait_for_idle_workers, sigkill_when, start_killed_run
 from test_train import SEED, make_run_root
 
 STORAGE = Storage(StorageConfig())
@@ -333,21 +331,7 @@ def test_a_sigkilled_distillation_resumes_to_the_student_of_an_uninterrupted_run
     cfg = section(teacher)  # the uninterrupted run is `distilled`'s
     reference_root, killed_root = distilled[0], _fresh_root(inputs, tmp_path / "killed")
 
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            KILLED_RUN,
-            ray_cluster.get_runtime_context().gcs_address,
-            str(killed_root),
-            cfg.model_dump_json(),
-            str(SEED),
-            "distill",
-            ",".join(READS),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_killed_run(ray_cluster, killed_root, cfg, "distill", READS)
     first_marker = killed_root / "distill" / CHECKPOINTS / checkpoint_tag(10) / COMPLETE
     log = killed_root / "distill" / "metrics.jsonl"
     sigkill_when(process, lambda: first_marker.exists() and len(MetricsLog(str(log)).records()) >= 14)

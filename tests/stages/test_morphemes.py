@@ -21,10 +21,10 @@ from bertcore.errors import ConfigError
 from bertcore.examples.masking import MaskConfig, MaskDraws, mask_batch, mask_sequences, mask_tokens
 from bertcore.examples.vocab_tables import VocabTables
 from bertcore.vocab import morphemes
+from bertcore.vocab.encode import encode_sentences
 from bertcore.vocab.tokenizer import (
     VocabConfig,
     build_normalizer,
-    encode_sentences,
     load_tokenizer,
     save_tokenizer,
     tokenization_stats,

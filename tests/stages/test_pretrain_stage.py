@@ -253,6 +253,25 @@ KILLED_RUN = textwrap.dedent(
 """A stage run in a process of its own, to be killed: python -c KILLED_RUN <arguments above>."""
 
 
+def start_killed_run(ray_module, root, cfg, stage: str = "pretrain", reads: tuple[str, ...] = ()) -> subprocess.Popen:
+    """KILLED_RUN started on the test's Ray: `stage` with the section `cfg` under `root`."""
+    stage_args = [stage, ",".join(reads)] if reads else [stage]
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_RUN,
+            ray_module.get_runtime_context().gcs_address,
+            str(root),
+            cfg.model_dump_json(),
+            str(SEED),
+            *stage_args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _wait_for_idle_workers(ray_module, cpus: float, timeout: float = 60.0) -> None:
     """The killed driver's Ray Train workers are gone once their CPUs are free again."""
     deadline = time.monotonic() + timeout
@@ -303,19 +322,7 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
     train(cfg, str(reference_root), STORAGE, SEED)
     reference = metrics(reference_root)
 
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            KILLED_RUN,
-            ray_cluster.get_runtime_context().gcs_address,
-            str(killed_root),
-            cfg.model_dump_json(),
-            str(SEED),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_killed_run(ray_cluster, killed_root, cfg)
     first_marker = killed_root / "pretrain" / CHECKPOINTS / checkpoint_tag(10) / COMPLETE
     sigkill_when(process, lambda: first_marker.exists() and len(metrics(killed_root)) >= 14)
     _wait_for_idle_workers(ray_cluster, cpus=2)

@@ -19,7 +19,8 @@ from bertcore.examples.masking import VocabTables
 from bertcore.vocab.adopt import read_bpe_vocabulary, read_vocabulary
 from bertcore.vocab.bpe import save_bpe, train_byte_level_bpe, with_space
 from bertcore.vocab.config import BPE_FILES, BPE_SPECIAL_TOKENS, VocabConfig
-from bertcore.vocab.tokenizer import encode_sentences, load_tokenizer, read_entries, vocab_fingerprint, vocab_list
+from bertcore.vocab.encode import encode_sentences
+from bertcore.vocab.tokenizer import load_tokenizer, read_entries, vocab_fingerprint, vocab_list
 from test_vocab_adopt import lee_sentences
 
 CFG = VocabConfig(model="byte_level_bpe", vocab_size=1200, min_frequency=2)

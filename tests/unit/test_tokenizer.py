@@ -23,12 +23,12 @@ from tokenizers import Tokenizer
 
 from bertcore.errors import ConfigError
 from bertcore.sample_data import NEWS_TEXT
+from bertcore.vocab.encode import encode_sentences
 from bertcore.vocab.tokenizer import (
     SPECIAL_TOKENS,
     VocabConfig,
     VocabFilesMismatchError,
     count_alphabet,
-    encode_sentences,
     load_tokenizer,
     read_vocab,
     save_tokenizer,
@@ -60,7 +60,7 @@ def test_sentences_encoded_a_document_at_a_time_get_their_own_ids(news, lowercas
     or blank sentence, special tokens and [SEP] itself inside the text)."""
     import numpy as np
 
-    from bertcore.vocab.tokenizer import _ascii_path
+    from bertcore.vocab.encode import _ascii_path
 
     tok = train_wordpiece(news, VocabConfig(vocab_size=1500, lowercase=lowercase))
     assert _ascii_path(tok) is not None  # BERT's normaliser: ASCII sentences take the fast path

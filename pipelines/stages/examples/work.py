@@ -42,7 +42,8 @@ from bertcore.examples.masking import VocabTables
 from bertcore.examples.pairs import FlatDocument
 from bertcore.text.lengths import Lengths
 from bertcore.vocab.config import tokenizer_files
-from bertcore.vocab.tokenizer import encode_sentences, load_tokenizer, vocab_fingerprint, vocab_list
+from bertcore.vocab.encode import encode_sentences
+from bertcore.vocab.tokenizer import load_tokenizer, vocab_fingerprint, vocab_list
 from pipelines.ray_runtime import run_tasks
 from pipelines.shards import local_copy, local_folder, read_batches, write_table
 from pipelines.stage import Output, StageRun, Upstream, fingerprint
