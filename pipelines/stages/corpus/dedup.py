@@ -84,6 +84,11 @@ def index_path(kind: str, w: int) -> str:
     return f"_dedup/{kind}-index-{w:05d}.arrow"
 
 
+def group_path(kind: str, p: int) -> str:
+    """What the group step writes for partition `p`: `exact` removals or `near` similar pairs."""
+    return f"_dedup/{kind}-{p:05d}.arrow"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Partitions of each kind (near: 0 without near dedup); a function of the corpus alone,
@@ -162,7 +167,7 @@ def _write(
 @ray.remote(num_cpus=1, max_retries=3)
 def exact_group(p: int, maps: list[str], stage: StageDir, fp: str) -> int:
     """Partition `p`: every document whose hash an earlier document (in input order) has."""
-    relative = f"_dedup/exact-{p:05d}.arrow"
+    relative = group_path("exact", p)
     done = stage.done(relative, fp)
     if done is not None:
         return done.result
@@ -191,7 +196,7 @@ def _signatures_of(stage: StageDir, works: Works, keys: np.ndarray, spec: MinHas
 def near_group(p: int, maps: list[str], works: Works, spec: MinHashSpec, stage: StageDir, fp: str) -> dict:
     """Partition `p`: the candidate pairs of its buckets, and those whose signatures are
     similar enough (written)."""
-    relative = f"_dedup/near-{p:05d}.arrow"
+    relative = group_path("near", p)
     done = stage.done(relative, fp)
     if done is not None:
         return done.result
@@ -211,11 +216,12 @@ def near_group(p: int, maps: list[str], works: Works, spec: MinHashSpec, stage: 
 
 
 def _read_keys(stage: StageDir, relatives: list[str], *columns: str) -> list[np.ndarray]:
-    out = []
-    for column in columns:
-        parts = [read_table(stage.storage, stage.path(r), [column]).column(column).to_numpy() for r in relatives]
-        out.append(np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
-    return out
+    """`columns` of the files `relatives`, concatenated; each file read once."""
+    tables = [read_table(stage.storage, stage.path(r), list(columns)) for r in relatives]
+    return [
+        np.concatenate([t.column(c).to_numpy() for t in tables]) if tables else np.empty(0, dtype=np.int64)
+        for c in columns
+    ]
 
 
 def deduplicate(stage: StageDir, works: Works, spec: MinHashSpec | None, fp: str, parallelism: int | None) -> Removals:
@@ -244,8 +250,8 @@ def deduplicate(stage: StageDir, works: Works, spec: MinHashSpec | None, fp: str
         return near_group.remote(p, near_maps, shared, spec, stage, fp)
 
     counts = run_tasks(submit, groups, parallelism=parallelism, desc="corpus: duplicates, grouping", unit="partitions")
-    exact_files = [f"_dedup/exact-{p:05d}.arrow" for p in range(layout.exact)]
-    near_files = [f"_dedup/near-{p:05d}.arrow" for p in range(layout.near)]
+    exact_files = [group_path("exact", p) for p in range(layout.exact)]
+    near_files = [group_path("near", p) for p in range(layout.near)]
     (exact,) = _read_keys(stage, exact_files, "key")
     exact.sort()
     removals = Removals(
