@@ -340,7 +340,7 @@ def _fit_once(job: WorkerJob) -> None:
         if getattr(signal.getsignal(signal.SIGINT), "bertpipe_stops_the_run", False):
             _on_another_thread(trainer.fit)
         else:
-            trainer.fit()
+            _keeping_sigint(trainer.fit)
     except Exception as exc:  # Ray Train wraps worker errors; surface a user error as itself
         failures = getattr(exc, "worker_failures", None) or {}
         for rank in sorted(failures):
@@ -363,6 +363,21 @@ def _fit_once(job: WorkerJob) -> None:
             drop_train_leftovers()  # the detached AutoscalingCoordinator a fit leaves alive
         except Exception as exc:  # noqa: BLE001 - tidying only: never the error a run ends with
             log.debug("%s: could not drop Ray Train's leftover actors (%s)", cfg.SECTION, exc)
+
+
+def _keeping_sigint(call) -> None:
+    """`call()` with this process's SIGINT handler put back afterwards. On the main thread
+    Ray Train's fit() installs a handler that aborts its controller and never removes it:
+    Ctrl-C would then go to a finished run's controller, and the handler's reference keeps
+    that controller actor (and the DatasetManager it started) alive in this driver until the
+    next fit() replaces it."""
+    on_main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if on_main else None
+    try:
+        call()
+    finally:
+        if on_main and before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 def _on_another_thread(call) -> None:

@@ -42,10 +42,26 @@ from pipelines.stage_dir import StageDir
 from pipelines.stage_files import StorageStageFiles
 from pipelines.stages.pretrain import work as pretrain
 from pipelines.storage import Storage, join
-from processes import LOOPBACK, listening_sockets, training_workers
+from processes import LOOPBACK, listening_sockets, state_api_address, training_workers
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain
 
 STORAGE = Storage(StorageConfig())
+
+
+def _alive_train_actors(ray) -> list[str]:
+    """Class names of Ray Train's controller actors of this driver's job still alive (the
+    state API is eventually consistent: an actor that just ended is given a few seconds)."""
+    from ray.util.state import list_actors
+
+    job, names = ray.get_runtime_context().get_job_id(), ["?"]
+    deadline = time.monotonic() + 15
+    while names and time.monotonic() < deadline:
+        actors = list_actors(address=state_api_address(ray), filters=[("state", "=", "ALIVE")], detail=True, limit=1000)
+        names = sorted(
+            a.class_name for a in actors if a.job_id == job and a.class_name in ("TrainController", "DatasetManager")
+        )
+        time.sleep(0.2 if names else 0)
+    return names
 
 
 def metrics(root: Path) -> list[dict]:
@@ -97,8 +113,13 @@ def test_tiny_model_learns_and_the_stage_writes_model_metrics_and_checkpoints(ra
         peak_flops_per_device=1e11,
         eval_every=20,
     )
+    sigint = signal.getsignal(signal.SIGINT)
     manifest, computed = Pipeline(pipeline_config(small_root, cfg), STORAGE).run("pretrain")
     assert computed and (small_root / "pretrain" / "_manifest.json").exists()
+    # Ray Train's fit() on the main thread installs a SIGINT handler holding its controller;
+    # the stage puts the driver's back, so Ctrl-C is the driver's again and the controller ends
+    assert signal.getsignal(signal.SIGINT) is sigint
+    assert _alive_train_actors(ray_cluster) == []
     records = metrics(small_root)
     assert [r["step"] for r in records] == list(range(1, 61))
     first = sum(r["mlm_loss"] for r in records[:5]) / 5
