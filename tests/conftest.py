@@ -156,7 +156,9 @@ def pytest_collection_modifyitems(config, items):
     """Every other session leaves the GPU tests out (deselected, not skipped). The longest
     test files go first (tests/durations.json), so that the two workers of `make test`
     (pytest-xdist, a file per worker at a time) start the long ones early and end
-    together instead of one waiting on the last long file."""
+    together instead of one waiting on the last long file. xdist keeps this order only with
+    `--no-loadscope-reorder` (the Makefile passes it); by default it sends the files with
+    the most tests first."""
     if not _gpu_session(config):
         gpu = [item for item in items if item.get_closest_marker("gpu")]
         if gpu:

@@ -768,7 +768,7 @@ def test_publish_artifacts_outside_a_run_does_nothing(tmp_path):
 def test_publish_artifacts_in_a_flow(prefect_harness, tmp_path):
     from prefect import flow
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     manifest, directory = _evaluated(tmp_path)
 
@@ -776,11 +776,15 @@ def test_publish_artifacts_in_a_flow(prefect_harness, tmp_path):
     def publish() -> bool:
         return publish_stage("evaluate", manifest, directory, computed=True)
 
-    assert publish() is True
+    state = publish(return_state=True)
+    assert state.result() is True
+    run_id = state.state_details.flow_run_id
 
     async def read(key: str):
+        # this flow run's: other tests of the session publish artifacts under the same keys
+        only = ArtifactFilter(key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            return await client.read_artifacts(artifact_filter=only)
 
     import asyncio
 
