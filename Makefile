@@ -35,10 +35,9 @@ demo: install
 	$(BIN)/bertpipe run --config configs/demo.yaml
 
 # Two workers, a file at a time, the longest files first (tests/conftest.py orders them from
-# tests/durations.json; --no-loadscope-reorder keeps that order: xdist would otherwise put the
-# files with the most tests first, and the one-test scenarios of minutes came last)
+# tests/durations.json; pyproject.toml's addopts keep xdist from reordering them)
 test: install
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=30
 
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"

@@ -157,7 +157,7 @@ def pytest_collection_modifyitems(config, items):
     test files go first (tests/durations.json), so that the two workers of `make test`
     (pytest-xdist, a file per worker at a time) start the long ones early and end
     together instead of one waiting on the last long file. xdist keeps this order only with
-    `--no-loadscope-reorder` (the Makefile passes it); by default it sends the files with
+    `--no-loadscope-reorder` (pyproject.toml's addopts); by default it sends the files with
     the most tests first."""
     if not _gpu_session(config):
         gpu = [item for item in items if item.get_closest_marker("gpu")]

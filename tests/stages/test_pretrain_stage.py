@@ -42,7 +42,7 @@ from pipelines.stage_dir import StageDir
 from pipelines.stage_files import StorageStageFiles
 from pipelines.stages.pretrain import work as pretrain
 from pipelines.storage import Storage, join
-from processes import LOOPBACK, listening_sockets, state_api_address, training_workers
+from processes import LOOPBACK, job_actors, listening_sockets, training_workers
 from test_train import SEED, Crash, crash_at, make_run_root, phase_data, tiny_pretrain
 
 STORAGE = Storage(StorageConfig())
@@ -50,18 +50,13 @@ STORAGE = Storage(StorageConfig())
 
 def _alive_train_actors(ray) -> list[str]:
     """Class names of Ray Train's controller actors of this driver's job still alive (the
-    state API is eventually consistent: an actor that just ended is given a few seconds)."""
-    from ray.util.state import list_actors
-
-    job, names = ray.get_runtime_context().get_job_id(), ["?"]
+    state API is eventually consistent: an actor that just ended is given 15 s)."""
     deadline = time.monotonic() + 15
-    while names and time.monotonic() < deadline:
-        actors = list_actors(address=state_api_address(ray), filters=[("state", "=", "ALIVE")], detail=True, limit=1000)
-        names = sorted(
-            a.class_name for a in actors if a.job_id == job and a.class_name in ("TrainController", "DatasetManager")
-        )
-        time.sleep(0.2 if names else 0)
-    return names
+    while True:
+        names = sorted(a.class_name for a in job_actors(ray) if a.class_name in ("TrainController", "DatasetManager"))
+        if not names or time.monotonic() > deadline:
+            return names
+        time.sleep(0.2)
 
 
 def metrics(root: Path) -> list[dict]:

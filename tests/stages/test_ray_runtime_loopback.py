@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import free_port, state_api_address, stop
+from processes import free_port, job_actors, stop
 from test_ray_cluster import RAY, beyond_loopback, listening
 
 
@@ -159,13 +159,7 @@ def _noop_fit():
 def _detached_alive(ray) -> list[str]:
     """Class names of this job's detached actors that are alive, from Ray's state API (at
     the dashboard address ensure_ray gives the workers)."""
-    from ray.util.state import list_actors
-
-    job = ray.get_runtime_context().get_job_id()
-    actors = list_actors(
-        address=state_api_address(ray), filters=[("job_id", "=", job), ("state", "=", "ALIVE")], detail=True, limit=1000
-    )
-    return sorted(actor.class_name for actor in actors if actor.is_detached)
+    return sorted(actor.class_name for actor in job_actors(ray) if actor.is_detached)
 
 
 def test_drop_train_leftovers_removes_the_detached_actors_a_fit_leaves(ray_cluster):

@@ -56,6 +56,17 @@ def state_api_address(ray) -> str:
     return ray.get(ray.remote(num_cpus=0)(lambda: os.environ["RAY_API_SERVER_ADDRESS"]).remote())
 
 
+def job_actors(ray) -> list:
+    """The alive actors of this driver's job (Ray's ActorState records, with detail), from
+    the state API at `state_api_address`."""
+    from ray.util.state import list_actors
+
+    job = ray.get_runtime_context().get_job_id()
+    return list_actors(
+        address=state_api_address(ray), filters=[("job_id", "=", job), ("state", "=", "ALIVE")], detail=True, limit=1000
+    )
+
+
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
