@@ -5,9 +5,12 @@ runs under no_grad and hands over what the loss terms need (the hidden states of
 the layer map names, their attention distributions, its MLM logits at the masked
 positions); then the engine's module, `DistillStudent`, runs the student and returns the
 weighted sum of the terms (bertcore/distill/losses.py). `DistillStudent` is the student
-(a BertForPreTraining, so its checkpoint names are transformers') plus the learned
-projections from its width to the teacher's when they differ: they are trained and
-checkpointed with it, and left out of the export.
+(its family's pretraining model, bertcore/model/families/, whose submodules it holds under
+their own names, so its checkpoint names are transformers') plus the learned projections
+from its width to the teacher's when they differ: they are trained and checkpointed with
+it, and left out of the export. Teacher and student are of one family (the student's shape
+is the teacher's config with the student's sizes): a BERT or a modern encoder teaches a
+student like itself.
 """
 
 from __future__ import annotations
@@ -21,15 +24,10 @@ from torch import nn
 from bertcore.distill import losses
 from bertcore.distill.config import DistillLoss
 from bertcore.distill.student import from_teacher_state
-from bertcore.model.bert import (
-    IGNORE_INDEX,
-    BertForPreTraining,
-    ModelConfig,
-    _masked_cross_entropy,
-    encoder_flops_per_token,
-)
+from bertcore.model.bert import _masked_cross_entropy
+from bertcore.model.config import IGNORE_INDEX, ModelConfig, encoder_flops_per_token
 from bertcore.model.pretrained import load_into
-from bertcore.train.objectives import MicroBatchResult, model_inputs, ratio
+from bertcore.train.objectives import MicroBatchResult, batch_counts, model_inputs, ratio
 
 PROJECTIONS = "hidden_projections."
 """Prefix of the projections' entries in the student's checkpoint (not exported)."""
@@ -57,14 +55,21 @@ class DistillOutput:
     mlm_count: torch.Tensor
 
 
-class DistillStudent(BertForPreTraining):
+class DistillStudent(nn.Module):
     """The student with, when `teacher_hidden` differs from its width, one learned linear
-    projection per student layer onto the teacher's width (`hidden_projections`)."""
+    projection per student layer onto the teacher's width (`hidden_projections`). The
+    family's model's submodules are this module's, under their names (bert.*, cls.*;
+    model.*, head.*, decoder.*)."""
 
     def __init__(
         self, cfg: ModelConfig, teacher_hidden: int, weights: DistillLoss, generator: torch.Generator | None = None
     ):
-        super().__init__(cfg, generator)
+        super().__init__()
+        student = cfg.family.build(cfg, generator)
+        for name, child in student.named_children():
+            self.add_module(name, child)
+        object.__setattr__(self, "student", student)  # its methods, on the same submodules (not registered twice)
+        self.cfg = cfg
         self.weights = weights
         if teacher_hidden != cfg.hidden_size:
             self.hidden_projections = nn.ModuleList(
@@ -81,10 +86,10 @@ class DistillStudent(BertForPreTraining):
         self, input_ids, token_type_ids, attention_mask, labels, teacher: TeacherSignals
     ) -> DistillOutput:
         w = self.weights
-        layers = self.bert.every_layer(input_ids, token_type_ids, attention_mask, attentions=w.attention > 0)
+        layers = self.student.every_layer(input_ids, token_type_ids, attention_mask, attentions=w.attention > 0)
         real = attention_mask.bool()  # (B, T)
         selected = labels != IGNORE_INDEX  # (B, T)
-        logits = self.cls.predictions(layers.hidden_states[-1][selected])  # (M, V)
+        logits = self.student.mlm_logits(layers.hidden_states[-1][selected])  # (M, V)
         terms: dict[str, torch.Tensor] = {}
         terms["mlm"], correct, count = _masked_cross_entropy(logits, labels[selected].long(), IGNORE_INDEX)
         if w.soft_targets > 0 and teacher.logits is not None:
@@ -110,17 +115,17 @@ class DistillStudent(BertForPreTraining):
 
 
 def teacher_signals(
-    teacher: BertForPreTraining, inputs: dict[str, torch.Tensor], pairs: list[int], *, attentions: bool, logits: bool
+    teacher: nn.Module, inputs: dict[str, torch.Tensor], pairs: list[int], *, attentions: bool, logits: bool
 ) -> TeacherSignals:
     """The teacher's side of one batch: the outputs (and attention distributions) of the
     layers `pairs` names (1-based), and its MLM logits at the labelled positions."""
     with torch.no_grad():
-        out = teacher.bert.every_layer(
+        out = teacher.every_layer(
             inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"], attentions=attentions
         )
         scores = None
         if logits:
-            scores = teacher.cls.predictions(out.hidden_states[-1][inputs["labels"] != IGNORE_INDEX])  # (M, V)
+            scores = teacher.mlm_logits(out.hidden_states[-1][inputs["labels"] != IGNORE_INDEX])  # (M, V)
         return TeacherSignals(
             hidden=[out.hidden_states[j] for j in pairs],
             attentions=[out.attentions[j - 1] for j in pairs] if attentions else None,
@@ -145,16 +150,17 @@ class Distillation:
     sums: tuple[str, ...] = ("soft_targets", "hidden", "attention", "mlm", "mlm_ok", "mlm_n")
     metrics: tuple[str, ...] = ("soft_target_loss", "hidden_loss", "attention_loss", "mlm_loss", "mlm_accuracy")
     init_report: dict | None = field(default=None, init=False)
-    teacher: BertForPreTraining | None = field(default=None, init=False)
+    teacher: nn.Module | None = field(default=None, init=False)
 
     def build(self, generator: torch.Generator, device: torch.device) -> nn.Module:
-        teacher = BertForPreTraining(self.teacher_cfg)
+        teacher = self.teacher_cfg.family.build(self.teacher_cfg)
         load_into(teacher, self.teacher_state, where="distill.teacher")
         self.teacher = teacher.eval().requires_grad_(False).to(device)
         weights = self.weights if self.soft_targets else self.weights.model_copy(update={"soft_targets": 0.0})
         student = DistillStudent(self.student_cfg, self.teacher_cfg.hidden_size, weights, generator)
         if self.init == "from_teacher":
-            plan = load_into(student, from_teacher_state(self.teacher_state, self.pairs), where="distill.student.init")
+            start = from_teacher_state(self.teacher_state, self.pairs, self.student_cfg.family)
+            plan = load_into(student, start, where="distill.student.init")
             self.init_report = {"from_teacher": {"layers": self.pairs, "fresh": plan.fresh}}
         return student
 
@@ -169,14 +175,15 @@ class Distillation:
             logits=self.soft_targets and w.soft_targets > 0,
         )
         out: DistillOutput = module(**inputs, teacher=signals)
-        tokens = int(batch["attention_mask"].sum())
+        counts = batch_counts(batch)
+        tokens = counts.tokens
         mlm_n = int(out.mlm_count)
         sums = {
             name: out.terms[name].item() if name in out.terms else 0.0
             for name in ("soft_targets", "hidden", "attention", "mlm")
         }
         sums.update(mlm_ok=int(out.mlm_correct), mlm_n=mlm_n)
-        length, masked = batch["input_ids"].shape[1], mlm_n / max(1, tokens)
+        length, masked = counts.attended, mlm_n / max(1, tokens)
         # the student trains (forward and backward), the teacher only runs forward: a third of its training cost
         flops = (
             encoder_flops_per_token(self.student_cfg, length, masked)

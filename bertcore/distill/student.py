@@ -10,35 +10,40 @@ starts fresh.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 
 from bertcore.distill.config import DistillConfig, StudentConfig, default_layer_map
 from bertcore.errors import ConfigError
-from bertcore.model.config import NAMED_SIZES, ModelConfig
-
-_LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.*)")
-_CARRIED = ("bert.embeddings.", "cls.predictions.", "bert.pooler.")
-"""Entries copied as they are (when the teacher has them)."""
+from bertcore.model.config import ModelConfig
+from bertcore.model.families import Family
 
 
 def student_config(cfg: StudentConfig, teacher: ModelConfig) -> ModelConfig:
     """The student's shape: a named size or the teacher's, with the fields the section
     sets; the vocabulary, positions, segments, activation and dropouts are the teacher's."""
+    named = None
+    if cfg.model_size is not None:
+        sizes = teacher.family.sizes  # the student is of the teacher's family
+        if cfg.model_size not in sizes:
+            raise ConfigError(
+                f"distill.student.model_size: the {teacher.model_type} family has no size {cfg.model_size!r} "
+                f"({', '.join(sizes)})"
+            )
+        named = sizes[cfg.model_size]
+    layers = cfg.num_hidden_layers or (named.layers if named else cfg.layers(teacher.num_hidden_layers))
     shape = {
-        "num_hidden_layers": cfg.layers(teacher.num_hidden_layers),
-        "hidden_size": cfg.hidden_size or (NAMED_SIZES[cfg.model_size][1] if cfg.model_size else teacher.hidden_size),
-        "num_attention_heads": cfg.num_attention_heads
-        or (NAMED_SIZES[cfg.model_size][2] if cfg.model_size else teacher.num_attention_heads),
+        "num_hidden_layers": layers,
+        "hidden_size": cfg.hidden_size or (named.hidden if named else teacher.hidden_size),
+        "num_attention_heads": cfg.num_attention_heads or (named.heads if named else teacher.num_attention_heads),
     }
     if cfg.intermediate_size is not None:
         shape["intermediate_size"] = cfg.intermediate_size
     elif cfg.model_size is None and cfg.hidden_size is None:
         shape["intermediate_size"] = teacher.intermediate_size
     else:
-        shape["intermediate_size"] = 4 * shape["hidden_size"]
+        shape["intermediate_size"] = (named.intermediate if named else None) or 4 * shape["hidden_size"]
     try:
         return ModelConfig.model_validate({**teacher.model_dump(), **shape})
     except ValueError as exc:
@@ -79,18 +84,22 @@ def check_from_teacher(student: ModelConfig, teacher: ModelConfig) -> None:
             )
 
 
-def from_teacher_state(teacher: Mapping[str, torch.Tensor], pairs: list[int]) -> dict[str, torch.Tensor]:
-    """The student's starting weights (bertcore.model.bert names): the teacher's embeddings,
-    MLM head and pooler, and student layer i = teacher layer pairs[i] (1-based). Tensors
-    are copies (the teacher's stay untouched)."""
+def from_teacher_state(
+    teacher: Mapping[str, torch.Tensor], pairs: list[int], family: Family
+) -> dict[str, torch.Tensor]:
+    """The student's starting weights (the family's names): the teacher's entries outside
+    the layers (embeddings, MLM head, pooler, a final norm), but its NSP head, and student
+    layer i = teacher layer pairs[i] (1-based), as the family places a layer's entries
+    (`Family.moved_layer`). Tensors are copies (the teacher's stay untouched)."""
     layers: dict[int, dict[str, torch.Tensor]] = {}
     out: dict[str, torch.Tensor] = {}
     for key, tensor in teacher.items():
-        if key.startswith(_CARRIED):
+        if match := family.layer_pattern.match(key):
+            layers.setdefault(int(match.group(1)), {})[key[match.end() :]] = tensor
+        elif not key.startswith(family.nsp_only):
             out[key] = tensor.detach().clone()
-        elif match := _LAYER.fullmatch(key):
-            layers.setdefault(int(match.group(1)), {})[match.group(2)] = tensor
     for student_layer, teacher_layer in enumerate(pairs):
-        for name, tensor in layers.get(teacher_layer - 1, {}).items():
-            out[f"bert.encoder.layer.{student_layer}.{name}"] = tensor.detach().clone()
+        entries = family.moved_layer(layers.get(teacher_layer - 1, {}), student_layer)
+        for name, tensor in entries.items():
+            out[family.layer_key(student_layer, name)] = tensor.detach().clone()
     return out

@@ -4,59 +4,53 @@ stage's validation sequences, each beside what learning nothing scores (the unig
 predictor, the NSP label balance; bertcore.eval.baselines); and fill-mask predictions on
 held-out sentences, for the report.
 
-The model is bertcore's `BertForPreTraining` loaded from the Hugging Face folder the
-pretrain stage exports (same parameter names), so the MLM head runs on the masked
-positions only, not on every token. The baseline is the same architecture with seeded
-fresh weights.
+The model is bertcore's own of the folder's family (bertcore/model/families/: BERT's
+BertForPreTraining, the modern encoder's ModernBertForMaskedLM) loaded from the Hugging
+Face folder the pretrain stage exports (same parameter names), so the MLM head runs on the
+masked positions only, not on every token. The baseline is the same architecture with
+seeded fresh weights.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 
 import safetensors.torch
 import torch
+from torch import nn
 
 from bertcore.errors import ConfigError, InputDataError
 from bertcore.eval.baselines import UnigramMeter, nsp_balance
 from bertcore.eval.config import IntrinsicConfig
 from bertcore.eval.metrics import PretrainingMeter
 from bertcore.examples.config import ExamplesConfig, PhaseConfig
-from bertcore.model.bert import IGNORE_INDEX, BertForPreTraining, ModelConfig
+from bertcore.model.config import IGNORE_INDEX, ModelConfig
+from bertcore.model.folder import read_config
 from bertcore.model.pretrained import canonical_names, load_into
 from bertcore.rng import keyed_numpy, keyed_seed
 
 
 def model_config_of(model_dir: str) -> ModelConfig:
-    """The ModelConfig recorded in `model_dir`/config.json (keys transformers adds are ignored)."""
-    path = os.path.join(model_dir, "config.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputDataError(f"{path}: cannot read the model config ({exc})") from None
-    if data.get("model_type", "bert") not in ("bert", "roberta"):
-        raise InputDataError(f"{path}: model_type {data['model_type']!r} is not a BERT or RoBERTa model")
-    return ModelConfig.model_validate({k: v for k, v in data.items() if k in ModelConfig.model_fields})
+    """The ModelConfig recorded in `model_dir`/config.json, through its family (keys transformers adds are ignored)."""
+    return read_config(model_dir, "evaluate")
 
 
-def load_pretraining_model(model_dir: str, *, random_init: bool = False, seed: int = 0) -> BertForPreTraining:
-    """The model in `model_dir` (config.json + model.safetensors), in eval mode; with
-    random_init, the same architecture with fresh weights drawn from (seed, "random-init")."""
+def load_pretraining_model(model_dir: str, *, random_init: bool = False, seed: int = 0) -> nn.Module:
+    """The model in `model_dir` (config.json + model.safetensors) as its family's
+    pretraining model, in eval mode; with random_init, the same architecture with fresh
+    weights drawn from (seed, "random-init")."""
     cfg = model_config_of(model_dir)
     generator = torch.Generator().manual_seed(keyed_seed(seed, "random-init") >> 1)
-    model = BertForPreTraining(cfg, generator=generator)  # a private generator: the global RNG is left alone
+    model = cfg.family.build(cfg, generator)  # a private generator: the global RNG is left alone
     if not random_init:
         path = os.path.join(model_dir, "model.safetensors")
         try:
             state = safetensors.torch.load_file(path)
         except (OSError, safetensors.SafetensorError) as exc:
             raise InputDataError(f"{path}: cannot read the weights ({exc})") from None
-        load_into(
-            model, canonical_names(state), where=path
-        )  # a masked-LM export has no NSP head or pooler: those stay seeded
+        # a masked-LM export has no NSP head or pooler: those stay seeded
+        load_into(model, canonical_names(state, cfg.family), where=path)
     return model.eval()
 
 
@@ -89,7 +83,7 @@ def phases_to_score(
 
 @torch.no_grad()
 def held_out_scores(
-    model: BertForPreTraining, batches: Iterable[dict], *, max_batches: int | None = None, unigram_counts=None
+    model: nn.Module, batches: Iterable[dict], *, max_batches: int | None = None, unigram_counts=None
 ) -> dict:
     """MLM loss (mean over masked tokens), perplexity exp(loss) and accuracy, NSP loss and
     accuracy where the batches carry NSP labels, and the counts behind them. Beside them,
@@ -109,10 +103,10 @@ def held_out_scores(
         if max_batches is not None and count >= max_batches:
             break
         batch = {k: v.to(where) for k, v in batch.items()}
-        sequence = model.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])  # (B, T, H)
+        sequence = model.encode(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])  # (B, T, H)
         selected = batch["labels"] != IGNORE_INDEX  # (B, T)
-        mlm_logits = model.cls.predictions(sequence[selected])  # (M, V)
-        nsp_logits = model.cls.seq_relationship(model.bert.pooler(sequence))  # (B, 2)
+        mlm_logits = model.mlm_logits(sequence[selected])  # (M, V)
+        nsp_logits = model.nsp_logits(sequence)  # (B, 2), None without a next-sentence head
         meter.update(mlm_logits, batch["labels"][selected], nsp_logits, batch["next_sentence_label"])
         if unigram is not None:
             unigram.update(batch["labels"][selected].cpu().numpy())
@@ -156,7 +150,7 @@ def _maskable(tokens: Sequence[str], specials: set[str]) -> list[int]:
 
 @torch.no_grad()
 def fill_mask(
-    model: BertForPreTraining,
+    model: nn.Module,
     tokenizer,
     sentences: Sequence[str],
     *,

@@ -396,6 +396,23 @@ class BertForPreTraining(nn.Module):
             seq_relationship_logits=self.cls.seq_relationship(self.bert.pooler(sequence)),
         )
 
+    # -- what every family's pretraining model offers (bertcore/model/families/) -----------------
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None) -> torch.Tensor:
+        """The last hidden states (B, T, H)."""
+        return self.bert(input_ids, token_type_ids, attention_mask)
+
+    def every_layer(self, input_ids, token_type_ids=None, attention_mask=None, attentions: bool = False):
+        """Every hidden state (and with `attentions` every attention distribution): BertModel.every_layer."""
+        return self.bert.every_layer(input_ids, token_type_ids, attention_mask, attentions)
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., V) masked-LM scores of hidden states (..., H)."""
+        return self.cls.predictions(hidden)
+
+    def nsp_logits(self, sequence: torch.Tensor) -> torch.Tensor:
+        """(B, 2) next-sentence scores of the last hidden states (B, T, H), through the pooler."""
+        return self.cls.seq_relationship(self.bert.pooler(sequence))
+
     def num_parameters(self) -> int:
         """Distinct trainable numbers (tied matrices counted once)."""
         return sum(p.numel() for p in self.parameters())

@@ -1,12 +1,9 @@
-"""The shape of a BERT encoder (`ModelConfig`, the named sizes) and the constants its
-state dict follows, without torch: recipes, `bertpipe status` and the config reference
-read them, and importing torch takes seconds. bertcore/model/bert.py builds the model from them.
-
-RoBERTa (`model_type: roberta`, Liu et al. 2019) is the same encoder with three
-differences of data, not of architecture: its position ids start after the padding id
-(real tokens at pad_token_id + 1, + 2, ..., padding at pad_token_id: 514 positions for 512
-tokens with <pad> = 1), one token type, and LayerNorm epsilon 1e-5. `roberta_shape` gives
-them; `roberta_name` maps the state dict onto transformers' RobertaForMaskedLM names.
+"""The shape of an encoder (`ModelConfig`), its bounds and the constants its state dict
+follows, without torch: recipes, `bertpipe status` and the config reference read them, and
+importing torch takes seconds. The family (`model_type`: bert, roberta, modernbert; see
+bertcore/model/families/) says what a shape means: its named sizes, its parameter count, its
+positions and its Hugging Face config; bertcore/model/bert.py and bertcore/model/modernbert.py
+build the models.
 """
 
 from __future__ import annotations
@@ -15,6 +12,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from bertcore.model.families import Head, family
+from bertcore.model.families.bert import SIZES as BERT_SIZES
+from bertcore.model.families.bert import TIED as BERT_TIED
+from bertcore.model.families.bert import bert_parameter_count
 from bertcore.section import Section
 
 IGNORE_INDEX = -100
@@ -25,60 +26,14 @@ NO_NSP_LABEL = IGNORE_INDEX
 same value as IGNORE_INDEX, so the data loader's labels go in unchanged and HF's NSP loss
 skips them too."""
 
-TIED = {
-    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
-"""state_dict entry that aliases another -> the entry it aliases (BertLMPredictionHead ties
-them). Whatever rebuilds a full state dict from stored tensors fills these in from here."""
-
+TIED = BERT_TIED
+"""BERT's tied entries (bertcore/model/families/bert.py); another family's are its `tied`."""
 TIED_KEYS = tuple(TIED)
-
-ROBERTA_NAMES = (
-    ("bert.", "roberta."),
-    ("cls.predictions.transform.dense.", "lm_head.dense."),
-    ("cls.predictions.transform.LayerNorm.", "lm_head.layer_norm."),
-    ("cls.predictions.decoder.", "lm_head.decoder."),
-    ("cls.predictions.bias", "lm_head.bias"),
-)
-"""bertcore's (BertForPreTraining's) name prefix -> transformers' RobertaForMaskedLM's."""
-ROBERTA_UNEXPORTED = ("bert.pooler.", "cls.seq_relationship.")
-"""Entries RobertaForMaskedLM has no place for (it has neither a pooler nor an NSP head)."""
-
-
-def roberta_name(key: str) -> str | None:
-    """transformers' RobertaForMaskedLM name of a bertcore state-dict entry; None for the
-    pooler and the NSP head, which it does not hold."""
-    if key.startswith(ROBERTA_UNEXPORTED):
-        return None
-    for ours, theirs in ROBERTA_NAMES:
-        if key.startswith(ours):
-            return theirs + key[len(ours) :]
-    raise ValueError(f"{key} has no RobertaForMaskedLM name")
-
-
-def from_roberta_name(key: str) -> str:
-    """bertcore's name of a transformers RoBERTa entry (`roberta.*`, `lm_head.*`); other names unchanged."""
-    for ours, theirs in ROBERTA_NAMES:
-        if key.startswith(theirs):
-            return ours + key[len(theirs) :]
-    return key
-
-
-"""Files that store each tensor once (safetensors, transformers' `save_pretrained`) leave
-these out; load such files with strict=False and expect exactly these keys missing."""
 
 SizeName = Literal["tiny", "mini", "small", "medium", "base", "large"]
 
-# (layers, hidden, heads): Devlin et al. 2019 (base, large); Turc et al. 2019 (the rest).
-NAMED_SIZES: dict[str, tuple[int, int, int]] = {
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-    "large": (24, 1024, 16),
-}
+NAMED_SIZES: dict[str, tuple[int, int, int]] = {name: (s.layers, s.hidden, s.heads) for name, s in BERT_SIZES.items()}
+"""BERT's named shapes (layers, hidden, heads); each family lists its own (`Family.sizes`)."""
 
 
 MAX_SIZES: dict[str, int] = {
@@ -97,34 +52,17 @@ building its model would exhaust memory before anything said so."""
 MAX_PARAMETERS = 20_000_000_000
 """The most parameters a config may describe (80 GB of fp32 weights)."""
 
-ModelType = Literal["bert", "roberta"]
-
-
-def roberta_shape(pad_token_id: int, max_length: int = 512) -> dict[str, Any]:
-    """RoBERTa's departures from a named BERT shape, for a vocabulary whose <pad> has id
-    `pad_token_id` and sequences of up to `max_length` tokens (roberta-base: 514 positions)."""
-    return {
-        "model_type": "roberta",
-        "type_vocab_size": 1,
-        "layer_norm_eps": 1e-5,
-        "pad_token_id": pad_token_id,
-        "max_position_embeddings": max_length + pad_token_id + 1,
-    }
+ModelType = Literal["bert", "roberta", "modernbert"]
+"""The families (bertcore/model/families/), by their transformers model_type."""
 
 
 def parameter_count(vocab: int, hidden: int, layers: int, intermediate: int, positions: int, types: int = 2) -> int:
-    """Parameters of a BertForPreTraining of this shape, from the sizes alone (no torch):
-    embeddings (V + P + T) x H and their LayerNorm; per layer the four attention matrices,
-    the two feed-forward matrices, biases and two LayerNorms; pooler, MLM transform and
-    bias (the decoder is tied to the word embeddings), NSP head."""
-    embeddings = (vocab + positions + types) * hidden + 2 * hidden
-    layer = 4 * (hidden * hidden + hidden) + 2 * hidden * intermediate + intermediate + hidden + 4 * hidden
-    heads = (hidden * hidden + hidden) + (hidden * hidden + 3 * hidden) + vocab + (2 * hidden + 2)
-    return embeddings + layers * layer + heads
+    """Parameters of a BertForPreTraining of this shape, from the sizes alone (no torch)."""
+    return bert_parameter_count(vocab, hidden, layers, intermediate, positions, types)
 
 
 class ModelConfig(Section):
-    """Shape and regularisation of a BERT encoder with pretraining heads."""
+    """Shape and regularisation of an encoder with pretraining heads (its family: `model_type`)."""
 
     vocab_size: int = Field(gt=0)
     """Number of rows of the word-embedding matrix (the tokenizer's vocabulary size)."""
@@ -156,18 +94,34 @@ class ModelConfig(Section):
     """LayerNorm before each sublayer (pre-LN) instead of after the residual (post-LN, as in
     the BERT paper). Pre-LN models do not export to transformers."""
     model_type: ModelType = "bert"
-    """bert: positions 0..T-1, exported as BERT; roberta: RoBERTa's position ids (real tokens from pad_token_id + 1 on,
-    padding at pad_token_id, so max_position_embeddings is the longest sequence + pad_token_id + 1), exported as
-    RobertaForMaskedLM. A byte-level BPE vocabulary makes the pretrain stage build one (roberta_shape)."""
+    """The family (bertcore/model/families/): bert (positions 0..T-1, exported as BERT); roberta (RoBERTa's position
+    ids: real tokens from pad_token_id + 1 on, padding at pad_token_id, so max_position_embeddings is the longest
+    sequence + pad_token_id + 1; exported as RobertaForMaskedLM; what a byte-level BPE vocabulary makes); modernbert
+    (the modern encoder: rotary positions, GeGLU, pre-norm without biases, local/global attention; exported as
+    ModernBertForMaskedLM)."""
+    local_attention: int = Field(default=128, gt=0)
+    """modernbert: the window of a local layer in tokens (a token sees local_attention / 2 on each side)."""
+    global_attn_every_n_layers: int = Field(default=3, gt=0)
+    """modernbert: layers 0, n, 2n, ... attend globally, the others locally."""
+    global_rope_theta: float = Field(default=160_000.0, gt=0.0)
+    """modernbert: rotary base of the global layers (the paper: 10,000 at 1,024 tokens, 160,000 from the context
+    extension on; a training phase may set it, see pretrain.phases[*].global_rope_theta)."""
+    local_rope_theta: float = Field(default=10_000.0, gt=0.0)
+    """modernbert: rotary base of the local layers."""
+
+    @property
+    def family(self):
+        """The model family (bertcore/model/families/) this config belongs to."""
+        return family(self.model_type)
 
     @property
     def position_offset(self) -> int:
         """Position id of a sequence's first token: 0, RoBERTa's pad_token_id + 1."""
-        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+        return self.family.position_offset(self)
 
     @property
     def max_sequence_length(self) -> int:
-        """The longest sequence the position embeddings cover (RoBERTa: 2 fewer than its 514)."""
+        """The longest sequence the positions cover (RoBERTa: 2 fewer than its 514)."""
         return self.max_position_embeddings - self.position_offset
 
     @model_validator(mode="before")
@@ -179,25 +133,16 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
-        parameters = parameter_count(
-            self.vocab_size,
-            self.hidden_size,
-            self.num_hidden_layers,
-            self.intermediate_size,
-            self.max_position_embeddings,
-            self.type_vocab_size,
-        )
-        need = (
-            f"such a model holds {parameters:.3g} parameters, {parameters * 4 / 1e9:,.1f} GB of fp32 weights "
-            "before gradients and optimizer states"
-        )
-        for key, limit in MAX_SIZES.items():
+        for key, limit in MAX_SIZES.items():  # before counting: a hostile size would make the count itself huge
             if getattr(self, key) > limit:
-                raise ValueError(f"{key} {getattr(self, key):,} is above the {limit:,} bertcore builds ({need})")
+                raise ValueError(
+                    f"{key} {getattr(self, key):,} is above the {limit:,} bertcore builds ({self._need()})"
+                )
+        parameters = self.family.parameter_count(self)
         if parameters > MAX_PARAMETERS:
             raise ValueError(
                 f"the shape ({self.num_hidden_layers} layers x {self.hidden_size}) is above the "
-                f"{MAX_PARAMETERS:.3g} parameters bertcore builds ({need})"
+                f"{MAX_PARAMETERS:.3g} parameters bertcore builds ({self._need()})"
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -211,36 +156,30 @@ class ModelConfig(Section):
                 f"max_position_embeddings ({self.max_position_embeddings}) leaves no position: RoBERTa's start after "
                 f"pad_token_id + 1 = {self.position_offset}; give at least {self.position_offset + 1}"
             )
+        self.family.check(self)
         return self
+
+    def _need(self) -> str:
+        parameters = self.family.parameter_count(self)
+        return (
+            f"such a model holds {parameters:.3g} parameters, {parameters * 4 / 1e9:,.1f} GB of fp32 weights "
+            "before gradients and optimizer states"
+        )
 
     @classmethod
     def named(cls, size: str, vocab_size: int, **overrides: Any) -> ModelConfig:
-        """The published BERT shape `size` (tiny, mini, small, medium, base, large) with the
-        given vocabulary; any other field may be overridden."""
-        if size not in NAMED_SIZES:
-            raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(NAMED_SIZES)}")
-        layers, hidden, heads = NAMED_SIZES[size]
-        fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab_size)
-        return cls(**{**fields, **overrides})
+        """The named shape `size` of the family `model_type` (in `overrides`; default bert:
+        tiny, mini, small, medium, base, large) with the given vocabulary; any other field
+        may be overridden."""
+        shape = family(overrides.get("model_type", "bert")).shape(size, vocab_size)
+        return cls(**{**shape, **overrides})
 
-    def to_hf_config_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
-        """A `config.json` body that `transformers.BertConfig(**d)` accepts and that loads our
-        state dict into `transformers.BertForPreTraining` (or the `architecture` named). A
-        roberta model's is a RobertaConfig of a RobertaForMaskedLM (names: `roberta_name`)."""
-        if self.pre_layer_norm:
-            raise ValueError(
-                "pre_layer_norm models have no transformers BERT equivalent; export needs pre_layer_norm: false"
-            )
-        hf = self.model_dump(exclude={"pre_layer_norm", "model_type"})
-        if self.model_type == "roberta":
-            return {"architectures": ["RobertaForMaskedLM"], "model_type": "roberta", **hf, "tie_word_embeddings": True}
-        return {
-            "architectures": [architecture],
-            "model_type": "bert",
-            **hf,
-            "position_embedding_type": "absolute",  # read by transformers 4.x, ignored by 5.x
-            "tie_word_embeddings": True,
-        }
+    def to_hf_config_dict(self, head: Head = "pretraining", specials: Any = None) -> dict[str, Any]:
+        """The `config.json` body of a folder holding `head` (pretraining, mlm, encoder): what
+        transformers' config class of the family accepts, and that loads our state dict
+        under the family's exported names (bertcore/model/families/); `specials`: the
+        vocabulary's SpecialIds, for a family whose config names its special tokens."""
+        return self.family.hf_config(self, head, specials)
 
 
 def encoder_flops_per_token(cfg: ModelConfig, seq_len: int, masked_fraction: float = 0.0) -> float:
@@ -256,9 +195,7 @@ def encoder_flops_per_token(cfg: ModelConfig, seq_len: int, masked_fraction: flo
     T is the padded sequence length the kernels actually run on. The optional last term is
     the MLM head (transform H*H, vocabulary projection V*H) run on `masked_fraction` of tokens,
     as this model does in training; pooler and NSP work once per sequence and are left out.
+    Other families count their own matrices (`Family.flops_per_token`); T is then the mean
+    number of keys a token attends.
     """
-    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    matmul_weights = layers * (4 * h * h + 2 * h * i)
-    attention = 12 * layers * h * seq_len
-    mlm_head = 6 * (h * h + cfg.vocab_size * h) * masked_fraction
-    return float(6 * matmul_weights + attention + mlm_head)
+    return cfg.family.flops_per_token(cfg, seq_len, masked_fraction)

@@ -1,10 +1,11 @@
-"""A Hugging Face BERT (or RoBERTa) folder from outside the run, judged on the driver before anything is
-built from it: `pretrain.init_from`, `distill.teacher` (and evaluate's teacher), and
+"""A Hugging Face encoder folder (BERT, RoBERTa, ModernBERT) from outside the run, judged on
+the driver before anything is built from it: `pretrain.init_from`, `distill.teacher` (and evaluate's teacher), and
 `bertpipe export`'s model folder all go through `check_model_folder`. No torch, no
 tensors loaded:
 
-- config.json (at most MAX_CONFIG_BYTES) becomes a ModelConfig, whose bounds refuse absurd
-  sizes with the memory they would need (bertcore/model/config.py);
+- config.json (at most MAX_CONFIG_BYTES) becomes a ModelConfig through its family
+  (model_type; bertcore/model/families/), whose bounds refuse absurd sizes with the memory
+  they would need (bertcore/model/config.py);
 - the weights are safetensors only (`model.safetensors` or a sharded index): a
   `pytorch_model.bin` is refused with the command that converts it, since a pickle can
   run code;
@@ -12,8 +13,8 @@ tensors loaded:
   that many bytes of JSON (at most MAX_HEADER_BYTES, within the file), every tensor's
   dtype, shape and data offsets checked against the file's size, so a truncated or
   header-bombed file is one line naming it;
-- the config's sizes must match the tensors' shapes (word, position and segment
-  embeddings, the feed-forward width, the number of layers);
+- the config's sizes must match the tensors' shapes (the family's `expected_shapes`: the
+  embeddings, the feed-forward width; and the number of layers);
 - which heads the folder holds is read from the tensor names (`has_mlm_head`), never
   guessed from the file name.
 """
@@ -22,14 +23,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from math import prod
 
 from pydantic import ValidationError
 
 from bertcore.errors import InputDataError
-from bertcore.model.config import ModelConfig, from_roberta_name
+from bertcore.model.config import ModelConfig
+from bertcore.model.families import FAMILIES, Family
 from bertcore.model.hf_files import CONFIG_FILE, PYTORCH_BIN, WEIGHT_FILES, WEIGHTS_FILE, weight_files
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -55,17 +56,6 @@ DTYPE_BYTES = {
     "U64": 8,
     "F64": 8,
 }
-MLM_HEAD = "cls.predictions.transform.dense.weight"
-"""The tensor a BertForMaskedLM / BertForPreTraining has and a BertModel lacks."""
-SHAPE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
 
 
 def bin_refusal(folder: str, key: str) -> str:
@@ -93,33 +83,25 @@ def _bounded_json(path: str, limit: int, what: str):
 
 
 def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
-    """The ModelConfig of `folder`/config.json (a BERT or RoBERTa encoder; keys bertcore
-    does not use are ignored). Models bertcore.model.bert cannot reproduce, and sizes above
-    ModelConfig's bounds, are refused naming the file and the key."""
+    """The ModelConfig of `folder`/config.json (its model_type names the family, bert when
+    absent; keys bertcore does not use are ignored). Models bertcore cannot reproduce, and
+    sizes above ModelConfig's bounds, are refused naming the file and the key."""
     path = os.path.join(folder, CONFIG_FILE)
     data = _bounded_json(path, MAX_CONFIG_BYTES, "model config")
     if not isinstance(data, dict):
         raise InputDataError(f"{path}: a JSON {type(data).__name__}, not a model config")
-    refusals = {
-        "model_type": (
-            data.get("model_type", "bert") in ("bert", "roberta"),
-            "is not a BERT model (bertcore reads model_type bert and roberta)",
-        ),
-        "position_embedding_type": (data.get("position_embedding_type", "absolute") == "absolute", "is not absolute"),
-        "is_decoder": (not data.get("is_decoder", False), "makes a decoder"),
-        "hidden_act": (data.get("hidden_act", "gelu") in ("gelu", "gelu_new", "relu"), "is not gelu, gelu_new or relu"),
-    }
-    for name, (ok, why) in refusals.items():
-        if not ok:
-            raise InputDataError(f"{path}: {name} {data.get(name)!r} {why}; {key} needs a BERT encoder")
-    missing = [k for k in SHAPE_FIELDS if k not in data]
-    if missing:
-        raise InputDataError(f"{path}: {', '.join(missing)} missing; not a BERT config.json")
-    try:
-        return ModelConfig.model_validate(
-            {k: v for k, v in data.items() if k in ModelConfig.model_fields and k != "pre_layer_norm"}
-            | {"model_type": data.get("model_type", "bert")}
+    model_type = data.get("model_type", "bert")
+    if model_type not in FAMILIES:
+        raise InputDataError(
+            f"{path}: model_type {model_type!r} is not a model bertcore reads ({', '.join(FAMILIES)}); "
+            f"{key} needs one of those encoders"
         )
+    try:
+        fields = FAMILIES[model_type].config_fields(data, key)
+    except (ValueError, TypeError) as exc:
+        raise InputDataError(f"{path}: {exc}") from None
+    try:
+        return ModelConfig.model_validate(fields)
     except ValidationError as exc:
         problems = "; ".join(
             (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + str(e["msg"]).removeprefix("Value error, ")
@@ -185,21 +167,6 @@ def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     return tensors
 
 
-def canonical_key(key: str, prefixed: bool) -> str:
-    """bertcore's (transformers' BERT) name for a stored tensor: LayerNorm gamma/beta ->
-    weight/bias, RoBERTa's `roberta.*` / `lm_head.*` -> `bert.*` / `cls.predictions.*`, and
-    (in a file whose names have no such prefix, a BertModel's or RobertaModel's)
-    `embeddings.*`, `encoder.*`, `pooler.*` -> `bert.*`."""
-    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
-    if not prefixed and key.startswith(("embeddings.", "encoder.", "pooler.")):
-        key = f"bert.{key}"
-    return from_roberta_name(key)
-
-
-def is_prefixed(names) -> bool:
-    return any(k.startswith(("bert.", "cls.", "roberta.", "lm_head.")) for k in names)
-
-
 def weights_path(folder: str, key: str) -> tuple[str, str]:
     """(file name, path) of the folder's weights: model.safetensors or a safetensors index;
     no weights, or only a pytorch_model.bin (`bin_refusal`), is an InputDataError naming `key`."""
@@ -211,9 +178,11 @@ def weights_path(folder: str, key: str) -> tuple[str, str]:
     return found[0], os.path.join(folder, found[0])
 
 
-def weight_shapes(folder: str, key: str = "pretrain.init_from") -> tuple[str, dict[str, tuple[int, ...]]]:
-    """(the weights file, {canonical tensor name: shape}) of a model folder, from the
-    safetensors headers alone; a folder with only a pytorch_model.bin is refused
+def weight_shapes(
+    folder: str, family: Family, key: str = "pretrain.init_from"
+) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """(the weights file, {canonical tensor name of `family`: shape}) of a model folder,
+    from the safetensors headers alone; a folder with only a pytorch_model.bin is refused
     (`bin_refusal`)."""
     name, path = weights_path(folder, key)
     if name == WEIGHTS_FILE:
@@ -228,8 +197,8 @@ def weight_shapes(folder: str, key: str = "pretrain.init_from") -> tuple[str, di
         headers = {}
         for shard in sorted(set(weight_map.values())):
             headers.update(read_header(os.path.join(folder, shard)))
-    prefixed = is_prefixed(headers)
-    return path, {canonical_key(name, prefixed): shape for name, (_, shape) in headers.items()}
+    prefixed = family.is_prefixed(headers)
+    return path, {family.canonical_name(name, prefixed): shape for name, (_, shape) in headers.items()}
 
 
 @dataclass
@@ -243,38 +212,26 @@ class ModelFolder:
     @property
     def has_mlm_head(self) -> bool:
         """Whether the weights hold a masked-LM prediction head (BertForMaskedLM,
-        BertForPreTraining), by the tensor names."""
-        return MLM_HEAD in self.shapes
+        BertForPreTraining, ModernBertForMaskedLM), by the tensor names."""
+        return self.config.family.mlm_head_entry in self.shapes
 
 
 def check_model_folder(folder: str, key: str = "pretrain.init_from") -> ModelFolder:
     """`folder`'s config.json and weights, checked against each other (see the module
     docstring); one InputDataError line naming the file otherwise."""
     config = read_config(folder, key)
-    weights, shapes = weight_shapes(folder, key)
-    h = config.hidden_size
-    expected = {
-        "bert.embeddings.word_embeddings.weight": ((config.vocab_size, h), "vocab_size, hidden_size"),
-        "bert.embeddings.position_embeddings.weight": (
-            (config.max_position_embeddings, h),
-            "max_position_embeddings, hidden_size",
-        ),
-        "bert.embeddings.token_type_embeddings.weight": ((config.type_vocab_size, h), "type_vocab_size, hidden_size"),
-        "bert.encoder.layer.0.intermediate.dense.weight": (
-            (config.intermediate_size, h),
-            "intermediate_size, hidden_size",
-        ),
-    }
+    family = config.family
+    weights, shapes = weight_shapes(folder, family, key)
     where = os.path.join(folder, CONFIG_FILE)
-    for name, (shape, fields) in expected.items():
+    for name, (shape, fields) in family.expected_shapes(config).items():
         if name not in shapes:
-            raise InputDataError(f"{weights}: no {name}; {key} needs the weights of a BERT encoder")
+            raise InputDataError(f"{weights}: no {name}; {key} needs the weights of a {family.name} encoder")
         if tuple(shapes[name]) != shape:
             raise InputDataError(
                 f"{weights}: {name} has shape {list(shapes[name])} but {where} gives ({fields}) = "
                 f"{list(shape)}; the config and the weights are of different models"
             )
-    layers = {int(m.group(1)) for n in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", n))}
+    layers = {int(m.group(1)) for n in shapes if (m := family.layer_pattern.match(n))}
     if layers != set(range(config.num_hidden_layers)):
         raise InputDataError(
             f"{weights}: holds encoder layers {_ranges(layers)} but {where} gives num_hidden_layers "

@@ -1,6 +1,7 @@
-"""An existing Hugging Face BERT folder as the starting point of pretraining
+"""An existing Hugging Face encoder folder as the starting point of pretraining
 (`pretrain.init_from`): its config.json as a ModelConfig, its weights as a state dict with
-bertcore.model.bert's names, and loading them into a freshly initialised BertForPreTraining.
+the names of its family's model (bertcore/model/families/), and loading them into a freshly
+initialised model of that family.
 
 Accepted weights: `model.safetensors` or a sharded `model.safetensors.index.json`, saved
 from BertForPreTraining, BertForMaskedLM or BertModel; a `pytorch_model.bin` is refused with
@@ -15,7 +16,6 @@ encoder or embedding weight is an error, never silently fresh.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -24,8 +24,9 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
-from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
-from bertcore.model.folder import canonical_key, is_prefixed, read_config, read_header, weights_path
+from bertcore.model.config import ModelConfig
+from bertcore.model.families import Family
+from bertcore.model.folder import read_config, read_header, weights_path
 from bertcore.model.hf_files import (  # noqa: F401 - the file names live without torch; re-exported here
     CONFIG_FILE,
     PYTORCH_BIN,
@@ -38,9 +39,6 @@ from bertcore.model.hf_files import (  # noqa: F401 - the file names live withou
 
 SAFETENSORS = WEIGHTS_FILE
 
-MAY_START_FRESH = re.compile(r"bert\.pooler\..*|cls\..*")
-"""Model entries a checkpoint may lack (heads and pooler); the rest must be there."""
-
 
 def model_config(folder: str) -> ModelConfig:
     """The ModelConfig of `folder`/config.json (bertcore/model/folder.py `read_config`)."""
@@ -48,9 +46,10 @@ def model_config(folder: str) -> ModelConfig:
 
 
 def read_weights(folder: str, key: str = "pretrain.init_from") -> dict[str, torch.Tensor]:
-    """The folder's weights with bertcore.model.bert's names (see the module docstring). The
-    driver has checked the folder (`check_model_folder`); a pytorch_model.bin is refused
-    here too, before anything unpickles it."""
+    """The folder's weights with the names of its family's model (see the module
+    docstring; the family is config.json's). The driver has checked the folder
+    (`check_model_folder`); a pytorch_model.bin is refused here too, before anything
+    unpickles it."""
     name, path = weights_path(folder, key)
     paths = [path] if name == SAFETENSORS else [os.path.join(folder, shard) for shard in shard_names(path)]
     raw = {}
@@ -60,14 +59,18 @@ def read_weights(folder: str, key: str = "pretrain.init_from") -> dict[str, torc
             raw.update(safetensors.torch.load_file(one))
         except (OSError, RuntimeError, safetensors.SafetensorError) as exc:
             raise InputDataError(f"{one}: cannot read the weights ({' '.join(str(exc).split())[:200]})") from None
-    return canonical_names(raw)
+    return canonical_names(raw, read_config(folder, key).family)
 
 
-def canonical_names(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' names from older spellings: LayerNorm gamma/beta -> weight/bias, a
-    BertModel's `embeddings.*`/`encoder.*`/`pooler.*` -> `bert.*`; buffers dropped."""
-    prefixed = is_prefixed(state)
-    return {canonical_key(key, prefixed): tensor for key, tensor in state.items() if not key.endswith("position_ids")}
+def canonical_names(state: Mapping[str, torch.Tensor], family: Family) -> dict[str, torch.Tensor]:
+    """The family's model names from a file's (`Family.canonical_name`: older spellings,
+    an encoder-only model's unprefixed names, RoBERTa's); buffers dropped."""
+    prefixed = family.is_prefixed(state)
+    return {
+        family.canonical_name(key, prefixed): tensor
+        for key, tensor in state.items()
+        if not key.endswith("position_ids")
+    }
 
 
 @dataclass
@@ -81,20 +84,20 @@ class InitPlan:
     """Checkpoint entries the model has no place for (e.g. a fine-tuned classifier head)."""
 
 
-def plan(checkpoint_keys: Iterable[str], model_keys: Iterable[str], where: str) -> InitPlan:
+def plan(checkpoint_keys: Iterable[str], model_keys: Iterable[str], where: str, family: Family) -> InitPlan:
     """Which entries load, start fresh, or are ignored; a missing entry that may not start
     fresh (an embedding or encoder weight) is an InputDataError naming it."""
-    have = set(checkpoint_keys) - set(TIED)  # tied entries come with what they alias
-    wanted = [k for k in model_keys if k not in TIED]
+    have = set(checkpoint_keys) - set(family.tied)  # tied entries come with what they alias
+    wanted = [k for k in model_keys if k not in family.tied]
     missing = [k for k in wanted if k not in have]
-    required = [k for k in missing if not MAY_START_FRESH.fullmatch(k)]
+    required = [k for k in missing if not family.may_start_fresh.fullmatch(k)]
     if required:
         raise InputDataError(
             f"{where}: the checkpoint lacks {required[:3]} ({len(required)} entries of the encoder); is it a "
-            "BERT model?"
+            f"{family.name} model?"
         )
     ignored = sorted(have - set(wanted))
-    bert_ignored = [k for k in ignored if k.startswith("bert.")]
+    bert_ignored = [k for k in ignored if k.startswith(family.encoder_prefix)]
     if bert_ignored:
         raise InputDataError(
             f"{where}: the checkpoint has encoder entries this model has no place for: {bert_ignored[:3]}"
@@ -102,13 +105,12 @@ def plan(checkpoint_keys: Iterable[str], model_keys: Iterable[str], where: str) 
     return InitPlan(loaded=[k for k in wanted if k in have], fresh=missing, ignored=ignored)
 
 
-def load_into(
-    model: BertForPreTraining, state: Mapping[str, torch.Tensor], where: str = "pretrain.init_from"
-) -> InitPlan:
-    """Copy `state` (canonical names) into `model`, whose other entries keep their
-    initialisation; shapes must match exactly."""
+def load_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str = "pretrain.init_from") -> InitPlan:
+    """Copy `state` (canonical names) into `model` (a family's pretraining model, its `cfg`
+    naming the family), whose other entries keep their initialisation; shapes must match
+    exactly."""
     own = model.state_dict()
-    result = plan(state, own, where)
+    result = plan(state, own, where, model.cfg.family)
     for key in result.loaded:
         if tuple(state[key].shape) != tuple(own[key].shape):
             raise InputDataError(

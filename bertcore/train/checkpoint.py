@@ -242,6 +242,11 @@ def latest_checkpoint(files: StageFiles) -> dict | None:
     return markers[-1] if markers else None
 
 
+def named_checkpoint(files: StageFiles, name: str) -> dict | None:
+    """The marker of the complete checkpoint kept under `name` (e.g. pre-decay), or None."""
+    return next((m for m in reversed(complete_checkpoints(files)) if m.get("name") == name), None)
+
+
 def clear_checkpoints(files: StageFiles) -> None:
     """Delete every checkpoint and the training logs, TensorBoard's included, and forget
     the tracker runs (a fresh start): markers first, so no half-deleted checkpoint ever
@@ -254,8 +259,11 @@ def clear_checkpoints(files: StageFiles) -> None:
 
 
 def prune(files: StageFiles, keep: int) -> None:
+    """Delete all but the `keep` newest complete checkpoints, except named ones (a wsd
+    schedule's pre-decay checkpoint), and the leftovers of dead attempts."""
     markers = complete_checkpoints(files)
-    for marker in markers[:-keep]:
+    unnamed = [m for m in markers if not m.get("name")]
+    for marker in unnamed[:-keep]:
         tag = checkpoint_tag(marker["step"])
         files.remove(f"{CHECKPOINTS}/{tag}/{COMPLETE}")
         files.remove(f"{CHECKPOINTS}/{tag}")

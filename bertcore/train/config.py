@@ -20,12 +20,52 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from bertcore.config import describe_errors
-from bertcore.model.config import ModelConfig, SizeName, roberta_shape
+from bertcore.model.config import ModelConfig, SizeName
+from bertcore.model.families import FAMILIES, Family, for_vocabulary
 from bertcore.section import Name, Section
 from bertcore.train.tracking import TrackingConfig
 
 if TYPE_CHECKING:
     from bertcore.examples.config import ExamplesConfig
+
+
+class ScheduleConfig(Section):
+    """The learning-rate schedule: BERT's linear warmup and decay over the steps, or
+    warmup-stable-decay (WSD) over the tokens seen (ModernBERT, Warner et al. 2024; Hu et
+    al. 2024), for any family."""
+
+    kind: Literal["linear", "wsd"] = "linear"
+    """linear: warmup (warmup_steps / warmup_fraction) then linear decay to the last step; wsd: warmup over
+    warmup_tokens, the peak rate until decay_tokens before total_tokens, then the decay."""
+    warmup_tokens: float = Field(0.0, ge=0.0)
+    """wsd: tokens (real ones, all workers) over which the rate rises linearly to learning_rate."""
+    decay_tokens: float = Field(0.0, ge=0.0)
+    """wsd: tokens of the decay at the end; its start is the end of the stable phase, where the pre-decay checkpoint
+    is written and kept (checkpoints/step-NNNNNNN/ with name pre-decay in its marker)."""
+    total_tokens: float | None = Field(None, gt=0.0)
+    """wsd: the run's token budget; training stops when the tokens seen reach it (or at the end of the phases'
+    steps, whichever comes first). Required with kind wsd."""
+    decay: Literal["linear", "1-sqrt"] = "1-sqrt"
+    """wsd: the decay's shape from the peak: linear, or 1 - sqrt(progress) (Hägele et al. 2024, ModernBERT's)."""
+    final_lr_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+    """wsd: the rate at the end of the decay as a share of learning_rate."""
+
+    @model_validator(mode="after")
+    def _wsd_budget(self) -> ScheduleConfig:
+        if self.kind == "wsd":
+            if self.total_tokens is None:
+                raise ValueError("schedule.total_tokens: a wsd schedule needs the run's token budget")
+            if self.warmup_tokens + self.decay_tokens > self.total_tokens:
+                raise ValueError(
+                    f"schedule: warmup_tokens ({self.warmup_tokens:.4g}) + decay_tokens ({self.decay_tokens:.4g}) "
+                    f"exceed total_tokens ({self.total_tokens:.4g})"
+                )
+        return self
+
+    @property
+    def decay_start(self) -> float | None:
+        """Tokens seen when the decay begins (wsd), None for the linear schedule."""
+        return None if self.kind != "wsd" else self.total_tokens - self.decay_tokens
 
 
 class TrainingPhase(Section):
@@ -40,6 +80,15 @@ class TrainingPhase(Section):
     max_seq_length: int | None = Field(None, ge=3)
     """Longest sequence of the phase (batches are padded to at most this); default: the examples phase's max_seq_length.
     At most the model's max_position_embeddings."""
+    token_budget: int | None = Field(None, ge=1)
+    """Packed, padding-free batches (bertcore/train/packing.py) of at most this many tokens per optimizer step over all
+    workers and accumulation steps (whole sequences; each micro-batch holds at most token_budget / (num_workers x
+    gradient_accumulation_steps)); batch_size then only bounds the loader's fallback. Needs a family that reads packed
+    batches (modernbert)."""
+    global_rope_theta: float | None = Field(None, gt=0.0)
+    """Rotary base of the global attention layers during this phase (models with rotary positions); null: the model's
+    (pretrain.model_overrides.global_rope_theta, 160,000 for modernbert). ModernBERT trains at 1,024 tokens with 10,000
+    and raises it to 160,000 for its context extension."""
 
 
 def _default_phases() -> list[TrainingPhase]:
@@ -103,6 +152,9 @@ class TrainingConfig(Section):
     1M)."""
     warmup_fraction: float | None = Field(None, ge=0.0, lt=1.0)
     """Linear warmup as a share of all steps (all phases); give this or warmup_steps."""
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    """The learning-rate schedule: linear (BERT's, over steps, with warmup_steps / warmup_fraction) or wsd
+    (warmup-stable-decay over tokens)."""
     phases: list[TrainingPhase] = Field(default_factory=_default_phases, min_length=1)
     """Phases in order, each with its own steps and global batch (default: BERT's 900k x 256 at seq128, 100k x 256 at
     seq512)."""
@@ -190,8 +242,18 @@ class TrainingConfig(Section):
             raise ValueError(
                 f"{key}.min_workers ({self.min_workers}) must not exceed {key}.num_workers ({self.num_workers})"
             )
+        if self.schedule.kind == "wsd" and (self.warmup_steps is not None or self.warmup_fraction is not None):
+            raise ValueError(
+                f"{key}.warmup_steps / warmup_fraction belong to the linear schedule; a wsd schedule warms up over "
+                f"{key}.schedule.warmup_tokens"
+            )
         per_step = self.num_workers * self.gradient_accumulation_steps
         for i, phase in enumerate(self.phases):
+            if phase.token_budget is not None and phase.token_budget % per_step:
+                raise ValueError(
+                    f"{key}.phases[{i}].token_budget ({phase.token_budget}) must be a multiple of {key}.num_workers x "
+                    f"{key}.gradient_accumulation_steps ({per_step})"
+                )
             if phase.batch_size % per_step:
                 raise ValueError(
                     f"{key}.phases[{i}].batch_size ({phase.batch_size}) must be a multiple of {key}.num_workers x "
@@ -214,6 +276,12 @@ class TrainingConfig(Section):
     def micro_batch_size(self, phase: TrainingPhase) -> int:
         """Sequences per forward pass on one worker."""
         return phase.batch_size // (self.num_workers * self.gradient_accumulation_steps)
+
+    def micro_token_budget(self, phase: TrainingPhase) -> int | None:
+        """Tokens per packed micro-batch on one worker (None: the phase batches by sequences)."""
+        if phase.token_budget is None:
+            return None
+        return phase.token_budget // (self.num_workers * self.gradient_accumulation_steps)
 
     def phase_at(self, step: int) -> int:
         """Index of the phase that the 0-based optimizer step `step` belongs to."""
@@ -268,18 +336,27 @@ INIT_OVERRIDABLE = ("hidden_dropout_prob", "attention_probs_dropout_prob", "init
 """model_overrides that a model continued from pretrain.init_from may take (its shape is its own)."""
 
 
+FamilyName = Literal["auto", "bert", "roberta", "modernbert"]
+
+
 class PretrainConfig(TrainingConfig):
     """Pretraining with DeepSpeed on Ray Train workers (`pretrain:` in a run recipe)."""
 
     SECTION: ClassVar[str] = "pretrain"
 
     init_from: str | None = None
-    """Continue pretraining a Hugging Face BERT folder (local path or s3://...; BertForPreTraining, BertForMaskedLM or
-    BertModel weights): its config.json sets the shape (model_size is then not used), heads it lacks (NSP) start fresh.
-    Needs its vocabulary: vocab.source: pretrained."""
+    """Continue pretraining a Hugging Face encoder folder (local path or s3://...; BertForPreTraining, BertForMaskedLM,
+    BertModel, RobertaForMaskedLM or ModernBertForMaskedLM weights): its config.json sets the family and the shape
+    (family and model_size are then not used), heads it lacks (NSP) start fresh. Needs its vocabulary: vocab.source:
+    pretrained."""
+    family: FamilyName = "auto"
+    """The model family (bertcore/model/families/): auto (the vocabulary decides: WordPiece makes a BERT, byte-level
+    BPE a RoBERTa), bert, roberta, or modernbert (the modern encoder: rotary positions, GeGLU, pre-norm, local/global
+    attention, MLM only; any vocabulary)."""
     model_size: SizeName = "base"
-    """Published BERT shape: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768), large
-    (24x1024)."""
+    """Named shape of the family: BERT's tiny (2x128), mini (4x256), small (4x512), medium (8x512), base (12x768),
+    large (24x1024); modernbert's tiny (3x128), mini (6x256), small (12x512), base (22x768, the paper's), large
+    (28x1024)."""
     model_overrides: dict[str, Any] = Field(default_factory=dict)
     """Any bertcore.model.config.ModelConfig field to change from the named size, e.g. {hidden_dropout_prob: 0.0};
     vocab_size comes from the vocab stage. With init_from, only dropouts and initializer_range."""
@@ -290,8 +367,7 @@ class PretrainConfig(TrainingConfig):
             raise ValueError("pretrain.model_overrides.vocab_size: the vocabulary size comes from the vocab stage")
         if "model_type" in self.model_overrides:
             raise ValueError(
-                "pretrain.model_overrides.model_type: the vocabulary decides it (vocab.model byte_level_bpe "
-                "makes a RoBERTa)"
+                "pretrain.model_overrides.model_type: set pretrain.family instead (auto: the vocabulary decides)"
             )
         if self.init_from is not None:
             fixed = sorted(set(self.model_overrides) - set(INIT_OVERRIDABLE))
@@ -303,7 +379,7 @@ class PretrainConfig(TrainingConfig):
                 )
             return self  # its positions are known once config.json is read
         try:
-            shape = ModelConfig.named(self.model_size, 30522, **self.model_overrides)
+            shape = self.build_model_config(30522)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise ValueError(f"pretrain.model_overrides: {_one_line(exc)}") from None
         for i, phase in enumerate(self.phases):
@@ -313,7 +389,27 @@ class PretrainConfig(TrainingConfig):
                     f"max_position_embeddings ({shape.max_position_embeddings}); raise "
                     "pretrain.model_overrides.max_position_embeddings or shorten the phase"
                 )
+        self.check_family(shape.family)
         return self
+
+    def check_family(self, family: Family) -> None:
+        """The phases ask only what the family does: packed batches (token_budget) of a
+        family that reads them, a rotary base of one with rotary positions."""
+        for i, phase in enumerate(self.phases):
+            if phase.token_budget is not None and "cu_seqlens" not in family.batch_keys:
+                raise ValueError(
+                    f"pretrain.phases[{i}].token_budget: the {family.name} family reads padded batches; give "
+                    "batch_size only, or pretrain.family: modernbert"
+                )
+            if phase.global_rope_theta is not None and not family.rotary:
+                raise ValueError(
+                    f"pretrain.phases[{i}].global_rope_theta: the {family.name} family has no rotary positions"
+                )
+
+    def family_for(self, layout: str) -> Family:
+        """The family this section makes with a vocabulary of `layout` (bert: WordPiece,
+        roberta: byte-level BPE); ValueError naming pretrain.family when they disagree."""
+        return for_vocabulary(self.family, layout)
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -324,17 +420,19 @@ class PretrainConfig(TrainingConfig):
         return self.build_model_config(30522).max_position_embeddings
 
     def build_model_config(
-        self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None, roberta: bool = False
+        self, vocab_size: int, pad_token_id: int = 0, base: ModelConfig | None = None, layout: str = "bert"
     ) -> ModelConfig:
-        """The model: model_size (or `base`, the config of init_from's model) with the
-        vocabulary size, pad id and model_overrides; `roberta` (a byte-level BPE vocabulary):
-        RoBERTa's positions, one token type and LayerNorm epsilon (roberta_shape)."""
+        """The model: model_size of the family (`family_for(layout)`; or `base`, the config
+        of init_from's model, which brings its own family) with the vocabulary size, pad id
+        and model_overrides; the family sets what the vocabulary decides (RoBERTa's
+        positions, one token type and LayerNorm epsilon)."""
         if base is not None:
             return ModelConfig.model_validate(
                 {**base.model_dump(), "vocab_size": vocab_size, "pad_token_id": pad_token_id, **self.model_overrides}
             )
-        shape = roberta_shape(pad_token_id) if roberta else {"pad_token_id": pad_token_id}
-        return ModelConfig.named(self.model_size, vocab_size, **{**shape, **self.model_overrides})
+        family = FAMILIES[self.family] if self.family != "auto" else self.family_for(layout)
+        fields = {**family.vocabulary_fields(pad_token_id), "model_type": family.name}
+        return ModelConfig.named(self.model_size, vocab_size, **{**fields, **self.model_overrides})
 
 
 def _one_line(exc: Exception) -> str:

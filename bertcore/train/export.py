@@ -1,15 +1,19 @@
 """Checkpoint -> the Hugging Face folder that `transformers` loads.
 
-    config.json              BertConfig of the model (architectures: BertForPreTraining, or
-                             BertForMaskedLM for objectives without NSP); a RobertaConfig of a
-                             RobertaForMaskedLM for a roberta model (model_type roberta)
+    config.json              the family's config (bertcore/model/families/): a BertConfig
+                             (architectures: BertForPreTraining, or BertForMaskedLM for
+                             objectives without NSP); a RobertaConfig of a RobertaForMaskedLM
+                             for a roberta model; a ModernBertConfig of a ModernBertForMaskedLM
+                             for a modernbert model
     model.safetensors        fp32 weights, tied matrices stored once (as save_pretrained does);
                              without NSP, neither the NSP head nor the pooler (which only NSP
                              trains), exactly what transformers' BertForMaskedLM holds; a
                              roberta model's under RobertaForMaskedLM's names (`roberta.*`,
                              `lm_head.*`), never with an NSP head (transformers has no
-                             RoBERTa class that holds one); an embedding model (`sentence=`):
-                             the encoder alone, BertModel's names and pooler, no head
+                             RoBERTa class that holds one); a modernbert model's under
+                             ModernBertForMaskedLM's names, which are its own; an embedding
+                             model (`sentence=`): the encoder alone (BertModel's names and
+                             pooler, or ModernBertModel's), no head
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                              the vocab stage's files (model_max_length set to the longest
                              sequence the model's positions cover, so pipelines truncate where
@@ -23,7 +27,7 @@ with nothing missing or unexpected) and the sentence-transformers files
 (bertcore/model/sentence_files.py).
 
 `consolidate_checkpoint` turns one DeepSpeed checkpoint folder (checkpoints/step-NNNNNNN/,
-any ZeRO stage, any number of ranks) into a full fp32 state dict with bertcore.model.bert's
+any ZeRO stage, any number of ranks) into a full fp32 state dict with the family model's
 names, which are transformers' names; `export_checkpoint` writes the folder from a state
 dict. Neither needs a GPU or torch.distributed.
 """
@@ -41,8 +45,9 @@ import safetensors.torch
 import torch
 
 from bertcore.errors import InputDataError
-from bertcore.model.bert import TIED, BertForPreTraining, ModelConfig
-from bertcore.model.config import roberta_name
+from bertcore.examples.vocab_tables import SpecialIds
+from bertcore.model.config import ModelConfig
+from bertcore.model.families import Head
 from bertcore.model.hf_files import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE  # noqa: F401 - MODEL_DIR re-exported
 from bertcore.model.sentence_files import SentenceLayout, write_layout
 from bertcore.train.checkpoint import check_pickles, safe_load
@@ -58,19 +63,19 @@ def _expected_keys(
     model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None
 ) -> tuple[list[str], list[list[str]]]:
     """(state-dict keys, parameter names per optimizer group) of the model (`build()`, by
-    default a BertForPreTraining), computed on the meta device (no memory, no
+    default the family's pretraining model), computed on the meta device (no memory, no
     initialisation cost)."""
     with torch.device("meta"):
-        model = build() if build is not None else BertForPreTraining(model_config)
+        model = build() if build is not None else model_config.family.build(model_config)
     return list(model.state_dict()), parameter_group_names(model)
 
 
 def consolidate_checkpoint(
     checkpoint_dir: str, model_config: ModelConfig, build: Callable[[], torch.nn.Module] | None = None
 ) -> dict[str, torch.Tensor]:
-    """Full fp32 state dict (tied entries included) of a DeepSpeed checkpoint folder of a
-    BertForPreTraining of `model_config`, or of the module `build()` makes (e.g. a
-    distillation student with its projections; called on the meta device).
+    """Full fp32 state dict (tied entries included) of a DeepSpeed checkpoint folder of the
+    pretraining model of `model_config` (its family's), or of the module `build()` makes
+    (e.g. a distillation student with its projections; called on the meta device).
 
     ZeRO 1-3 checkpoints keep the fp32 master weights partitioned in the optimizer files;
     DeepSpeed's zero_to_fp32 joins them. A stage-0 checkpoint holds the whole module; with
@@ -112,7 +117,7 @@ def consolidate_checkpoint(
     else:
         raise InputDataError(f"{checkpoint_dir}: not a DeepSpeed checkpoint (no model or optimizer states file)")
     state = {k: v.detach().to(torch.float32).cpu() for k, v in state.items()}
-    for tied, source in TIED.items():
+    for tied, source in model_config.family.tied.items():
         if source in state:
             state[tied] = state[source]
     missing, unexpected = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
@@ -124,25 +129,13 @@ def consolidate_checkpoint(
     return {k: state[k] for k in keys}
 
 
-NSP_ONLY = ("bert.pooler.", "cls.seq_relationship.")
-"""Entries only the next-sentence objective trains: left out of a masked-LM export."""
-ENCODER = "bert."
-"""The encoder's entries (embeddings, layers, pooler): all an embedding model's folder holds, without this prefix."""
-
-
-def _architecture(nsp: bool, sentence: SentenceLayout | None) -> str:
+def head_of(nsp: bool, sentence: SentenceLayout | None) -> Head:
+    """What a folder holds: the encoder alone (an embedding model), the pretraining heads, or the masked-LM head."""
     if sentence is not None:
         if nsp:
             raise ValueError("an embedding model (sentence=) has no NSP head; export it with nsp=False")
-        return "BertModel"
-    return "BertForPreTraining" if nsp else "BertForMaskedLM"
-
-
-def _kept(name: str, nsp: bool, sentence: SentenceLayout | None) -> str | None:
-    """The name an entry is saved under, or None when the folder leaves it out."""
-    if sentence is not None:
-        return name.removeprefix(ENCODER) if name.startswith(ENCODER) else None
-    return name if nsp or not name.startswith(NSP_ONLY) else None
+        return "encoder"
+    return "pretraining" if nsp else "mlm"
 
 
 def export_checkpoint(
@@ -155,32 +148,34 @@ def export_checkpoint(
     sentence: SentenceLayout | None = None,
 ) -> list[str]:
     """Write the Hugging Face folder `out_dir` (created if missing) from a state dict with
-    bertcore.model.bert names, the model config and the vocab stage's folder; returns the file
+    the family's model names, the model config and the vocab stage's folder; returns the file
     names written (relative to `out_dir`). Tied entries, if present, must equal the tensors
-    they alias. nsp=False (an objective without NSP, e.g. roberta) writes a BertForMaskedLM:
-    no NSP head, no pooler. A roberta model (model_config.model_type) writes a
-    RobertaForMaskedLM whatever `nsp` says. `sentence` writes an embedding model: the encoder
-    as a BertModel (pooler included, no head) and the sentence-transformers files of that layout."""
-    roberta = model_config.model_type == "roberta"
-    if roberta and sentence is not None:
-        raise InputDataError(
-            f"{out_dir}: a RoBERTa student cannot be exported as an embedding model yet (only a BERT one); "
-            "distil from a BERT teacher, or from a teacher with a masked-LM head"
-        )
-    hf_config = model_config.to_hf_config_dict(_architecture(nsp, sentence))  # refuses pre-LN models
+    they alias. The family (model_config.model_type) decides the architecture and the names
+    (bertcore/model/families/): nsp=False (an objective without NSP) writes a BERT as a
+    BertForMaskedLM, without NSP head and pooler; a RoBERTa is a RobertaForMaskedLM and a
+    modern encoder a ModernBertForMaskedLM whatever `nsp` says. `sentence` writes an
+    embedding model: the encoder alone (a BertModel with its pooler, a ModernBertModel) and
+    the sentence-transformers files of that layout."""
+    family = model_config.family
+    head = head_of(nsp, sentence)
+    try:
+        family.architecture(head)  # a family may have no folder of this kind
+    except InputDataError as exc:
+        raise InputDataError(f"{out_dir}: {exc}") from None
     byte_level = os.path.isfile(os.path.join(tokenizer_dir, VOCAB_JSON))
     files = ROBERTA_HF_FILES if byte_level else HF_FILES
     for name in files[2:]:
         if not os.path.isfile(os.path.join(tokenizer_dir, name)):
             raise InputDataError(f"{tokenizer_dir}: {name} is missing; rerun the vocab stage")
-    if roberta != byte_level:
+    if family.vocab_layout not in (None, "roberta" if byte_level else "bert"):
         raise InputDataError(
             f"{tokenizer_dir}: a {'byte-level BPE' if byte_level else 'WordPiece'} vocabulary for a "
             f"{model_config.model_type} model; export with the vocabulary the model was trained with"
         )
-    size = len(
-        vocab_list(load_tokenizer(tokenizer_dir))
-    )  # load_tokenizer also refuses a vocab.txt (vocab.json) that disagrees with tokenizer.json
+    tokens = vocab_list(load_tokenizer(tokenizer_dir))
+    # load_tokenizer also refuses a vocab.txt (vocab.json) that disagrees with tokenizer.json
+    size = len(tokens)
+    hf_config = model_config.to_hf_config_dict(head, SpecialIds.from_vocab(tokens))  # refuses pre-LN models
     if size != model_config.vocab_size:
         raise InputDataError(
             f"{tokenizer_dir}/{files[2]} has {size} entries but the model's vocab_size is {model_config.vocab_size}; "
@@ -188,15 +183,12 @@ def export_checkpoint(
         )
     tensors = {}
     for name, tensor in state_dict.items():
-        if name in TIED:
-            source = state_dict.get(TIED[name])
+        if name in family.tied:
+            source = state_dict.get(family.tied[name])
             if source is not None and not torch.equal(tensor, source):
-                raise ValueError(f"{name} must equal {TIED[name]} (they are one tied parameter)")
+                raise ValueError(f"{name} must equal {family.tied[name]} (they are one tied parameter)")
             continue
-        if roberta:
-            if (exported := roberta_name(name)) is not None:
-                tensors[exported] = tensor.detach().cpu().contiguous()
-        elif (saved := _kept(name, nsp, sentence)) is not None:
+        if (saved := family.exported_name(name, head)) is not None:
             tensors[saved] = tensor.detach().cpu().contiguous()
     os.makedirs(out_dir, exist_ok=True)
     safetensors.torch.save_file(tensors, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})

@@ -8,8 +8,10 @@ on CPU, where DeepSpeed has none, the client `Lamb` below. Either LAMB needs ZeR
 ZeRO hands the optimizer flat partitions, which would make the trust ratio one per
 partition instead of one per layer (train_config refuses the combination).
 
-Learning rate: one schedule over the steps of all phases, linear warmup to
-`learning_rate` then linear decay to zero at the last step (`lr_multiplier`).
+Learning rate (`LearningRate`): one schedule over all phases, set on the optimizer by the
+loop before each update: BERT's linear warmup to `learning_rate` then linear decay to zero
+at the last step, over steps (`lr_multiplier`); or warmup-stable-decay over the tokens seen
+(`wsd_multiplier`: linear warmup, the peak, then a linear or 1 - sqrt decay), for any family.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from bertcore.train.config import TrainingConfig
+from bertcore.train.config import ScheduleConfig, TrainingConfig
 
 
 def lr_multiplier(step: int, warmup: int, total: int) -> float:
@@ -29,6 +31,45 @@ def lr_multiplier(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
     return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def wsd_multiplier(tokens: float, schedule: ScheduleConfig) -> float:
+    """Learning-rate factor of an update made after `tokens` tokens: (tokens + 1) /
+    warmup_tokens while warming up, 1 in the stable phase, then from the decay's start
+    f + (1 - f) x s(progress), progress = tokens into the decay / decay_tokens (at most 1),
+    s(p) = 1 - p (linear) or 1 - sqrt(p), f = final_lr_ratio."""
+    if tokens < schedule.warmup_tokens:
+        return min(1.0, (tokens + 1) / schedule.warmup_tokens)
+    start = schedule.decay_start
+    if tokens < start or not schedule.decay_tokens:
+        return 1.0
+    progress = min(1.0, (tokens - start) / schedule.decay_tokens)
+    shape = 1.0 - progress if schedule.decay == "linear" else 1.0 - progress**0.5
+    return schedule.final_lr_ratio + (1.0 - schedule.final_lr_ratio) * shape
+
+
+class LearningRate:
+    """The rate of each update from a training section: `learning_rate` x the linear
+    schedule's factor of the step, or the wsd schedule's of the tokens seen before it."""
+
+    def __init__(self, cfg: TrainingConfig):
+        self.cfg = cfg
+
+    def factor(self, step: int, tokens: float) -> float:
+        """The factor of the update with 0-based index `step`, made after `tokens` tokens."""
+        if self.cfg.schedule.kind == "wsd":
+            return wsd_multiplier(tokens, self.cfg.schedule)
+        return lr_multiplier(step, self.cfg.warmup, self.cfg.total_steps)
+
+    def rate(self, step: int, tokens: float) -> float:
+        return self.cfg.learning_rate * self.factor(step, tokens)
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int, tokens: float) -> float:
+        """Set every group's rate for the coming update; returns it."""
+        lr = self.rate(step, tokens)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
 
 class Lamb(torch.optim.Optimizer):
@@ -119,8 +160,8 @@ def client_optimizer(cfg: TrainingConfig, groups: list[dict]) -> torch.optim.Opt
 
 def deepspeed_config(cfg: TrainingConfig, micro_batch_size: int) -> dict:
     """The DeepSpeed JSON for this section. The optimizer is DeepSpeed's AdamW, its fused
-    LAMB on GPU, or absent when LAMB runs as a client optimizer on CPU; the schedule is
-    always a client LambdaLR."""
+    LAMB on GPU, or absent when LAMB runs as a client optimizer on CPU; no scheduler: the
+    loop sets each update's rate (`LearningRate`)."""
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,

@@ -54,7 +54,7 @@ from bertcore.train.loss_watch import LossWatch
 from bertcore.train.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
 from bertcore.train.mfu import peak_flops
 from bertcore.train.objectives import Objective, StepSums, init_generator
-from bertcore.train.optim import client_optimizer, deepspeed_config, gradient_norm, lr_multiplier, parameter_groups
+from bertcore.train.optim import LearningRate, client_optimizer, deepspeed_config, gradient_norm, parameter_groups
 from bertcore.train.phase_data import PhaseData, WorkerContext, endless_batches, phase_loader
 from bertcore.train.tracking import Trackers, open_trackers
 
@@ -62,10 +62,23 @@ log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
-TRACKED = ("lr", "grad_norm", "tokens_per_s", "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
+TRACKED = (
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "sequences_per_s",
+    "mfu",
+    "padding_share",
+    "tokens_seen",
+    "skipped_batches",
+)
 """Figures of an interval's summary (bertcore.train.metrics_log) that the trackers get as
 train/<field>, every log_every steps and at the last, after the loss and the objective's
 metrics."""
+
+
+PRE_DECAY = "pre-decay"
+"""The name of the checkpoint at the end of a wsd schedule's stable phase (kept, never pruned)."""
 
 
 class TrainingDiverged(BertpipeError):
@@ -112,6 +125,8 @@ class Trainer:
         self.validation_log = MetricsLog(files.local_path(VALIDATION))
         self.trackers = Trackers.disabled()
         self.step = 0  # optimizer steps completed
+        self.schedule = LearningRate(cfg)
+        self.lr = cfg.learning_rate  # the rate of the latest update
         self.tokens_seen = 0
         self.train_time_s = 0.0  # summed over invocations
         self.resizes: list[dict] = []  # world-size changes on resume (a lost node), oldest first
@@ -138,16 +153,10 @@ class Trainer:
         model = self.objective.build(init_generator(self.seed, self.key), self.device)
         groups = parameter_groups(model, self.cfg.weight_decay)
         optimizer = client_optimizer(self.cfg, groups)
-        warmup, total = self.cfg.warmup, self.cfg.total_steps
-
-        def schedule(opt):
-            return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, warmup, total))
-
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=groups,
             optimizer=optimizer,
-            lr_scheduler=schedule,
             config=deepspeed_config(self.cfg, self.cfg.micro_batch_size(self.cfg.phases[0])),
             dist_init_required=not torch.distributed.is_initialized(),
         )
@@ -169,6 +178,9 @@ class Trainer:
         phase = self.cfg.phases[index]
         self.phase_index = index
         self.loader = phase_loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
+        enter = getattr(self.objective, "enter_phase", None)
+        if enter is not None:  # e.g. the rotary base of a context-extension phase
+            enter(self.engine.module, phase.global_rope_theta)
         if loader_state is not None:
             self.loader.load_state_dict(loader_state)
         else:
@@ -284,6 +296,7 @@ class Trainer:
         skipped = consecutive = 0
         done = 0
         gas = self.cfg.gradient_accumulation_steps
+        self.lr = self.schedule.apply(self.engine.basic_optimizer, self.step, self.tokens_seen)
         while done < gas:
             batch = next(self.stream)
             out = self.objective.forward(self.engine, batch, self.device)
@@ -334,6 +347,7 @@ class Trainer:
             "tokens": int(t["tokens"]),
             "sequences": int(t["sequences"]),
             "padded_tokens": int(t["padded"]),
+            "padding_share": 1.0 - t["tokens"] / t["padded"] if t["padded"] else 0.0,
             "flops": t["flops"],
             "skipped_batches": skipped,
         }
@@ -395,7 +409,7 @@ class Trainer:
                 log_file.truncate(self.step)
             self.interval.resumed(self.metrics.records(), self.step)
         total = self.cfg.total_steps
-        if self.step >= total and marker is not None:
+        if marker is not None and (self.step >= total or marker.get("stopped_by") == "token_budget"):
             return marker
         if self.loader is None:
             self._enter_phase(self.cfg.phase_at(self.step))
@@ -420,7 +434,9 @@ class Trainer:
                 self.step += 1
                 elapsed = time.perf_counter() - t0
                 self.train_time_s += elapsed
-                self.tokens_seen += record["tokens"]
+                tokens_before, self.tokens_seen = self.tokens_seen, self.tokens_seen + record["tokens"]
+                if self._token_budget_spent() and self.step < total:
+                    stopped_by = "token_budget"
                 if jump := self.watch.observe(record["loss"]):
                     record["loss_jump"] = jump
                 if self.cfg.time_budget_s is not None:  # the same on every rank: all skip the all-reduce together
@@ -435,11 +451,17 @@ class Trainer:
                 if self.rank0:
                     self._log(record, data_hash, elapsed, final)
                 validation = self._validate_if_due(final)
-                if final or self.step % self.cfg.checkpoint_every == 0:
-                    marker = self._save(
-                        stopped_by, {"validation": validation, "init": self.objective.init_report} if final else None
-                    )
-                if stopped_by:
+                decay = self.cfg.schedule.decay_start
+                # the last step of a wsd schedule's stable phase: its checkpoint is kept, by name
+                pre_decay = (
+                    decay is not None
+                    and self.cfg.schedule.decay_tokens > 0
+                    and tokens_before < decay <= self.tokens_seen
+                )
+                if final or pre_decay or self.step % self.cfg.checkpoint_every == 0:
+                    extra = {"validation": validation, "init": self.objective.init_report} if final else {}
+                    marker = self._save(stopped_by, {**extra, **({"name": PRE_DECAY} if pre_decay else {})})
+                if stopped_by == "time_budget":
                     if self.rank0:  # once, not once per rank
                         stop = {
                             "event": "time_budget",
@@ -458,9 +480,16 @@ class Trainer:
                                 self.cfg.time_budget_s,
                             )
                     break
+                if stopped_by == "token_budget":
+                    break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
         return marker
+
+    def _token_budget_spent(self) -> bool:
+        """Whether a wsd schedule's total_tokens are seen (the run then ends, as at its last step)."""
+        budget = self.cfg.schedule.total_tokens if self.cfg.schedule.kind == "wsd" else None
+        return budget is not None and self.tokens_seen >= budget
 
     def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
         """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its
@@ -471,8 +500,7 @@ class Trainer:
             "step": self.step,
             "phase": self.cfg.phases[self.phase_index].name,
             **record,
-            # the rate of this step's update (the scheduler has already moved on)
-            "lr": self.cfg.learning_rate * lr_multiplier(self.step - 1, self.cfg.warmup, self.cfg.total_steps),
+            "lr": self.lr,  # the rate of this step's update
             "tokens_per_s": record["tokens"] / elapsed,
             "sequences_per_s": record["sequences"] / elapsed,
             "mfu": flops / (elapsed * self.peak * world) if self.peak else None,

@@ -57,7 +57,8 @@ def _write_folder(
     sha256, stamp}] of the files written."""
     from bertcore.train.export import export_checkpoint
 
-    twin = spec.nsp and model_cfg.model_type == "bert"  # transformers has no RoBERTa class with an NSP head
+    # BERT with NSP: BertForPreTraining and its masked-LM twin; other families (RoBERTa, the modern encoder) one folder
+    twin = spec.nsp and model_cfg.family.nsp_head
     folders = [(out_uri.rstrip("/"), spec.nsp)] + ([(out_uri.rstrip("/") + MLM_SUFFIX, False)] if twin else [])
     written = []
     for uri, with_nsp in folders:

@@ -257,7 +257,7 @@ def test_distillation_trains_in_the_one_loop_and_a_crash_resumes_to_the_same_ste
     root, info = news
     cfg = DistillConfig.model_validate(
         tiny_pretrain(checkpoint_every=5, eval_every=6, learning_rate=2e-3).model_dump(
-            exclude={"model_size", "model_overrides", "init_from"}
+            exclude={"model_size", "model_overrides", "init_from", "family"}
         )
     )
     assert cfg.SECTION == "distill"

@@ -20,7 +20,7 @@ import transformers
 
 from bertcore.eval.intrinsic import load_pretraining_model
 from bertcore.model.bert import BertForPreTraining, ModelConfig
-from bertcore.model.config import roberta_shape
+from bertcore.model.families.roberta import roberta_shape
 from bertcore.model.folder import check_model_folder, read_config
 from bertcore.model.pretrained import load_into, read_weights
 from bertcore.train.export import ROBERTA_HF_FILES, export_checkpoint

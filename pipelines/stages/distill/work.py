@@ -287,15 +287,7 @@ def _layout_notes(layout: SentenceLayout, teacher: Teacher) -> list[str]:
 def _model_stats(
     teacher: Teacher, student: ModelConfig, pairs: list[int], marker: dict, notes: list[str]
 ) -> dict[str, Any]:
-    import torch
-
-    from bertcore.model.bert import BertForPreTraining
-
-    with torch.device("meta"):  # parameter counts without allocating anything
-        sizes = {
-            name: BertForPreTraining(cfg).num_parameters()
-            for name, cfg in (("teacher", teacher.config), ("student", student))
-        }
+    sizes = {name: cfg.family.parameter_count(cfg) for name, cfg in (("teacher", teacher.config), ("student", student))}
     return {
         "teacher": {
             "uri": teacher.folder.uri,

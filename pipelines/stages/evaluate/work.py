@@ -255,16 +255,11 @@ def _model_entry(model: Model, cfg, parameters: int) -> dict:
 def _metrics(plan: Plan, results: dict[str, Any], configs: dict, log_summary, seed: int, fp: str) -> dict:
     """The metrics dictionary (eval/metrics.json): `models` names every model scored, and
     `subject` the one judged against random init (see bertcore/eval/report.py)."""
-    import torch
-
-    from bertcore.model.bert import BertForPreTraining
-
     eval_cfg, jobs, subject = plan.cfg, plan.jobs, plan.subject.name
-    with torch.device("meta"):  # counts parameters without allocating or initialising them
-        models = {
-            m.name: _model_entry(m, configs[m.name], BertForPreTraining(configs[m.name]).num_parameters())
-            for m in plan.models
-        }
+    models = {
+        m.name: _model_entry(m, configs[m.name], configs[m.name].family.parameter_count(configs[m.name]))
+        for m in plan.models
+    }
     metrics: dict[str, Any] = {
         "stage": "evaluate",
         "fingerprint": fp,

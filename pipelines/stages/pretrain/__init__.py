@@ -21,13 +21,20 @@ def check(cfg: PretrainConfig, reads: dict[str, Any]) -> None:
             "pretrain.init_from: a model continues pretraining on its own vocabulary; set vocab.source: pretrained "
             "(vocab.pretrained then defaults to pretrain.init_from)"
         )
-    if cfg.init_from is None:  # else the positions are config.json's, checked when the stage runs
-        roberta = reads[
-            "vocab"
-        ].byte_level  # a byte-level BPE vocabulary makes a RoBERTa (its positions start after <pad>)
-        positions = cfg.build_model_config(30522, 1 if roberta else 0, roberta=roberta).max_sequence_length
+    if cfg.init_from is None:  # else the family and the positions are config.json's, checked when the stage runs
+        layout = "roberta" if reads["vocab"].byte_level else "bert"
+        family = cfg.family_for(layout)  # pretrain.family against the vocabulary
+        if reads["examples"].has_nsp and "next_sentence_label" not in family.batch_keys:
+            raise ValueError(
+                f"examples.objective {reads['examples'].objective} makes sentence pairs for next-sentence prediction, "
+                f"which the {family.name} family does not train; use examples.objective: roberta (packed sentences, "
+                "masked LM only)"
+            )
+        model = cfg.build_model_config(30522, 1 if layout == "roberta" else 0, layout=layout)
         cfg.check_positions(
-            lengths, positions, "raise pretrain.model_overrides.max_position_embeddings or shorten the phase"
+            lengths,
+            model.max_sequence_length,
+            "raise pretrain.model_overrides.max_position_embeddings or shorten the phase",
         )
 
 

@@ -43,13 +43,17 @@ def _init_model_config(cfg: PretrainConfig, init: ExternalFolder, inputs: Inputs
         init.local(storage), "pretrain.init_from"
     ).config  # config against the weights' header, before any worker
     layout = inputs.vocab.special.layout
-    if base.model_type != layout:
+    if base.family.vocab_layout not in (None, layout):
         raise ConfigError(
             f"pretrain.init_from: the model at {init.uri} is a {base.model_type} model but the vocabulary is "
             f"{layout}'s "
             f"({'byte-level BPE' if layout == 'roberta' else 'WordPiece'}); adopt the model's own vocabulary "
             "with the matching vocab.model"
         )
+    try:
+        cfg.check_family(base.family)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (pretrain.init_from: {init.uri} is a {base.model_type} model)") from None
     if base.vocab_size != inputs.vocab.vocab_size:
         raise ConfigError(
             f"pretrain.init_from: the model at {init.uri} has {base.vocab_size} word embeddings but the "
@@ -122,7 +126,7 @@ def run(r: StageRun) -> Output:
         model_cfg = _init_model_config(cfg, init, inputs, r.storage)
     else:
         model_cfg = cfg.build_model_config(
-            inputs.vocab.vocab_size, inputs.vocab.special.pad, roberta=inputs.vocab.special.layout == "roberta"
+            inputs.vocab.vocab_size, inputs.vocab.special.pad, layout=inputs.vocab.special.layout
         )
         try:
             cfg.check_positions(
@@ -145,8 +149,12 @@ def run(r: StageRun) -> Output:
 def _start_line(cfg: PretrainConfig, model_cfg: ModelConfig, init: ExternalFolder | None, start: dict | None) -> str:
     """pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x
     32 With init_from, the model is the folder's (its config.json gives the shape) and the run continues it."""
-    shape = f"{model_cfg.num_hidden_layers} layers, hidden {model_cfg.hidden_size}"
-    model = f"the model in {init.uri} ({shape}, from its config.json)" if init else f"{cfg.model_size} model ({shape})"
+    shape = model_cfg.family.describe(model_cfg)
+    model = (
+        f"the {model_cfg.model_type} model in {init.uri} ({shape}, from its config.json)"
+        if init
+        else f"{cfg.model_size} {model_cfg.model_type} model ({shape})"
+    )
     origin = f"resuming from step {start['step']}" if start else ("continued" if init else "from scratch")
     hardware = (
         f"{cfg.num_workers} {'GPU' if cfg.use_gpu else 'CPU'} workers, ZeRO-{cfg.zero_stage} {cfg.precision} "

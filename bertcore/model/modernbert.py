@@ -1,0 +1,446 @@
+"""The modern encoder (bertcore/model/families/modernbert.py says what it is and why) with
+its masked-LM head, single-device PyTorch. Submodule names are transformers'
+ModernBertForMaskedLM's, so `state_dict()` has its keys and shapes (the tied
+`decoder.weight` included, as the BERT model lists its tied entries).
+
+Padding is removed once, before the embeddings (ModernBERT's unpadding): every layer runs
+on the N real tokens of the batch, (N, H), and a `Packing` says where each sequence starts
+(`cu_seqlens`, as flash-attn's variable-length kernels take it). A batch arrives either
+packed, input_ids (1, N) or (N,) with `cu_seqlens` and per-sequence `position_ids` (the
+loader's packed collator, bertcore/train/packing.py), or padded, input_ids (B, T) with an
+attention_mask (the length-binned loader, fine-tuning, serving); the padded form is
+unpadded here and its outputs padded again. Attention never crosses a sequence:
+
+- on a GPU with flash-attn installed and 16-bit activations, flash_attn_varlen_func on the
+  packed tokens (a local layer with window_size = local_attention / 2 each side);
+- otherwise SDPA on the sequences laid side by side, (S, heads, L, head dim) with L the
+  longest sequence: global layers mask the padded keys; local layers attend in chunks of
+  local_attention / 2 tokens to their own chunk and its two neighbours, so a token costs
+  1.5 x local_attention keys, not L (a dense banded mask for short sequences).
+
+Rotary positions: theta `global_rope_theta` on global layers, `local_rope_theta` on local
+ones (set_global_rope_theta changes the first between training phases, as the paper's
+context extension does); computed in fp32, halves rotated as transformers does.
+
+In training the MLM head (dense, GELU, norm, tied decoder) runs on the labelled positions
+only, as in bertcore/model/bert.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertcore.model.bert import (
+    _ACTIVATIONS,
+    IGNORE_INDEX,
+    LayerOutputs,
+    PretrainingLogits,
+    PretrainingOutput,
+    _masked_cross_entropy,
+)
+from bertcore.model.config import ModelConfig
+from bertcore.model.families.modernbert import layer_is_global
+
+
+def _flash_varlen():
+    """flash-attn's variable-length kernel, or None when flash-attn is not installed."""
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+@dataclass
+class Packing:
+    """Where the sequences of N packed tokens lie, and their side-by-side layout (S, L)
+    for the SDPA path. Built once per forward from cu_seqlens."""
+
+    cu_seqlens: torch.Tensor  # (S+1,) int32: sequence s is tokens cu[s]:cu[s+1]
+    max_seqlen: int  # L
+    position_ids: torch.Tensor  # (N,) long, 0 at each sequence's first token
+    slot: torch.Tensor  # (N,) long: the token's index in the (S*L) side-by-side layout
+    source: torch.Tensor  # (S*L,) long: the token each slot reads (0 for an empty slot)
+    valid: torch.Tensor  # (S, L) bool: the slot holds a token
+    full: bool  # every sequence is L long (no empty slot)
+
+    @classmethod
+    def of(cls, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, position_ids=None) -> Packing:
+        cu = cu_seqlens.to(torch.int64)
+        lengths = cu[1:] - cu[:-1]  # (S,)
+        s, n = len(lengths), int(cu[-1])
+        longest = int(lengths.max()) if max_seqlen is None else int(max_seqlen)
+        sequence = torch.repeat_interleave(torch.arange(s, device=cu.device), lengths)  # (N,)
+        within = torch.arange(n, device=cu.device) - cu[:-1][sequence]  # (N,) position in its sequence
+        slot = sequence * longest + within
+        source = torch.zeros(s * longest, dtype=torch.int64, device=cu.device)
+        source[slot] = torch.arange(n, device=cu.device)
+        valid = torch.zeros(s * longest, dtype=torch.bool, device=cu.device)
+        valid[slot] = True
+        return cls(
+            cu_seqlens=cu_seqlens.to(torch.int32),
+            max_seqlen=longest,
+            position_ids=within if position_ids is None else position_ids.reshape(-1).to(torch.int64),
+            slot=slot,
+            source=source,
+            valid=valid.view(s, longest),
+            full=bool((lengths == longest).all()),
+        )
+
+    @classmethod
+    def of_mask(cls, attention_mask: torch.Tensor) -> tuple[Packing, torch.Tensor]:
+        """The packing of a padded batch's real tokens (attention_mask (B, T), 1 = real)
+        and their indexes in the flattened (B*T) batch; positions are the columns, as
+        transformers numbers them."""
+        real = attention_mask.bool()
+        lengths = real.sum(1)
+        cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+        flat = torch.nonzero(real.reshape(-1), as_tuple=False).squeeze(1)  # (N,)
+        columns = flat % real.shape[1]
+        return cls.of(cu, int(lengths.max()), columns), flat
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin (N, 1, head_dim) of the positions (N,) at rotary base `theta`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions[:, None].float() * inv_freq  # (N, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (N, heads, hd) rotated in fp32, as transformers does, back in x's dtype."""
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+
+
+def _banded(length: int, half: int, device) -> torch.Tensor:
+    """(L, L) bool: |query - key| <= half."""
+    index = torch.arange(length, device=device)
+    return (index[:, None] - index[None, :]).abs() <= half
+
+
+def local_attention_chunked(q, k, v, valid: torch.Tensor, half: int, dropout_p: float) -> torch.Tensor:
+    """Attention of each query to the keys within `half` positions of it, in chunks of
+    `half` queries that see their own chunk and the two beside it (3 x half keys).
+    q, k, v: (S, nh, L, hd); valid: (S, L) bool, the slots that hold a token. Returns
+    (S, nh, L, hd). What a dense banded mask gives, at O(L x half) cost."""
+    s, nh, length, hd = q.shape
+    c = half
+    chunks = math.ceil(length / c)
+    padded = chunks * c
+
+    def pad_seq(x, before, after):  # (S, nh, L, hd) -> (S, nh, before + L + after, hd)
+        return F.pad(x, (0, 0, before, after))
+
+    q = pad_seq(q, 0, padded - length).view(s, nh, chunks, c, hd)
+    window = 3 * c
+    # keys and values with a chunk of zeros on each side, cut into overlapping windows
+    k = pad_seq(k, c, padded - length + c).unfold(2, window, c).transpose(-1, -2)  # (S, nh, chunks, 3c, hd)
+    v = pad_seq(v, c, padded - length + c).unfold(2, window, c).transpose(-1, -2)
+    keys_valid = F.pad(valid, (c, padded - length + c)).unfold(1, window, c)  # (S, chunks, 3c)
+    queries_valid = F.pad(valid, (0, padded - length)).view(s, chunks, c)
+    i = torch.arange(c, device=q.device)[:, None]
+    j = torch.arange(window, device=q.device)[None, :]
+    band = (j - c - i).abs() <= half  # (c, 3c): key j of the window is within `half` of query i
+    # an empty query slot attends to its whole window: finite, and its output is dropped
+    mask = band & (keys_valid[:, :, None, :] | ~queries_valid[:, :, :, None])  # (S, chunks, c, 3c)
+
+    def fold(x, rows):  # (S, nh, chunks, rows, hd) -> (S*chunks, nh, rows, hd)
+        return x.permute(0, 2, 1, 3, 4).reshape(s * chunks, nh, rows, hd)
+
+    out = F.scaled_dot_product_attention(
+        fold(q, c),
+        fold(k, window),
+        fold(v, window),
+        attn_mask=mask.reshape(s * chunks, 1, c, window),
+        dropout_p=dropout_p,
+    )  # (S*chunks, nh, c, hd)
+    out = out.view(s, chunks, nh, c, hd).permute(0, 2, 1, 3, 4).reshape(s, nh, padded, hd)
+    return out[:, :, :length]
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
+        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.tok_embeddings(ids)))  # (N, H)
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, is_global: bool):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.is_global = is_global
+        self.half = cfg.local_attention // 2
+        self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
+        self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+        self.out_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
+
+    def forward(self, x: torch.Tensor, packing: Packing, rope, probs: list | None = None) -> torch.Tensor:
+        n, h = x.shape
+        qkv = self.Wqkv(x).view(n, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.unbind(1)  # each (N, nh, hd)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        dropout_p = self.dropout_p if self.training else 0.0
+        local = not self.is_global and packing.max_seqlen > self.half + 1
+        flash = (
+            _flash_varlen() if (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and probs is None) else None
+        )
+        if flash is not None:
+            window = (self.half, self.half) if local else (-1, -1)
+            out = flash(
+                q,
+                k,
+                v,
+                packing.cu_seqlens,
+                packing.cu_seqlens,
+                packing.max_seqlen,
+                packing.max_seqlen,
+                dropout_p=dropout_p,
+                window_size=window,
+            )  # (N, nh, hd)
+            return self.out_drop(self.Wo(out.reshape(n, h)))
+        s, length = packing.valid.shape
+        side = torch.stack((q, k, v), 1).index_select(0, packing.source)  # (S*L, 3, nh, hd)
+        q, k, v = side.view(s, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if local and probs is None and length > 4 * self.half:
+            out = local_attention_chunked(q, k, v, packing.valid, self.half, dropout_p)
+        else:
+            mask = None if packing.full else packing.valid[:, None, None, :]  # (S, 1, 1, L) keys
+            if local:  # (S, 1, L, L): keys within the window; an empty query slot sees its window
+                band = _banded(length, self.half, x.device)
+                keys = packing.valid[:, None, None, :] | ~packing.valid[:, None, :, None]
+                mask = band & keys
+            if probs is None:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            else:  # the distribution kept, for attention distillation
+                scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (S, nh, L, L)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                attention = scores.softmax(-1)
+                probs.append(attention)
+                out = (F.dropout(attention, dropout_p) if dropout_p else attention) @ v
+        out = out.transpose(1, 2).reshape(s * length, h).index_select(0, packing.slot)  # (N, H)
+        return self.out_drop(self.Wo(out))
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: Wo(act(x Wi_a) * x Wi_b)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.drop(self.act(value) * gate))
+
+
+class ModernBertEncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.is_global = layer_is_global(index, cfg.global_attn_every_n_layers)
+        # the embeddings end with a norm, so the first layer's attention input is normed already
+        self.attn_norm = (
+            nn.Identity() if index == 0 else nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
+        )
+        self.attn = ModernBertAttention(cfg, self.is_global)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
+        self.mlp = ModernBertMLP(cfg)
+
+    def forward(self, x: torch.Tensor, packing: Packing, rope, probs: list | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), packing, rope, probs)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBertModel(nn.Module):
+    """Embeddings, layers and the final norm, on packed tokens (N, H)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = ModernBertEmbeddings(cfg)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
+        self.global_rope_theta = cfg.global_rope_theta
+
+    def _ropes(self, packing: Packing, dtype: torch.dtype) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        head_dim = self.cfg.hidden_size // self.cfg.num_attention_heads
+        return {
+            True: rotary(packing.position_ids, head_dim, self.global_rope_theta, dtype),
+            False: rotary(packing.position_ids, head_dim, self.cfg.local_rope_theta, dtype),
+        }
+
+    def forward(self, ids: torch.Tensor, packing: Packing, every_layer: bool = False, attentions: bool = False):
+        """ids (N,) -> the last hidden states (N, H); with `every_layer`, LayerOutputs of
+        (N, H) states (embeddings' output first; the last one normed)."""
+        longest = self.cfg.max_sequence_length
+        if packing.max_seqlen > longest:
+            raise ValueError(
+                f"sequence length {packing.max_seqlen} exceeds the {longest} tokens max_position_embeddings covers"
+            )
+        x = self.embeddings(ids)
+        ropes = self._ropes(packing, x.dtype)
+        states, probs = [x], [] if attentions else None
+        for layer in self.layers:
+            x = layer(x, packing, ropes[layer.is_global], probs)
+            if every_layer:
+                states.append(x)
+        x = self.final_norm(x)
+        if not every_layer:
+            return x
+        states[-1] = x
+        return LayerOutputs(states, probs)
+
+
+class ModernBertPredictionHead(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))
+
+
+class ModernBertForMaskedLM(nn.Module):
+    """The modern encoder with its masked-LM head; names as transformers' ModernBertForMaskedLM."""
+
+    def __init__(self, cfg: ModelConfig, generator: torch.Generator | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.model = ModernBertModel(cfg)
+        self.head = ModernBertPredictionHead(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=True)
+        self.decoder.weight = self.model.embeddings.tok_embeddings.weight
+        self.init_weights(generator)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """ModernBERT's initialisation: normals truncated at 2 standard deviations, std
+        initializer_range for the embeddings, Wqkv and Wi, std / sqrt(2 x layers) for the
+        matrices that write into the residual stream (both Wo) and the head's dense; norms 1,
+        the decoder bias 0, the [PAD] row 0. Drawn from `generator`."""
+        std = self.cfg.initializer_range
+        out = std / math.sqrt(2.0 * self.cfg.num_hidden_layers)
+
+        def normal(weight: torch.Tensor, sigma: float) -> None:
+            nn.init.trunc_normal_(weight, 0.0, sigma, -2 * sigma, 2 * sigma, generator=generator)
+
+        embeddings = self.model.embeddings.tok_embeddings
+        normal(embeddings.weight, std)
+        embeddings.weight[embeddings.padding_idx].zero_()
+        for layer in self.model.layers:
+            normal(layer.attn.Wqkv.weight, std)
+            normal(layer.attn.Wo.weight, out)
+            normal(layer.mlp.Wi.weight, std)
+            normal(layer.mlp.Wo.weight, out)
+        normal(self.head.dense.weight, out)
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+        nn.init.zeros_(self.decoder.bias)
+
+    def set_global_rope_theta(self, theta: float) -> None:
+        """The rotary base of the global layers from now on (a context-extension phase's)."""
+        self.model.global_rope_theta = float(theta)
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _unpad(self, input_ids, attention_mask, cu_seqlens, position_ids, max_seqlen):
+        """(ids (N,), packing, flat index of each token in a padded batch or None)."""
+        if cu_seqlens is not None:
+            seqlen = None if max_seqlen is None else int(max_seqlen)
+            pos = None if position_ids is None else position_ids.reshape(-1)
+            return input_ids.reshape(-1), Packing.of(cu_seqlens.reshape(-1), seqlen, pos), None
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        packing, flat = Packing.of_mask(attention_mask)
+        return input_ids.reshape(-1).index_select(0, flat), packing, flat
+
+    @staticmethod
+    def _pad(x: torch.Tensor, flat: torch.Tensor | None, shape) -> torch.Tensor:
+        """(N, ...) token rows back to the padded (B, T, ...) batch (zeros on padding)."""
+        if flat is None:
+            return x.unsqueeze(0) if len(shape) == 2 else x
+        out = x.new_zeros((shape[0] * shape[1], *x.shape[1:]))
+        return out.index_copy(0, flat, x).view(*shape, *x.shape[1:])
+
+    def encode(self, input_ids, token_type_ids=None, attention_mask=None, **packed) -> torch.Tensor:
+        """Last hidden states: (B, T, H) for a padded batch (zeros on padding), (1, N, H) or
+        (N, H) for a packed one. token_type_ids are accepted and unused (no segments)."""
+        ids, packing, flat = self._unpad(
+            input_ids, attention_mask, packed.get("cu_seqlens"), packed.get("position_ids"), packed.get("max_seqlen")
+        )
+        return self._pad(self.model(ids, packing), flat, input_ids.shape)
+
+    def every_layer(
+        self, input_ids, token_type_ids=None, attention_mask=None, attentions: bool = False
+    ) -> LayerOutputs:
+        """Every hidden state of a padded batch, (B, T, H) each, and with `attentions` every
+        layer's attention distribution (B, nh, T', T') over the longest sequence T'."""
+        ids, packing, flat = self._unpad(input_ids, attention_mask, None, None, None)
+        out = self.model(ids, packing, every_layer=True, attentions=attentions)
+        return LayerOutputs([self._pad(s, flat, input_ids.shape) for s in out.hidden_states], out.attentions)
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., V) masked-LM scores of hidden states (..., H)."""
+        return self.decoder(self.head(hidden))
+
+    def nsp_logits(self, sequence: torch.Tensor) -> None:
+        """No next-sentence head."""
+        return None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        max_seqlen: torch.Tensor | int | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> PretrainingOutput:
+        """MLM loss over `labels` (the shape of input_ids, -100 where nothing is predicted);
+        packed (cu_seqlens given) or padded (attention_mask). token_type_ids and
+        next_sentence_label are accepted and ignored: the family trains MLM only."""
+        if labels is None:
+            raise ValueError("labels are required: the modernbert family trains masked LM only")
+        ids, packing, flat = self._unpad(input_ids, attention_mask, cu_seqlens, position_ids, max_seqlen)
+        hidden = self.model(ids, packing)  # (N, H)
+        targets = labels.reshape(-1) if flat is None else labels.reshape(-1).index_select(0, flat)  # (N,)
+        selected = targets != IGNORE_INDEX
+        logits = self.mlm_logits(hidden[selected])  # (M, V)
+        loss, correct, count = _masked_cross_entropy(logits, targets[selected].long(), IGNORE_INDEX)
+        return PretrainingOutput(loss=loss, mlm_loss=loss, mlm_correct=correct, mlm_count=count)
+
+    def full_logits(self, input_ids, token_type_ids=None, attention_mask=None, **packed) -> PretrainingLogits:
+        """MLM scores at every position, as transformers' ModernBertForMaskedLM returns them
+        (no next-sentence scores: seq_relationship_logits is None)."""
+        return PretrainingLogits(self.mlm_logits(self.encode(input_ids, None, attention_mask, **packed)), None)
+
+    def num_parameters(self) -> int:
+        """Distinct trainable numbers (tied matrices counted once)."""
+        return sum(p.numel() for p in self.parameters())
