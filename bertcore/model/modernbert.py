@@ -370,10 +370,12 @@ class ModernBertForMaskedLM(nn.Module):
     # -- inputs ---------------------------------------------------------------------------------
     def _unpad(self, input_ids, attention_mask, cu_seqlens, position_ids, max_seqlen):
         """(ids (N,), packing, flat index of each token in a padded batch or None)."""
-        if cu_seqlens is not None:
+        if cu_seqlens is not None:  # packed; any padding after the last sequence is left out
+            cu = cu_seqlens.reshape(-1)
+            n = int(cu[-1])
             seqlen = None if max_seqlen is None else int(max_seqlen)
-            pos = None if position_ids is None else position_ids.reshape(-1)
-            return input_ids.reshape(-1), Packing.of(cu_seqlens.reshape(-1), seqlen, pos), None
+            pos = None if position_ids is None else position_ids.reshape(-1)[:n]
+            return input_ids.reshape(-1)[:n], Packing.of(cu, seqlen, pos), None
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         packing, flat = Packing.of_mask(attention_mask)
@@ -381,8 +383,12 @@ class ModernBertForMaskedLM(nn.Module):
 
     @staticmethod
     def _pad(x: torch.Tensor, flat: torch.Tensor | None, shape) -> torch.Tensor:
-        """(N, ...) token rows back to the padded (B, T, ...) batch (zeros on padding)."""
+        """(N, ...) token rows back to the input's layout: the padded (B, T, ...) batch, or
+        the packed (1, N', ...) / (N', ...) one (zeros on padding)."""
         if flat is None:
+            total = shape[-1]
+            if total > x.shape[0]:  # padding after the last packed sequence
+                x = torch.cat([x, x.new_zeros((total - x.shape[0], *x.shape[1:]))])
             return x.unsqueeze(0) if len(shape) == 2 else x
         out = x.new_zeros((shape[0] * shape[1], *x.shape[1:]))
         return out.index_copy(0, flat, x).view(*shape, *x.shape[1:])
@@ -430,7 +436,7 @@ class ModernBertForMaskedLM(nn.Module):
             raise ValueError("labels are required: the modernbert family trains masked LM only")
         ids, packing, flat = self._unpad(input_ids, attention_mask, cu_seqlens, position_ids, max_seqlen)
         hidden = self.model(ids, packing)  # (N, H)
-        targets = labels.reshape(-1) if flat is None else labels.reshape(-1).index_select(0, flat)  # (N,)
+        targets = labels.reshape(-1)[: ids.shape[0]] if flat is None else labels.reshape(-1).index_select(0, flat)
         selected = targets != IGNORE_INDEX
         logits = self.mlm_logits(hidden[selected])  # (M, V)
         loss, correct, count = _masked_cross_entropy(logits, targets[selected].long(), IGNORE_INDEX)
