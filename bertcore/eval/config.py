@@ -105,6 +105,9 @@ class IntrinsicConfig(Section):
     """Sequences per forward pass."""
     max_batches: int | None = Field(None, ge=1)
     """Most batches scored per phase (None: every validation sequence)."""
+    masked_lm_prob: float | None = Field(None, gt=0.0, lt=1.0)
+    """Share of each held-out sequence masked when the examples are dynamically masked (None: examples.masked_lm_prob).
+    0.15 scores a model trained at another rate (the modern family's 30%) as BERT's figures are scored."""
     fill_mask: int = Field(5, ge=0)
     """Held-out corpus sentences shown in the report with one word masked and the pretrained model's top predictions (0:
     none)."""

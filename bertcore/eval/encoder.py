@@ -32,6 +32,7 @@ from torch import nn
 
 from bertcore.eval.settings import Combine, Pooling
 from bertcore.eval.windows import pool_windows
+from bertcore.model.families import FAMILIES
 from bertcore.vocab.morphemes import split_as_recorded
 
 
@@ -73,9 +74,11 @@ def load_encoder(encoder_dir: str, *, random_init: bool = False, dropout: float 
     dropout, when given, replaces the folder's hidden and attention dropout."""
     from transformers import AutoConfig, AutoModel
 
-    overrides = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
     with quiet_transformers():
-        config = AutoConfig.from_pretrained(encoder_dir, **overrides)
+        config = AutoConfig.from_pretrained(encoder_dir)
+        if dropout is not None:  # the family's dropout keys (BERT's hidden/attention, ModernBERT's three)
+            known = FAMILIES.get(getattr(config, "model_type", "bert"), FAMILIES["bert"])
+            config = AutoConfig.from_pretrained(encoder_dir, **known.dropout_overrides(dropout))
         if random_init:
             return AutoModel.from_config(config)
         return AutoModel.from_pretrained(encoder_dir, config=config)
@@ -113,6 +116,9 @@ def hidden_states(
     if isinstance(out, torch.Tensor):
         return (out,), None
     states = getattr(out, "hidden_states", None) or (out.last_hidden_state,)
+    # the last state is the encoder's output: a model that ends with a norm (ModernBERT) records
+    # its last layer's output before it (for BERT the two are the same tensor)
+    states = (*states[:-1], out.last_hidden_state)
     return tuple(states), getattr(out, "pooler_output", None)
 
 
@@ -261,13 +267,15 @@ class TaskModel(nn.Module):
 
 
 def _layer_of(name: str, num_layers: int) -> int:
-    """Depth of an encoder parameter: 0 embeddings, k for layer k-1 (encoder.layer.{k-1}),
-    num_layers + 1 for what sits above the last layer (pooler, a final LayerNorm)."""
+    """Depth of an encoder parameter: 0 embeddings, k for layer k-1 (BERT's encoder.layer.{k-1},
+    ModernBERT's layers.{k-1}), num_layers + 1 for what sits above the last layer (pooler,
+    a final norm)."""
     if name.startswith("embeddings."):
         return 0
     parts = name.split(".")
-    if "layer" in parts:
-        position = parts.index("layer")
+    found = next((p for p in ("layer", "layers") if p in parts), None)
+    if found is not None:
+        position = parts.index(found)
         if position + 1 < len(parts) and parts[position + 1].isdigit():
             return int(parts[position + 1]) + 1
     return num_layers + 1

@@ -56,6 +56,13 @@ def device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def model_length(model_dir: str) -> int:
+    """The longest input the folder's encoder reads: its positions (less RoBERTa's offset)."""
+    from bertcore.model.folder import read_config
+
+    return read_config(model_dir, "evaluate.tasks[*].long_inputs").max_sequence_length
+
+
 # --- training ------------------------------------------------------------------------------
 
 
@@ -374,6 +381,8 @@ def run_task(
     if encoder_dir is None and not random_init:
         raise ValueError("encoder_dir is required unless random_init is true")
     encoder_dir = encoder_dir if encoder_dir is not None else tokenizer_dir
+    if task.long_inputs == "whole":  # read up to the model's own length (the modern family: 8,192 tokens)
+        task = task.model_copy(update={"max_seq_length": model_length(encoder_dir)})
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)

@@ -25,7 +25,7 @@ Combine = Literal["concat", "sum", "scalar_mix"]
 """How several chosen hidden states become one."""
 TagScheme = Literal["IOB1", "IOB2", "BIO", "IOBES"]
 """Tagging schemes of CoNLL files (bertcore.eval.metrics.entity_scores reads them)."""
-LongInputs = Literal["truncate", "windows"]
+LongInputs = Literal["truncate", "windows", "whole"]
 """What happens to a text longer than max_seq_length (bertcore/eval/windows.py)."""
 WindowPool = Literal["mean", "max", "first"]
 """How the pooled vectors of one input's windows become one."""
@@ -42,7 +42,9 @@ class InputLength(Section):
     """An input longer than max_seq_length is cut to it (truncate, BERT's way), or read as overlapping windows of
     max_seq_length tokens (windows: `[CLS] piece [SEP]` each, for a pair `[CLS] text_a [SEP] piece of text_b
     [SEP]`), whose pooled ([CLS] or mean) vectors `window_pool` combines (a task: before its head, in training and
-    in scoring; classification and regression only). The report counts the inputs longer than the window either way."""
+    in scoring; classification and regression only), or read whole up to the model's own length (whole: a task's
+    max_seq_length becomes the encoder's positions, 8,192 for the modern family; cut only beyond). The report counts
+    the inputs longer than the window either way."""
     window_stride: int | None = Field(None, ge=1)
     """long_inputs windows: tokens between the starts of consecutive windows (as QA's doc_stride); None: half of a
     window's text, so each token is read twice. A stride longer than a window's text is shortened to it, so no token

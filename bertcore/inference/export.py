@@ -77,20 +77,28 @@ def _example(tokenizer, sentences: Sequence[str], max_length: int, pairs: bool =
     return batch
 
 
-def mlm_head(model_dir: str):
-    """The folder's masked-LM head (transformers' BertOnlyMLMHead), or None without one."""
-    from safetensors import safe_open
+class MaskedLMHead:
+    """hidden states (..., H) -> masked-LM scores (..., V) through a family model's head."""
 
-    from bertcore.eval.encoder import quiet_transformers
-    from bertcore.train.export import WEIGHTS_FILE
+    def __init__(self, model):
+        self.model = model
 
-    with safe_open(os.path.join(model_dir, WEIGHTS_FILE), framework="pt") as handle:
-        if "cls.predictions.transform.dense.weight" not in handle.keys():  # noqa: SIM118 - safe_open has no `in`
-            return None
-    from transformers import BertForMaskedLM
+    def __call__(self, hidden):
+        import torch
 
-    with quiet_transformers():
-        return BertForMaskedLM.from_pretrained(model_dir).eval().cls
+        with torch.no_grad():
+            return self.model.mlm_logits(hidden)
+
+
+def mlm_head(model_dir: str) -> MaskedLMHead | None:
+    """The folder's masked-LM head (bertcore's model of its family, bertcore/model/families/,
+    used from the last hidden states on), or None when its weights hold none."""
+    from bertcore.eval.intrinsic import load_pretraining_model
+    from bertcore.model.folder import check_model_folder
+
+    if not check_model_folder(model_dir, "the model folder").has_mlm_head:
+        return None
+    return MaskedLMHead(load_pretraining_model(model_dir))
 
 
 def export_folder(

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from bertcore.errors import BertpipeError
+from bertcore.model.families import FAMILIES
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 INSTALL = "pip install 'bertpipe[onnx]' (onnx and onnxruntime)"
@@ -101,13 +102,17 @@ class InferenceModel(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         if self.task is None:
             out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            last, pooled, logits = out.last_hidden_state, out.pooler_output, None
+            last, pooled, logits = out.last_hidden_state, getattr(out, "pooler_output", None), None
         else:
             from bertcore.eval.encoder import hidden_states
 
             states, pooled = hidden_states(self.encoder, input_ids, attention_mask, token_type_ids)
             last = states[-1]  # (B, T, H)
             logits = self.task.head(self.task.head_input(states, pooled, attention_mask))  # eval: no dropout
+        if getattr(self.encoder.config, "type_vocab_size", None) is None:
+            # an encoder without token types (ModernBERT) ignores them; the graph keeps the input, so every
+            # export takes the same three inputs
+            last = last + 0 * token_type_ids[..., None].to(last.dtype)
         outputs = [last] + ([pooled] if self.pooler else []) + ([logits] if logits is not None else [])
         return tuple(outputs)
 
@@ -157,6 +162,9 @@ def export(model: InferenceModel, path: str, example: Mapping[str, torch.Tensor]
         if switch is not None and previous is not None:
             switch(previous)
     config = model.encoder.config
+    family = FAMILIES.get(getattr(config, "model_type", "bert"))
+    if family is not None and family.onnx_fusion is None:  # no fusions for this family's graph: left as traced
+        return {}
     return fuse(path, num_heads=config.num_attention_heads, hidden_size=config.hidden_size)
 
 

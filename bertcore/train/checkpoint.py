@@ -242,6 +242,10 @@ def latest_checkpoint(files: StageFiles) -> dict | None:
     return markers[-1] if markers else None
 
 
+PRE_DECAY = "pre-decay"
+"""The name of the checkpoint at the end of a wsd schedule's stable phase (kept, never pruned)."""
+
+
 def named_checkpoint(files: StageFiles, name: str) -> dict | None:
     """The marker of the complete checkpoint kept under `name` (e.g. pre-decay), or None."""
     return next((m for m in reversed(complete_checkpoints(files)) if m.get("name") == name), None)

@@ -112,10 +112,20 @@ def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
     out["tokens_per_s"] = sum(r.get("tokens", 0) for r in records) / seconds if seconds else None
     out["sequences_per_s"] = sum(r.get("sequences", 0) for r in records) / seconds if seconds else None
     out["skipped_batches"] = sum(r.get("skipped_batches", 0) for r in records)
+    out["padding_share"] = padding_share(records)
     out["loss_jumps"] = [
         {"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")
     ]
     return out
+
+
+def padding_share(records: Iterable[dict]) -> float | None:
+    """The share of the positions the model ran on that were padding, over `records`
+    (0 for packed batches; None for records without the counts)."""
+    rows = [r for r in records if r.get("padded_tokens")]
+    if not rows:
+        return None
+    return 1.0 - sum(r["tokens"] for r in rows) / sum(r["padded_tokens"] for r in rows)
 
 
 def intervals(records: Iterable[dict], every: int) -> list[dict]:

@@ -37,6 +37,7 @@ from bertcore.rng import keyed_seed
 from bertcore.train.checkpoint import (
     CHECKPOINTS,
     COMPLETE,
+    PRE_DECAY,
     StageFiles,
     check_pickles,
     checkpoint_tag,
@@ -75,10 +76,6 @@ TRACKED = (
 """Figures of an interval's summary (bertcore.train.metrics_log) that the trackers get as
 train/<field>, every log_every steps and at the last, after the loss and the objective's
 metrics."""
-
-
-PRE_DECAY = "pre-decay"
-"""The name of the checkpoint at the end of a wsd schedule's stable phase (kept, never pruned)."""
 
 
 class TrainingDiverged(BertpipeError):

@@ -43,6 +43,7 @@ def training_stats(
         "train_time_s": marker["train_time_s"],
         "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
         "mfu": sum(mfus) / len(mfus) if mfus else None,
+        "padding_share": metrics_log.padding_share(records),
         "log_every": cfg.log_every,
         "final": {k: final.get(k) for k in ("first_step", "step", *metrics_log.VALIDATION_FIGURES)} if final else None,
         "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
@@ -73,6 +74,8 @@ def headline(stats: dict) -> dict[str, Any]:
         )
     if stats["tokens_per_s"]:
         out["tokens/s"] = round(stats["tokens_per_s"])
+    if stats.get("padding_share") is not None:
+        out["padding"] = percent(stats["padding_share"])
     stopped = " (time budget)" if stats.get("stopped_by") == "time_budget" else ""
     out["steps"] = stats["steps"] if not stopped else f"{stats['steps']:,} of {stats['total_steps']:,}{stopped}"
     return out

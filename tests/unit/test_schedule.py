@@ -13,11 +13,17 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag, named_checkpoint
+from bertcore.train.checkpoint import (
+    CHECKPOINTS,
+    COMPLETE,
+    PRE_DECAY,
+    LocalStageFiles,
+    checkpoint_tag,
+    named_checkpoint,
+)
 from bertcore.train.config import ScheduleConfig
 from bertcore.train.metrics_log import MetricsLog
 from bertcore.train.optim import LearningRate, lr_multiplier, wsd_multiplier
-from bertcore.train.trainer import PRE_DECAY
 from test_train import Crash, crash_at, make_run_root, make_trainer, tiny_pretrain
 
 torch.set_num_threads(1)

@@ -239,7 +239,7 @@ class ModernBert(Family):
 
     def describe(self, cfg: ModelConfig) -> str:
         return (
-            f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, GeGLU {cfg.intermediate_size}, "
+            f"modernbert: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, GeGLU {cfg.intermediate_size}, "
             f"local window {cfg.local_attention} with a global layer every {cfg.global_attn_every_n_layers}"
         )
 

@@ -8,6 +8,7 @@ transformers and the task readers read local folders; messages name the original
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 
@@ -112,7 +113,13 @@ def intrinsic_job(
     model = load_pretraining_model(model_dir, random_init=model.random_init, seed=seed).to(device())
     mask_config = None
     if examples_cfg.masking == "dynamic":
-        mask_config = examples_cfg.mask_config(phase, VocabTables.from_tokens(tokens))
+        rate = cfg.masked_lm_prob or examples_cfg.masked_lm_prob
+        if cfg.masked_lm_prob is not None:  # another rate than training's: its own quota, not the phase's cap
+            cap = max(phase.max_predictions_per_seq, math.ceil(phase.max_seq_length * rate))
+            phase = phase.model_copy(update={"max_predictions_per_seq": cap})
+        mask_config = examples_cfg.model_copy(update={"masked_lm_prob": rate}).mask_config(
+            phase, VocabTables.from_tokens(tokens)
+        )
     paths = [local_copy(storage, uri, cache_key) for uri in shard_uris]
     loader = ExamplesLoader(
         paths,
@@ -122,7 +129,7 @@ def intrinsic_job(
         masking=examples_cfg.masking,
         mask_config=mask_config,
         pad_id=model.cfg.pad_token_id,
-        token_types=model.cfg.type_vocab_size > 1,  # RoBERTa has one token type
+        token_types=model.cfg.type_vocab_size > 1,  # RoBERTa has one token type, the modern encoder none
         shuffle=False,
         even_batches=False,
         vocab_size=len(tokens),

@@ -1,7 +1,9 @@
 """Pretrain stage's work (its declaration is pipelines/stages/pretrain/__init__.py): examples +
-vocab -> DeepSpeed checkpoints, `model/` (Hugging Face layout; with NSP its
-BertForMaskedLM twin `model-mlm/` beside it; with a byte-level BPE vocabulary a RoBERTa,
-exported as a RobertaForMaskedLM) and `metrics.jsonl` under `<run.root>/pretrain/`.
+vocab -> DeepSpeed checkpoints, `model/` (Hugging Face layout, of the family
+bertcore/model/families/ says: a BERT with NSP beside its BertForMaskedLM twin `model-mlm/`;
+a RoBERTa as a RobertaForMaskedLM; the modern encoder as a ModernBertForMaskedLM; with a wsd
+schedule also `model-pre-decay/`, the checkpoint at the end of the stable phase) and
+`metrics.jsonl` under `<run.root>/pretrain/`.
 
 Ray shape: the training stages' shared launch (pipelines/training/launch.py): a Ray Train
 TorchTrainer whose workers each run bertcore.train.trainer.Trainer with the pretraining
@@ -25,10 +27,14 @@ from pipelines.stage_dir import StageDir
 from pipelines.stage_files import stage_files
 from pipelines.storage import Storage
 from pipelines.training.export import export_model as export_training_model
+from pipelines.training.export import model_shards
 from pipelines.training.launch import Inputs, WorkerJob, prepare_checkpoints, read_inputs, train_and_export
 from pipelines.training.stats import headline
 
 log = logging.getLogger(__name__)
+
+PRE_DECAY_DIR = "model-pre-decay"
+"""Beside model/: the export of a wsd schedule's pre-decay checkpoint (the weights a domain anneal starts from)."""
 
 
 # -- continued pretraining --------------------------------------------------------------------
@@ -115,7 +121,7 @@ def run(r: StageRun) -> Output:
     list model/ and metrics.jsonl as the stage's shards. With pretrain.resume=auto a
     finished checkpoint is re-exported rather than retrained (resume=never retrains).
     Ray must be running (pipelines.ray_runtime.ensure_ray)."""
-    from bertcore.train.checkpoint import latest_checkpoint
+    from bertcore.train.checkpoint import PRE_DECAY, latest_checkpoint, named_checkpoint
 
     cfg, inputs = read_inputs(r.section, r.inputs["examples"], r.inputs["vocab"], r.storage)
     init: ExternalFolder | None = r.external
@@ -141,6 +147,11 @@ def run(r: StageRun) -> Output:
     job = WorkerJob.of_stage(r, cfg, spec, resume_key, inputs)
     log.info("%s", _start_line(cfg, model_cfg, init, latest_checkpoint(files)))
     marker, shards, stats = train_and_export(cfg, job, r.dir, r.inputs["vocab"])
+    pre_decay = named_checkpoint(files, PRE_DECAY)
+    if pre_decay is not None:  # the end of a wsd schedule's stable phase: where a domain anneal starts
+        out = r.dir.path(PRE_DECAY_DIR)
+        shards += model_shards(export_training_model(r.dir, spec, r.inputs["vocab"], step=pre_decay["step"], out=out))
+        stats["pre_decay"] = {"step": pre_decay["step"], "tokens_seen": pre_decay["tokens_seen"], "model": out}
     if init is not None:
         stats["init_from"] = {"uri": init.uri, **(marker.get("init") or {})}
     return Output(shards=shards, stats=stats, headline=headline(stats))
@@ -150,11 +161,7 @@ def _start_line(cfg: PretrainConfig, model_cfg: ModelConfig, init: ExternalFolde
     """pretrain: tiny model (2 layers, hidden 128) from scratch on 2 CPU workers, ZeRO-2 fp32 adamw; seq128 600 steps x
     32 With init_from, the model is the folder's (its config.json gives the shape) and the run continues it."""
     shape = model_cfg.family.describe(model_cfg)
-    model = (
-        f"the {model_cfg.model_type} model in {init.uri} ({shape}, from its config.json)"
-        if init
-        else f"{cfg.model_size} {model_cfg.model_type} model ({shape})"
-    )
+    model = f"the model in {init.uri} ({shape}, from its config.json)" if init else f"{cfg.model_size} model ({shape})"
     origin = f"resuming from step {start['step']}" if start else ("continued" if init else "from scratch")
     hardware = (
         f"{cfg.num_workers} {'GPU' if cfg.use_gpu else 'CPU'} workers, ZeRO-{cfg.zero_stage} {cfg.precision} "
