@@ -9,12 +9,14 @@
 #      info/exclude);
 #   2. there, from the repository root:     bash benchmarks/gpu_check.sh run [PART...]
 #      (device tool: carry [".whl"], timeout_s 600) installs them into /tmp/site and runs
-#      the parts (default: all three, about 9 minutes at most), each under its own limit,
+#      the parts (default: the first three, about 9 minutes at most; `run modern` alone), each under its own limit,
 #      writing logs and JSON to $OUT:
 #        bench     benchmarks/gpu_pretrain.py: BERT-base seq128 bf16, bertcore vs transformers  (<= 2 min)
 #        tests     pytest -m gpu tests/unit/test_gpu.py: bf16 ZeRO-2 + FusedAdam on NCCL, crash and
 #                  resume, export; FusedLamb at stage 0 (nvcc builds both fused ops)          (<= 4.5 min)
 #        compiled  the benchmark again with --compile --deepspeed                             (<= 2.5 min)
+#        modern    benchmarks/gpu_modern.py: the modern family (ModernBERT-base, 1,024 tokens, bf16),
+#                  bertcore packed vs transformers padded, with its MFU line                    (<= 2 min)
 #      A part cut short can be run again alone (e.g. `run compiled`); DeepSpeed's built
 #      ops stay in ~/.cache/torch_extensions while the machine is warm.
 set -uo pipefail
@@ -65,7 +67,8 @@ run() {
             bench) timeout 120 python3 benchmarks/gpu_pretrain.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log" ;;
             tests) timeout 270 python3 -m pytest -q -m gpu tests/unit/test_gpu.py -p no:cacheprovider 2>&1 | tee "$out/pytest.log" ;;
             compiled) timeout 150 python3 benchmarks/gpu_pretrain.py --compile --deepspeed --json "$out/bench-compiled.json" 2>&1 | tee "$out/bench-compiled.log" ;;
-            *) echo "unknown part $part (bench, tests, compiled)" >&2 ;;
+            modern) timeout 120 python3 benchmarks/gpu_modern.py --json "$out/modern.json" 2>&1 | tee "$out/modern.log" ;;
+            *) echo "unknown part $part (bench, tests, compiled, modern)" >&2 ;;
         esac
     done
 }
@@ -73,5 +76,5 @@ run() {
 case "${1:-}" in
     fetch) fetch ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 fetch | run [bench] [tests] [compiled]" >&2; exit 2 ;;
+    *) echo "usage: $0 fetch | run [bench] [tests] [compiled] [modern]" >&2; exit 2 ;;
 esac

@@ -68,6 +68,12 @@ class Packing:
     source: torch.Tensor  # (S*L,) long: the token each slot reads (0 for an empty slot)
     valid: torch.Tensor  # (S, L) bool: the slot holds a token
     full: bool  # every sequence is L long (no empty slot)
+    flash: bool = False  # attention by flash-attn's varlen kernel on the token layout (set by the model)
+
+    @property
+    def contiguous(self) -> bool:
+        """The side-by-side layout is the token layout itself (every sequence L long)."""
+        return self.full
 
     @classmethod
     def of(cls, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, position_ids=None) -> Packing:
@@ -105,23 +111,19 @@ class Packing:
         return cls.of(cu, int(lengths.max()), columns), flat
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin (N, 1, head_dim) of the positions (N,) at rotary base `theta`."""
+def rotary(positions: torch.Tensor, head_dim: int, theta: float):
+    """cos, sin (N, 1, 1, head_dim / 2) of the positions (N,) at rotary base `theta`, in fp32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-    freqs = positions[:, None].float() * inv_freq  # (N, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    freqs = (positions[:, None].float() * inv_freq)[:, None, None, :]  # (N, 1, 1, hd/2)
+    return freqs.cos(), freqs.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (N, heads, hd) rotated in fp32, as transformers does, back in x's dtype."""
-    xf = x.float()
-    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+    """x (N, ..., hd) rotated as transformers does (each half-dim pair (x1, x2) of the two
+    halves turned by the position's angle: x1 cos - x2 sin, x2 cos + x1 sin), in fp32, back
+    in x's dtype."""
+    first, second = x.float().chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
 
 
 def _banded(length: int, half: int, device) -> torch.Tensor:
@@ -194,22 +196,20 @@ class ModernBertAttention(nn.Module):
         self.out_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
 
     def forward(self, x: torch.Tensor, packing: Packing, rope, probs: list | None = None) -> torch.Tensor:
+        """x (N, H) -> (N, H). `rope`: (cos, sin) of the token layout when `packing.flash`,
+        else of the side-by-side layout (S*L slots)."""
         n, h = x.shape
         qkv = self.Wqkv(x).view(n, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.unbind(1)  # each (N, nh, hd)
-        cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         local = not self.is_global and packing.max_seqlen > self.half + 1
-        flash = (
-            _flash_varlen() if (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and probs is None) else None
-        )
-        if flash is not None:
+        cos, sin = rope
+        if packing.flash:
+            qk = apply_rotary(qkv[:, :2], cos, sin)  # (N, 2, nh, hd)
             window = (self.half, self.half) if local else (-1, -1)
-            out = flash(
-                q,
-                k,
-                v,
+            out = _flash_varlen()(
+                qk[:, 0],
+                qk[:, 1],
+                qkv[:, 2],
                 packing.cu_seqlens,
                 packing.cu_seqlens,
                 packing.max_seqlen,
@@ -219,8 +219,11 @@ class ModernBertAttention(nn.Module):
             )  # (N, nh, hd)
             return self.out_drop(self.Wo(out.reshape(n, h)))
         s, length = packing.valid.shape
-        side = torch.stack((q, k, v), 1).index_select(0, packing.source)  # (S*L, 3, nh, hd)
-        q, k, v = side.view(s, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        # the sequences side by side, (S*L, 3, nh, hd); rotated there (rope is of that layout)
+        side = qkv if packing.contiguous else qkv.index_select(0, packing.source)
+        qk = apply_rotary(side[:, :2], cos, sin).view(s, length, 2, self.num_heads, self.head_dim)
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # each (S, nh, L, hd)
+        v = side[:, 2].view(s, length, self.num_heads, self.head_dim).transpose(1, 2)
         if local and probs is None and length > 4 * self.half:
             out = local_attention_chunked(q, k, v, packing.valid, self.half, dropout_p)
         else:
@@ -238,7 +241,9 @@ class ModernBertAttention(nn.Module):
                 attention = scores.softmax(-1)
                 probs.append(attention)
                 out = (F.dropout(attention, dropout_p) if dropout_p else attention) @ v
-        out = out.transpose(1, 2).reshape(s * length, h).index_select(0, packing.slot)  # (N, H)
+        out = out.transpose(1, 2).reshape(s * length, h)
+        if not packing.contiguous:
+            out = out.index_select(0, packing.slot)  # (N, H)
         return self.out_drop(self.Wo(out))
 
 
@@ -285,11 +290,15 @@ class ModernBertModel(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
         self.global_rope_theta = cfg.global_rope_theta
 
-    def _ropes(self, packing: Packing, dtype: torch.dtype) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+    def _ropes(self, packing: Packing) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) per layer kind (global: True), of the layout the attention runs in."""
         head_dim = self.cfg.hidden_size // self.cfg.num_attention_heads
+        positions = packing.position_ids
+        if not packing.flash:  # the side-by-side slots: an empty one takes position 0
+            positions = positions if packing.contiguous else positions.index_select(0, packing.source)
         return {
-            True: rotary(packing.position_ids, head_dim, self.global_rope_theta, dtype),
-            False: rotary(packing.position_ids, head_dim, self.cfg.local_rope_theta, dtype),
+            True: rotary(positions, head_dim, self.global_rope_theta),
+            False: rotary(positions, head_dim, self.cfg.local_rope_theta),
         }
 
     def forward(self, ids: torch.Tensor, packing: Packing, every_layer: bool = False, attentions: bool = False):
@@ -301,7 +310,9 @@ class ModernBertModel(nn.Module):
                 f"sequence length {packing.max_seqlen} exceeds the {longest} tokens max_position_embeddings covers"
             )
         x = self.embeddings(ids)
-        ropes = self._ropes(packing, x.dtype)
+        packing.flash = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and not attentions
+        packing.flash = packing.flash and _flash_varlen() is not None
+        ropes = self._ropes(packing)
         states, probs = [x], [] if attentions else None
         for layer in self.layers:
             x = layer(x, packing, ropes[layer.is_global], probs)

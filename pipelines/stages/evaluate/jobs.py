@@ -145,23 +145,37 @@ def intrinsic_job(
     return scores
 
 
-def _architectures(model_dir: str) -> list[str]:
-    """config.json's architectures (BertForPreTraining when it names none, as the pretrain stage's first exports)."""
+def _architectures(model_dir: str) -> tuple[list[str], str]:
+    """config.json's architectures (BertForPreTraining when it names none, as the pretrain
+    stage's first exports) and model_type."""
     import json
 
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as handle:
-        return json.load(handle).get("architectures") or ["BertForPreTraining"]
+        data = json.load(handle)
+    return data.get("architectures") or ["BertForPreTraining"], data.get("model_type", "bert")
+
+
+def _holds(model_dir: str, *heads: str) -> bool:
+    """Whether the folder's architecture is its family's (bertcore/model/families/) for one of `heads`."""
+    from bertcore.model.families import FAMILIES
+
+    architectures, model_type = _architectures(model_dir)
+    family = FAMILIES.get(model_type)
+    if family is None or (heads == ("pretraining",) and not family.nsp_head):
+        return False
+    return any(family.architecture(head) in architectures for head in heads)
 
 
 def _has_nsp_head(model_dir: str) -> bool:
     """Whether the folder's model was exported with its next-sentence head (BertForPreTraining)."""
-    return "BertForPreTraining" in _architectures(model_dir)
+    return _holds(model_dir, "pretraining")
 
 
 def has_mlm_head(model_dir: str) -> bool:
     """Whether the folder's model was exported with its masked-LM head (BertForPreTraining,
-    BertForMaskedLM), not as an encoder alone (BertModel: an embedding model)."""
-    return any(a in ("BertForPreTraining", "BertForMaskedLM") for a in _architectures(model_dir))
+    BertForMaskedLM, RobertaForMaskedLM, ModernBertForMaskedLM), not as an encoder alone
+    (BertModel, ModernBertModel: an embedding model)."""
+    return _holds(model_dir, "pretraining", "mlm")
 
 
 @ray.remote(max_retries=1)
