@@ -7,10 +7,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def save_tiny_bert(folder, lines: Sequence[str], *, vocab_size: int, layers: int = 2, max_positions: int = 128) -> str:
+def save_tiny_bert(
+    folder, lines: Sequence[str], *, vocab_size: int, layers: int = 2, max_positions: int = 128, modern: bool = False
+) -> str:
+    """`modern`: a ModernBertForMaskedLM of the modernbert family's shape instead (window 16)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertConfig, BertForPreTraining, PreTrainedTokenizerFast
+    from transformers import (
+        BertConfig,
+        BertForPreTraining,
+        ModernBertConfig,
+        ModernBertForMaskedLM,
+        PreTrainedTokenizerFast,
+    )
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -31,6 +40,22 @@ def save_tiny_bert(folder, lines: Sequence[str], *, vocab_size: int, layers: int
         cls_token="[CLS]",
         mask_token="[MASK]",
     ).save_pretrained(folder)
+    if modern:
+        from bertcore.model.config import ModelConfig
+
+        shape = ModelConfig.named(
+            "tiny",
+            tokenizer.get_vocab_size(),
+            model_type="modernbert",
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=layers + 1,
+            local_attention=16,
+            max_position_embeddings=max_positions,
+        )
+        torch.manual_seed(0)
+        ModernBertForMaskedLM(ModernBertConfig(**shape.to_hf_config_dict("mlm"))).save_pretrained(folder)
+        return str(folder)
     config = BertConfig(
         vocab_size=tokenizer.get_vocab_size(),
         hidden_size=32,
