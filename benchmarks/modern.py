@@ -15,8 +15,8 @@ in the same run:
                 tokens a sequence, local/global attention (a global layer every third,
                 window 128) against global attention everywhere
 
-Models alternate step by step (who goes first rotates), warmup steps are not timed, and all
-use the same torch threads. Synthetic ids (timing does not depend on them), masked at 30%.
+Models alternate step by step (who goes first rotates), warmup steps are not timed, all use
+the same torch threads, and a figure is the median of the per-step rates. Synthetic ids (timing does not depend on them), masked at 30%.
 
     flock /tmp/bertpipe-bench.lock .venv/bin/python benchmarks/modern.py throughput --size mini --threads 2
 """
@@ -106,9 +106,10 @@ def step(model, optimizer, batch) -> None:
 
 def timed(runners: dict[str, tuple], batches: list[dict[str, dict]], warmup: int, train: bool) -> dict[str, float]:
     """{name: non-padding tokens per second} of each runner (model, optimizer or None) over
-    `batches` ({name: batch} per step), the order rotating each step, the first `warmup` untimed."""
-    seconds = dict.fromkeys(runners, 0.0)
-    tokens = dict.fromkeys(runners, 0)
+    `batches` ({name: batch} per step), the order rotating each step, the first `warmup`
+    untimed: the median over the steps of each step's rate (a shared machine's load spikes
+    hit single steps; the median leaves them out for every runner alike)."""
+    rates: dict[str, list[float]] = {name: [] for name in runners}
     names = list(runners)
     for k, per_model in enumerate(batches):
         order = names[k % len(names) :] + names[: k % len(names)]
@@ -122,9 +123,8 @@ def timed(runners: dict[str, tuple], batches: list[dict[str, dict]], warmup: int
                 with torch.no_grad():
                     model(**batch)
             if k >= warmup:
-                seconds[name] += time.perf_counter() - started
-                tokens[name] += tokens_of(batch)
-    return {name: tokens[name] / seconds[name] for name in names}
+                rates[name].append(tokens_of(batch) / (time.perf_counter() - started))
+    return {name: float(np.median(values)) for name, values in rates.items()}
 
 
 def models(size: str, **overrides):

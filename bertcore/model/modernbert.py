@@ -111,6 +111,11 @@ class Packing:
         return cls.of(cu, int(lengths.max()), columns), flat
 
 
+def _dropout(p: float) -> nn.Module:
+    """Dropout, or nothing at p = 0 (the family's default; a zero dropout still costs a pass in training)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def rotary(positions: torch.Tensor, head_dim: int, theta: float):
     """cos, sin (N, 1, 1, head_dim / 2) of the positions (N,) at rotary base `theta`, in fp32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
@@ -177,7 +182,7 @@ class ModernBertEmbeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
-        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.drop = _dropout(cfg.hidden_dropout_prob)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.drop(self.norm(self.tok_embeddings(ids)))  # (N, H)
@@ -193,7 +198,7 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.out_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
+        self.out_drop = _dropout(cfg.attention_probs_dropout_prob)
 
     def forward(self, x: torch.Tensor, packing: Packing, rope, probs: list | None = None) -> torch.Tensor:
         """x (N, H) -> (N, H). `rope`: (cos, sin) of the token layout when `packing.flash`,
@@ -254,7 +259,7 @@ class ModernBertMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.act = _ACTIVATIONS[cfg.hidden_act]
-        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.drop = _dropout(cfg.hidden_dropout_prob)
         self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -416,10 +421,14 @@ class ModernBertForMaskedLM(nn.Module):
         self, input_ids, token_type_ids=None, attention_mask=None, attentions: bool = False
     ) -> LayerOutputs:
         """Every hidden state of a padded batch, (B, T, H) each, and with `attentions` every
-        layer's attention distribution (B, nh, T', T') over the longest sequence T'."""
+        layer's attention distribution (B, nh, T, T) (zeros on padding)."""
         ids, packing, flat = self._unpad(input_ids, attention_mask, None, None, None)
         out = self.model(ids, packing, every_layer=True, attentions=attentions)
-        return LayerOutputs([self._pad(s, flat, input_ids.shape) for s in out.hidden_states], out.attentions)
+        probs = out.attentions
+        if probs is not None:  # (B, nh, T', T') -> (B, nh, T, T): zeros beyond the longest sequence
+            extra = input_ids.shape[1] - packing.max_seqlen
+            probs = [F.pad(p, (0, extra, 0, extra)) for p in probs]
+        return LayerOutputs([self._pad(s, flat, input_ids.shape) for s in out.hidden_states], probs)
 
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., V) masked-LM scores of hidden states (..., H)."""

@@ -274,3 +274,26 @@ def test_the_objective_scores_a_packed_batch_as_the_same_records_padded():
         b = objective.forward(model, {"input_ids": ids, "attention_mask": mask, "labels": labels}, torch.device("cpu"))
     assert a.sums["mlm_n"] == b.sums["mlm_n"] > 0 and a.sums["mlm_ok"] == b.sums["mlm_ok"]
     assert abs(float(a.loss) - float(b.loss)) < 1e-5 and a.flops < b.flops  # packed: no padded slot's work
+
+
+def test_a_recipe_chooses_the_family_and_what_it_cannot_do_is_refused_naming_the_key():
+    from bertcore.errors import ConfigError
+    from pipelines.registry import parse_config
+
+    phases = [{"name": "seq128", "steps": 10, "batch_size": 8}]
+    recipe = {
+        "corpus": {"inputs": ["a.txt"]},
+        "examples": {"objective": "roberta", "max_seq_length": 128},
+        "pretrain": {"family": "modernbert", "model_size": "tiny", "phases": phases},
+    }
+    cfg = parse_config(recipe)
+    assert cfg.pretrain.build_model_config(1000).model_type == "modernbert"
+    with pytest.raises(ConfigError, match=r"examples\.objective bert makes sentence pairs .* the modernbert family"):
+        parse_config({**recipe, "examples": {"objective": "bert", "max_seq_length": 128}})
+    bert = {**recipe["pretrain"], "family": "bert"}
+    with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.token_budget: the bert family reads padded"):
+        parse_config({**recipe, "pretrain": {**bert, "phases": [{**phases[0], "token_budget": 4096}]}})
+    with pytest.raises(ConfigError, match=r"pretrain\.phases\[0\]\.global_rope_theta: the bert family has no rotary"):
+        parse_config({**recipe, "pretrain": {**bert, "phases": [{**phases[0], "global_rope_theta": 1e4}]}})
+    with pytest.raises(ConfigError, match=r"pretrain\.family: the roberta family needs a byte-level BPE vocabulary"):
+        parse_config({**recipe, "pretrain": {**recipe["pretrain"], "family": "roberta"}})
