@@ -16,7 +16,8 @@ in the same run:
                 window 128) against global attention everywhere
 
 Models alternate step by step (who goes first rotates), warmup steps are not timed, all use
-the same torch threads, and a figure is the median of the per-step rates. Synthetic ids (timing does not depend on them), masked at 30%.
+the same torch threads, and a figure is the median of the per-step rates. Synthetic ids
+(timing does not depend on them), masked at 30%.
 
     flock /tmp/bertpipe-bench.lock .venv/bin/python benchmarks/modern.py throughput --size mini --threads 2
 """

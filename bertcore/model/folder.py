@@ -101,7 +101,7 @@ def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
     except (ValueError, TypeError) as exc:
         raise InputDataError(f"{path}: {exc}") from None
     try:
-        return ModelConfig.model_validate(fields)
+        return ModelConfig.model_validate({k: v for k, v in fields.items() if k in ModelConfig.model_fields})
     except ValidationError as exc:
         problems = "; ".join(
             (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "") + str(e["msg"]).removeprefix("Value error, ")

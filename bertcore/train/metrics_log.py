@@ -95,6 +95,21 @@ def interval_index(step: int, every: int) -> int:
     return (step - 1) // every
 
 
+TRACKED = (
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "sequences_per_s",
+    "mfu",
+    "padding_share",
+    "tokens_seen",
+    "skipped_batches",
+)
+"""Figures of an interval's summary (`summarize`) that the trainer gives the trackers as
+train/<field>, every log_every steps and at the last, after the loss and the objective's
+metrics."""
+
+
 def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
     """The figures of one interval from its steps' records (in step order): means of `means`,
     tokens/s and sequences/s over the interval's seconds, AT_END at its last step, the

@@ -64,6 +64,17 @@ class LearningRate:
     def rate(self, step: int, tokens: float) -> float:
         return self.cfg.learning_rate * self.factor(step, tokens)
 
+    def budget_spent(self, tokens: float) -> bool:
+        """Whether a wsd schedule's total_tokens are seen (the run then ends, as at its last step)."""
+        schedule = self.cfg.schedule
+        return schedule.kind == "wsd" and tokens >= schedule.total_tokens
+
+    def ends_stable(self, before: float, after: float) -> bool:
+        """Whether the step from `before` to `after` tokens is a wsd schedule's last stable
+        one: the step whose checkpoint is the pre-decay one."""
+        start = self.cfg.schedule.decay_start
+        return start is not None and self.cfg.schedule.decay_tokens > 0 and before < start <= after
+
     def apply(self, optimizer: torch.optim.Optimizer, step: int, tokens: float) -> float:
         """Set every group's rate for the coming update; returns it."""
         lr = self.rate(step, tokens)

@@ -52,7 +52,7 @@ from bertcore.train.checkpoint import (
 from bertcore.train.config import TrainingConfig
 from bertcore.train.loader import ExamplesLoader
 from bertcore.train.loss_watch import LossWatch
-from bertcore.train.metrics_log import METRICS, TENSORBOARD, VALIDATION, Interval, MetricsLog
+from bertcore.train.metrics_log import METRICS, TENSORBOARD, TRACKED, VALIDATION, Interval, MetricsLog
 from bertcore.train.mfu import peak_flops
 from bertcore.train.objectives import Objective, StepSums, init_generator
 from bertcore.train.optim import LearningRate, client_optimizer, deepspeed_config, gradient_norm, parameter_groups
@@ -63,19 +63,6 @@ log = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_SKIPS = 20
 """With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
-TRACKED = (
-    "lr",
-    "grad_norm",
-    "tokens_per_s",
-    "sequences_per_s",
-    "mfu",
-    "padding_share",
-    "tokens_seen",
-    "skipped_batches",
-)
-"""Figures of an interval's summary (bertcore.train.metrics_log) that the trackers get as
-train/<field>, every log_every steps and at the last, after the loss and the objective's
-metrics."""
 
 
 class TrainingDiverged(BertpipeError):
@@ -432,7 +419,7 @@ class Trainer:
                 elapsed = time.perf_counter() - t0
                 self.train_time_s += elapsed
                 tokens_before, self.tokens_seen = self.tokens_seen, self.tokens_seen + record["tokens"]
-                if self._token_budget_spent() and self.step < total:
+                if self.schedule.budget_spent(self.tokens_seen) and self.step < total:
                     stopped_by = "token_budget"
                 if jump := self.watch.observe(record["loss"]):
                     record["loss_jump"] = jump
@@ -448,18 +435,12 @@ class Trainer:
                 if self.rank0:
                     self._log(record, data_hash, elapsed, final)
                 validation = self._validate_if_due(final)
-                decay = self.cfg.schedule.decay_start
-                # the last step of a wsd schedule's stable phase: its checkpoint is kept, by name
-                pre_decay = (
-                    decay is not None
-                    and self.cfg.schedule.decay_tokens > 0
-                    and tokens_before < decay <= self.tokens_seen
-                )
+                pre_decay = self.schedule.ends_stable(tokens_before, self.tokens_seen)  # its checkpoint is kept
                 if final or pre_decay or self.step % self.cfg.checkpoint_every == 0:
                     extra = {"validation": validation, "init": self.objective.init_report} if final else {}
                     marker = self._save(stopped_by, {**extra, **({"name": PRE_DECAY} if pre_decay else {})})
-                if stopped_by == "time_budget":
-                    if self.rank0:  # once, not once per rank
+                if stopped_by:
+                    if self.rank0 and stopped_by == "time_budget":  # once, not once per rank
                         stop = {
                             "event": "time_budget",
                             "step": self.step,
@@ -477,16 +458,9 @@ class Trainer:
                                 self.cfg.time_budget_s,
                             )
                     break
-                if stopped_by == "token_budget":
-                    break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
         return marker
-
-    def _token_budget_spent(self) -> bool:
-        """Whether a wsd schedule's total_tokens are seen (the run then ends, as at its last step)."""
-        budget = self.cfg.schedule.total_tokens if self.cfg.schedule.kind == "wsd" else None
-        return budget is not None and self.tokens_seen >= budget
 
     def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
         """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its

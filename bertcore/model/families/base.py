@@ -20,6 +20,7 @@ Light: no torch at import, so recipes load quickly; `build` imports the model mo
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from bertcore.model.config import ModelConfig
+ModelConfig = Any
+"""bertcore.model.config.ModelConfig: not imported here, since it imports this package (its
+family decides its sizes); the families read its fields."""
 
 Head = Literal["pretraining", "mlm", "encoder"]
 """What an exported folder holds: the pretraining heads (MLM + NSP where the family has
@@ -105,9 +108,14 @@ class Family:
         return 0
 
     # -- the model (torch) -----------------------------------------------------------------------
+    model: ClassVar[str]
+    """The pretraining model's class, "module:Class" (imported when built: the model
+    modules import torch and the config, which imports this package)."""
+
     def build(self, cfg: ModelConfig, generator: torch.Generator | None = None) -> nn.Module:
         """The pretraining model, initialised from `generator`."""
-        raise NotImplementedError
+        module, name = self.model.split(":")
+        return getattr(importlib.import_module(module), name)(cfg, generator=generator)
 
     # -- Hugging Face folders ----------------------------------------------------------------------
     def architecture(self, head: Head) -> str:
@@ -141,8 +149,9 @@ class Family:
         raise NotImplementedError
 
     def config_fields(self, data: dict[str, Any], where: str) -> dict[str, Any]:
-        """ModelConfig fields from a folder's config.json (`data`); InputDataError-worthy
-        problems raise ValueError with the reason (the caller names the file)."""
+        """ModelConfig fields from a folder's config.json (`data`; the caller keeps those
+        ModelConfig has and validates them); a config this family cannot reproduce raises
+        ValueError with the reason (the caller names the file)."""
         raise NotImplementedError
 
     def expected_shapes(self, cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -9,12 +9,9 @@ BertForMaskedLM alone, or BertModel for an embedding model (the encoder's names 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from bertcore.model.families.base import Family, Head, Shape
-
-if TYPE_CHECKING:
-    from bertcore.model.config import ModelConfig
+from bertcore.model.families.base import Family, Head, ModelConfig, Shape
 
 TIED = {
     "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
@@ -60,6 +57,7 @@ def bert_parameter_count(vocab: int, hidden: int, layers: int, intermediate: int
 
 class Bert(Family):
     name = "bert"
+    model = "bertcore.model.bert:BertForPreTraining"
     sizes: ClassVar[dict[str, Shape]] = SIZES
     vocab_layout = "bert"
     nsp_head = True
@@ -91,11 +89,6 @@ class Bert(Family):
         attention = 12 * layers * h * seq_len
         mlm_head = 6 * (h * h + cfg.vocab_size * h) * masked_fraction
         return float(6 * matmul_weights + attention + mlm_head)
-
-    def build(self, cfg: ModelConfig, generator=None):
-        from bertcore.model.bert import BertForPreTraining
-
-        return BertForPreTraining(cfg, generator=generator)
 
     def architecture(self, head: Head) -> str:
         return {"pretraining": "BertForPreTraining", "mlm": "BertForMaskedLM", "encoder": "BertModel"}[head]
@@ -150,11 +143,7 @@ class Bert(Family):
         missing = [k for k in SHAPE_FIELDS if k not in data]
         if missing:
             raise ValueError(f"{', '.join(missing)} missing; not a BERT config.json")
-        from bertcore.model.config import ModelConfig
-
-        kept = {
-            k: v for k, v in data.items() if k in ModelConfig.model_fields and k not in ("pre_layer_norm", *MODERN_ONLY)
-        }
+        kept = {k: v for k, v in data.items() if k not in ("pre_layer_norm", "model_type", *MODERN_ONLY)}
         return kept | {"model_type": self.name}
 
     def expected_shapes(self, cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -16,12 +16,9 @@ its 28 x 1,024 (2,624); tiny, mini and small are bertcore's, with the paper's pr
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from bertcore.model.families.base import Family, Head, Shape
-
-if TYPE_CHECKING:
-    from bertcore.model.config import ModelConfig
+from bertcore.model.families.base import Family, Head, ModelConfig, Shape
 
 SIZES = {
     "tiny": Shape(3, 128, 2, 192),
@@ -42,6 +39,7 @@ def layer_is_global(index: int, every: int) -> bool:
 
 class ModernBert(Family):
     name = "modernbert"
+    model = "bertcore.model.modernbert:ModernBertForMaskedLM"
     sizes: ClassVar[dict[str, Shape]] = SIZES
     vocab_layout = None  # any vocabulary: the model reads ids, not segments
     nsp_head = False
@@ -89,11 +87,6 @@ class ModernBert(Family):
         )
         mlm_head = 6 * (h * h + cfg.vocab_size * h) * masked_fraction
         return float(6 * layers * (4 * h * h + 3 * h * i) + 12 * h * keys + mlm_head)
-
-    def build(self, cfg: ModelConfig, generator=None):
-        from bertcore.model.modernbert import ModernBertForMaskedLM
-
-        return ModernBertForMaskedLM(cfg, generator=generator)
 
     def architecture(self, head: Head) -> str:
         return "ModernBertModel" if head == "encoder" else "ModernBertForMaskedLM"

@@ -9,14 +9,11 @@ transformers' RobertaForMaskedLM (`roberta.*`, `lm_head.*`), never with an NSP h
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bertcore.errors import InputDataError
-from bertcore.model.families.base import Head
+from bertcore.model.families.base import Head, ModelConfig
 from bertcore.model.families.bert import Bert
-
-if TYPE_CHECKING:
-    from bertcore.model.config import ModelConfig
 
 ROBERTA_NAMES = (
     ("bert.", "roberta."),
