@@ -93,8 +93,8 @@ def read_config(folder: str, key: str = "pretrain.init_from") -> ModelConfig:
     model_type = data.get("model_type", "bert")
     if model_type not in FAMILIES:
         raise InputDataError(
-            f"{path}: model_type {model_type!r} is not a model bertcore reads ({', '.join(FAMILIES)}); "
-            f"{key} needs one of those encoders"
+            f"{path}: model_type {model_type!r} is not a BERT model (bertcore reads model_type "
+            f"{', '.join(FAMILIES)}); {key} needs one of those encoders"
         )
     try:
         fields = FAMILIES[model_type].config_fields(data, key)
