@@ -6,7 +6,10 @@ process with the pipeline's training loop (bertcore.train.trainer.Trainer, one w
     budget  the same wall-clock budget per run: the modern family's tiny shape (masked LM at
             30%) against BERT's tiny shape (masked LM at 15%), both on the recipe's packed
             sentences (seq128, no NSP), the same peak rate, warmup, then constant; held-out
-            MLM accuracy at 15% on the same validation sequences with the same masks.
+            MLM accuracy at 15% on the same validation sequences with the same masks. The
+            budget becomes each model's number of steps by its median step time, measured
+            with the models alternating in the same run (on a shared machine the wall clock
+            of one run against another's is noise).
     anneal  the domain anneal: one stable run on the corpus's Wikipedia documents (wsd
             schedule, its pre-decay checkpoint kept), then, per seed, its decay run on the
             news documents (annealed) against its decay run on more Wikipedia (not
@@ -156,31 +159,71 @@ def inputs(root: Path, work: Path):
     return tokenizer, vocab
 
 
+MODELS = (("modernbert tiny, MLM 30%", "modernbert", 0.3), ("bert tiny, MLM 15%", "bert", 0.15))
+
+
+def step_seconds(args, data: dict, vocab: VocabTables) -> dict[str, float]:
+    """Each model's median seconds per training step (forward, backward, AdamW) on the
+    loader's batches, the models alternating: the budget is turned into steps with them,
+    so a shared machine's load spikes do not decide how far a run gets."""
+    import time
+
+    import numpy as np
+
+    runs = {}
+    for label, family, _ in MODELS:
+        cfg = section(family, args.threads)
+        model_cfg = cfg.build_model_config(vocab.vocab_size, vocab.special.pad)
+        model = model_cfg.family.build(model_cfg, torch.Generator().manual_seed(0)).train()
+        loader = ExamplesLoader(
+            data[label].paths,
+            32,
+            seed=1,
+            masking="dynamic",
+            mask_config=data[label].mask_config,
+            pad_id=vocab.special.pad,
+            token_types=False,
+            vocab_size=vocab.vocab_size,
+        )
+        runs[label] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3), iter(loader), model_cfg.family)
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    for k in range(args.calibration_steps + 2):
+        for label, (model, optimizer, batches, family) in runs.items():
+            batch = next(batches)
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            model(**{key: batch[key] for key in family.batch_keys if key in batch}).loss.backward()
+            optimizer.step()
+            if k >= 2:
+                times[label].append(time.perf_counter() - started)
+    return {label: float(np.median(t)) for label, t in times.items()}
+
+
 def budget(args, root: Path, work: Path) -> None:
     tokenizer, vocab = inputs(root, work)
     train_docs = [d for docs in corpus(root, "train").values() for d in docs]
     held_docs = [d for docs in corpus(root, "validation").values() for d in docs]
     train_path = write_examples(train_docs, tokenizer, vocab, work / "all" / "train.arrow", 1)
     held_path = write_examples(held_docs, tokenizer, vocab, work / "all" / "validation.arrow", 2)
+    data = {label: phase_data("seq128", [train_path], vocab, rate) for label, _, rate in MODELS}
+    seconds = step_seconds(args, data, vocab)
+    steps = {label: max(1, round(args.seconds / s)) for label, s in seconds.items()}
     schedule = {"kind": "wsd", "warmup_tokens": 5e4, "decay_tokens": 0, "total_tokens": 1e12}
-    phases = [{"name": "seq128", "steps": 10**6, "batch_size": 32, "max_seq_length": 128}]
     results: dict[str, list[tuple[float, int]]] = {}
     for seed in args.seeds:
-        for label, family, rate in (
-            ("modernbert tiny, MLM 30%", "modernbert", 0.3),
-            ("bert tiny, MLM 15%", "bert", 0.15),
-        ):
-            cfg = section(family, args.threads, schedule=schedule, phases=phases, time_budget_s=args.seconds)
-            model, marker = train(
-                cfg, phase_data("seq128", [train_path], vocab, rate), vocab, work / f"{family}-{seed}", seed
-            )
+        for label, family, _ in MODELS:
+            phases = [{"name": "seq128", "steps": steps[label], "batch_size": 32, "max_seq_length": 128}]
+            cfg = section(family, args.threads, schedule=schedule, phases=phases)
+            model, marker = train(cfg, data[label], vocab, work / f"{family}-{seed}", seed)
             results.setdefault(label, []).append(
                 (score(model, [held_path], vocab), marker["step"], marker["tokens_seen"])
             )
             print(f"  {label}, seed {seed}: {marker['step']} steps, held-out MLM at 15% {results[label][-1][0]:.1%}")
     print(
-        f"same wall-clock budget ({args.seconds:.0f} s of training per run, {args.threads} threads), demo corpus, "
-        f"seeds {args.seeds}: held-out MLM accuracy at 15% on {len(held_docs)} validation documents"
+        f"same wall-clock budget ({args.seconds:.0f} s of training per run at each model's median step time, measured "
+        f"alternately in this run: {', '.join(f'{label} {s:.3f} s' for label, s in seconds.items())}), "
+        f"{args.threads} threads, demo corpus, seeds {args.seeds}: held-out MLM accuracy at 15% on "
+        f"{len(held_docs)} validation documents"
     )
     base = statistics.mean(a for a, _, _ in results["bert tiny, MLM 15%"])
     table(
@@ -263,6 +306,7 @@ def main() -> None:
     parser.add_argument("--root", required=True, help="a run root of configs/modernbert-demo.yaml (corpus, vocab done)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seconds", type=float, default=60.0, help="budget: training seconds per run")
+    parser.add_argument("--calibration-steps", type=int, default=8, help="budget: timed steps per model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--general", default="enwiki")
     parser.add_argument("--domain", default="lee-news")

@@ -56,50 +56,86 @@ def _flash_varlen():
     return flash_attn_varlen_func
 
 
+GROUP_FILL = 0.75
+"""On the SDPA path sequences are laid side by side in groups of similar length: a sequence
+joins a group whose longest is at most 1 / GROUP_FILL times its own (a mixed-length batch
+then pads little inside attention, and each group is one attention call)."""
+
+
+@dataclass
+class Group:
+    """Sequences laid side by side for attention: `rows` of `length` slots."""
+
+    rows: int
+    length: int
+    valid: torch.Tensor  # (rows, length) bool: the slot holds a token
+    full: bool  # no empty slot
+
+
 @dataclass
 class Packing:
-    """Where the sequences of N packed tokens lie, and their side-by-side layout (S, L)
-    for the SDPA path. Built once per forward from cu_seqlens."""
+    """Where the sequences of N packed tokens lie, and their side-by-side layout for the
+    SDPA path: groups of similar length, one after the other. Built once per forward."""
 
     cu_seqlens: torch.Tensor  # (S+1,) int32: sequence s is tokens cu[s]:cu[s+1]
-    max_seqlen: int  # L
+    max_seqlen: int  # L, the longest sequence
     position_ids: torch.Tensor  # (N,) long, 0 at each sequence's first token
-    slot: torch.Tensor  # (N,) long: the token's index in the (S*L) side-by-side layout
-    source: torch.Tensor  # (S*L,) long: the token each slot reads (0 for an empty slot)
-    valid: torch.Tensor  # (S, L) bool: the slot holds a token
-    full: bool  # every sequence is L long (no empty slot)
+    slot: torch.Tensor  # (N,) long: the token's index in the side-by-side layout
+    source: torch.Tensor  # (slots,) long: the token each slot reads (0 for an empty slot)
+    groups: list[Group]
+    contiguous: bool  # the side-by-side layout is the token layout itself
     flash: bool = False  # attention by flash-attn's varlen kernel on the token layout (set by the model)
 
-    @property
-    def contiguous(self) -> bool:
-        """The side-by-side layout is the token layout itself (every sequence L long)."""
-        return self.full
-
     @classmethod
-    def of(cls, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, position_ids=None) -> Packing:
+    def of(
+        cls, cu_seqlens: torch.Tensor, max_seqlen: int | None = None, position_ids=None, grouped: bool = True
+    ) -> Packing:
+        """grouped=False: one group, the sequences in their order (every sequence's attention
+        map the same size, as attention distillation reads them)."""
         cu = cu_seqlens.to(torch.int64)
-        lengths = cu[1:] - cu[:-1]  # (S,)
+        device = cu.device
+        lengths = (cu[1:] - cu[:-1]).tolist()
         s, n = len(lengths), int(cu[-1])
-        longest = int(lengths.max()) if max_seqlen is None else int(max_seqlen)
-        sequence = torch.repeat_interleave(torch.arange(s, device=cu.device), lengths)  # (N,)
-        within = torch.arange(n, device=cu.device) - cu[:-1][sequence]  # (N,) position in its sequence
-        slot = sequence * longest + within
-        source = torch.zeros(s * longest, dtype=torch.int64, device=cu.device)
-        source[slot] = torch.arange(n, device=cu.device)
-        valid = torch.zeros(s * longest, dtype=torch.bool, device=cu.device)
+        longest = max(lengths) if max_seqlen is None else int(max_seqlen)
+        order = sorted(range(s), key=lambda k: -lengths[k]) if grouped else list(range(s))
+        members: list[list[int]] = []  # the sequences of each group, longest first
+        sizes: list[int] = []  # each group's length
+        for k in order:
+            if members and (not grouped or lengths[k] >= GROUP_FILL * sizes[-1]):
+                members[-1].append(k)
+            else:
+                members.append([k])
+                sizes.append(lengths[k] if grouped else longest)
+        start, base = [0] * s, 0  # each sequence's first slot
+        for m, size in zip(members, sizes):
+            for row, k in enumerate(m):
+                start[k] = base + row * size
+            base += len(m) * size
+        sequence = torch.repeat_interleave(torch.arange(s, device=device), cu[1:] - cu[:-1])  # (N,)
+        within = torch.arange(n, device=device) - cu[:-1][sequence]  # (N,) position in its sequence
+        slot = torch.tensor(start, dtype=torch.int64, device=device)[sequence] + within
+        total = base
+        source = torch.zeros(total, dtype=torch.int64, device=device)
+        source[slot] = torch.arange(n, device=device)
+        valid = torch.zeros(total, dtype=torch.bool, device=device)
         valid[slot] = True
+        offset, groups = 0, []
+        for m, size in zip(members, sizes):
+            part = valid[offset : offset + len(m) * size].view(len(m), size)
+            groups.append(Group(len(m), size, part, all(lengths[k] == size for k in m)))
+            offset += len(m) * size
         return cls(
             cu_seqlens=cu_seqlens.to(torch.int32),
             max_seqlen=longest,
             position_ids=within if position_ids is None else position_ids.reshape(-1).to(torch.int64),
             slot=slot,
             source=source,
-            valid=valid.view(s, longest),
-            full=bool((lengths == longest).all()),
+            groups=groups,
+            contiguous=len(groups) == 1 and groups[0].full and order == list(range(s)),
         )
 
     @classmethod
-    def of_mask(cls, attention_mask: torch.Tensor) -> tuple[Packing, torch.Tensor]:
+    def of_mask(cls, attention_mask: torch.Tensor, grouped: bool = True) -> tuple[Packing, torch.Tensor]:
         """The packing of a padded batch's real tokens (attention_mask (B, T), 1 = real)
         and their indexes in the flattened (B*T) batch; positions are the columns, as
         transformers numbers them."""
@@ -108,7 +144,7 @@ class Packing:
         cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
         flat = torch.nonzero(real.reshape(-1), as_tuple=False).squeeze(1)  # (N,)
         columns = flat % real.shape[1]
-        return cls.of(cu, int(lengths.max()), columns), flat
+        return cls.of(cu, int(lengths.max()), columns, grouped), flat
 
 
 def _dropout(p: float) -> nn.Module:
@@ -202,13 +238,13 @@ class ModernBertAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, packing: Packing, rope, probs: list | None = None) -> torch.Tensor:
         """x (N, H) -> (N, H). `rope`: (cos, sin) of the token layout when `packing.flash`,
-        else of the side-by-side layout (S*L slots)."""
+        else of the side-by-side layout (the groups' slots)."""
         n, h = x.shape
         qkv = self.Wqkv(x).view(n, 3, self.num_heads, self.head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
-        local = not self.is_global and packing.max_seqlen > self.half + 1
         cos, sin = rope
         if packing.flash:
+            local = not self.is_global and packing.max_seqlen > self.half + 1
             qk = apply_rotary(qkv[:, :2], cos, sin)  # (N, 2, nh, hd)
             window = (self.half, self.half) if local else (-1, -1)
             out = _flash_varlen()(
@@ -223,33 +259,40 @@ class ModernBertAttention(nn.Module):
                 window_size=window,
             )  # (N, nh, hd)
             return self.out_drop(self.Wo(out.reshape(n, h)))
-        s, length = packing.valid.shape
-        # the sequences side by side, (S*L, 3, nh, hd); rotated there (rope is of that layout)
+        # the sequences side by side, group after group, (slots, 3, nh, hd); rotated there (rope is that layout's)
         side = qkv if packing.contiguous else qkv.index_select(0, packing.source)
-        qk = apply_rotary(side[:, :2], cos, sin).view(s, length, 2, self.num_heads, self.head_dim)
-        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # each (S, nh, L, hd)
-        v = side[:, 2].view(s, length, self.num_heads, self.head_dim).transpose(1, 2)
-        if local and probs is None and length > 4 * self.half:
-            out = local_attention_chunked(q, k, v, packing.valid, self.half, dropout_p)
-        else:
-            mask = None if packing.full else packing.valid[:, None, None, :]  # (S, 1, 1, L) keys
-            if local:  # (S, 1, L, L): keys within the window; an empty query slot sees its window
-                band = _banded(length, self.half, x.device)
-                keys = packing.valid[:, None, None, :] | ~packing.valid[:, None, :, None]
-                mask = band & keys
-            if probs is None:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            else:  # the distribution kept, for attention distillation
-                scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (S, nh, L, L)
-                if mask is not None:
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                attention = scores.softmax(-1)
-                probs.append(attention)
-                out = (F.dropout(attention, dropout_p) if dropout_p else attention) @ v
-        out = out.transpose(1, 2).reshape(s * length, h)
+        qk, v = apply_rotary(side[:, :2], cos, sin), side[:, 2]
+        outs, offset = [], 0
+        for group in packing.groups:
+            rows, length, count = group.rows, group.length, group.rows * group.length
+            q, k = qk[offset : offset + count].view(rows, length, 2, self.num_heads, self.head_dim).unbind(2)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # each (rows, nh, length, hd)
+            values = v[offset : offset + count].view(rows, length, self.num_heads, self.head_dim).transpose(1, 2)
+            out = self._attend(q, k, values, group, dropout_p, probs)  # (rows, nh, length, hd)
+            outs.append(out.transpose(1, 2).reshape(count, h))
+            offset += count
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
         if not packing.contiguous:
             out = out.index_select(0, packing.slot)  # (N, H)
         return self.out_drop(self.Wo(out))
+
+    def _attend(self, q, k, v, group: Group, dropout_p: float, probs: list | None) -> torch.Tensor:
+        """Attention within each row of a group: q, k, v (rows, nh, length, hd)."""
+        local = not self.is_global and group.length > self.half + 1
+        if local and probs is None and group.length > 4 * self.half:
+            return local_attention_chunked(q, k, v, group.valid, self.half, dropout_p)
+        mask = None if group.full else group.valid[:, None, None, :]  # (rows, 1, 1, L) keys
+        if local:  # (rows, 1, L, L): keys within the window; an empty query slot sees its window
+            band = _banded(group.length, self.half, q.device)
+            mask = band & (group.valid[:, None, None, :] | ~group.valid[:, None, :, None])
+        if probs is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # the distribution kept, for distillation
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        attention = scores.softmax(-1)
+        probs.append(attention)
+        return (F.dropout(attention, dropout_p) if dropout_p else attention) @ v
 
 
 class ModernBertMLP(nn.Module):
@@ -384,17 +427,17 @@ class ModernBertForMaskedLM(nn.Module):
         self.model.global_rope_theta = float(theta)
 
     # -- inputs ---------------------------------------------------------------------------------
-    def _unpad(self, input_ids, attention_mask, cu_seqlens, position_ids, max_seqlen):
+    def _unpad(self, input_ids, attention_mask, cu_seqlens, position_ids, max_seqlen, grouped: bool = True):
         """(ids (N,), packing, flat index of each token in a padded batch or None)."""
         if cu_seqlens is not None:  # packed; any padding after the last sequence is left out
             cu = cu_seqlens.reshape(-1)
             n = int(cu[-1])
             seqlen = None if max_seqlen is None else int(max_seqlen)
             pos = None if position_ids is None else position_ids.reshape(-1)[:n]
-            return input_ids.reshape(-1)[:n], Packing.of(cu, seqlen, pos), None
+            return input_ids.reshape(-1)[:n], Packing.of(cu, seqlen, pos, grouped), None
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        packing, flat = Packing.of_mask(attention_mask)
+        packing, flat = Packing.of_mask(attention_mask, grouped)
         return input_ids.reshape(-1).index_select(0, flat), packing, flat
 
     @staticmethod
@@ -422,7 +465,7 @@ class ModernBertForMaskedLM(nn.Module):
     ) -> LayerOutputs:
         """Every hidden state of a padded batch, (B, T, H) each, and with `attentions` every
         layer's attention distribution (B, nh, T, T) (zeros on padding)."""
-        ids, packing, flat = self._unpad(input_ids, attention_mask, None, None, None)
+        ids, packing, flat = self._unpad(input_ids, attention_mask, None, None, None, grouped=not attentions)
         out = self.model(ids, packing, every_layer=True, attentions=attentions)
         probs = out.attentions
         if probs is not None:  # (B, nh, T', T') -> (B, nh, T, T): zeros beyond the longest sequence
