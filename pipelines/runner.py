@@ -7,9 +7,12 @@
    content identity of its external files;
 4. keep a complete, intact output with that fingerprint, or reset the directory (keeping
    the finished units of a resumable stage, dropping damaged shards);
-5. for a stage that declares `verify_inputs` (pretraining), re-hash every upstream shard it
-   will read: damaged ones raise `DamagedShards` (`Pipeline.run` recomputes them and tries
-   again);
+5. for a stage that declares `verify_inputs` (pretraining), check every upstream shard it
+   will read against its manifest by its stamp (size and mtime or ETag, one listing of the
+   store; the bytes only with `--verify` or where a stamp changed): missing or damaged ones
+   raise `DamagedShards` (`Pipeline.run` recomputes them and tries again). The readers hash
+   the bytes they use as they read them (bertcore/train/shard_cache.py), so the driver
+   never reads a shard's content before the workers start;
 6. call `run`, and write the manifest, last.
 
 `Pipeline` does this over a whole run config and memoises what one invocation needs more
@@ -101,7 +104,7 @@ def run_stage(
         stage_log.finished(name, done, False, 0.0)
         return done, False
     if stage.verify_inputs:
-        verify_inputs(inputs)
+        verify_inputs(inputs, rehash=verify)
     stage_log.started(name, fp, inputs, external, parallelism)
     started = time.perf_counter()
     value = None if external is None else external.value
@@ -131,10 +134,11 @@ def run_stage(
     return manifest, True
 
 
-def verify_inputs(inputs: dict[str, Upstream]) -> None:
-    """Re-hash every shard of the upstream outputs; DamagedShards names those that differ."""
+def verify_inputs(inputs: dict[str, Upstream], rehash: bool = False) -> None:
+    """Check every shard of the upstream outputs by its stamp (or its bytes, `rehash`);
+    DamagedShards names those that are missing or differ."""
     for name, up in inputs.items():
-        problems = up.dir.verifying().problems(up.manifest)
+        problems = (up.dir.verifying() if rehash else up.dir).problems(up.manifest)
         if problems:
             listed = ", ".join(f"{up.path(p)} ({state})" for p, state in sorted(problems.items())[:5])
             more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""

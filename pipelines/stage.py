@@ -46,11 +46,14 @@ import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertcore.errors import BertpipeError
 from pipelines.stage_dir import Manifest, ShardInfo, StageDir
 from pipelines.storage import Storage
+
+if TYPE_CHECKING:
+    from bertcore.train.shard_cache import ShardRef
 
 MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
@@ -114,6 +117,15 @@ class Upstream:
     def path(self, relative: str) -> str:
         return self.dir.path(relative)
 
+    def ref(self, shard: ShardInfo) -> ShardRef:
+        """One of its shards as a reader streams it: the URI and what the manifest recorded
+        (rows, bytes, sha256, stamp; bertcore/train/shard_cache.py)."""
+        from bertcore.train.shard_cache import ShardRef
+
+        return ShardRef(
+            uri=self.path(shard.path), rows=shard.rows, bytes=shard.bytes, sha256=shard.sha256, stamp=shard.stamp
+        )
+
     @property
     def fingerprint(self) -> str:
         return self.manifest.fingerprint
@@ -171,7 +183,8 @@ class Stage:
     resumable: bool = True
     """Whether an unfinished attempt's unit markers are kept for the next one."""
     verify_inputs: bool = False
-    """Re-hash every upstream shard before running (a stage that spends hours on its inputs)."""
+    """Check every upstream shard's stamp before running (a stage that spends hours on its inputs; its readers hash
+    the bytes they read; `--verify` re-hashes them all first)."""
     preflight: Callable[[Any, Storage], None] | None = None
     """A check of its section that takes well under a second, run before Prefect and Ray
     start (`Pipeline.preflight`): (own section, storage) -> None; raises a BertpipeError

@@ -190,9 +190,25 @@ class StageDir:
         return "ok" if self.storage.sha256(uri) == shard.sha256 else "damaged"
 
     def problems(self, manifest: Manifest) -> dict[str, str]:
-        """The manifest's shards that are missing or damaged: {path: state}."""
-        found = {s.path: self.check(s) for s in manifest.shards}
+        """The manifest's shards that are missing or damaged: {path: state}. In an object
+        store, without `verify`, one listing of the directory gives every shard's size and
+        stamp; only a shard whose stamp changed is read and hashed."""
+        if self.verify or self.storage.local_path(self.uri) is not None:
+            found = {s.path: self.check(s) for s in manifest.shards}
+        else:
+            listed = self.storage.stamps(self.uri)
+            found = {s.path: self._check_listed(s, listed.get(s.path)) for s in manifest.shards}
         return {path: state for path, state in found.items() if state != "ok"}
+
+    def _check_listed(self, shard: ShardInfo, listed: tuple[int, str] | None) -> str:
+        if listed is None:
+            return "missing"
+        size, stamp = listed
+        if size != shard.bytes:
+            return "damaged"
+        if shard.stamp and stamp == shard.stamp:
+            return "ok"
+        return self.check(shard)
 
     def state(self, expected_fingerprint: str | None) -> str:
         """complete | stale (other fingerprint) | incomplete (shards gone) | damaged (bytes

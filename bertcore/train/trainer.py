@@ -168,6 +168,8 @@ class Trainer:
     def _enter_phase(self, index: int, loader_state: dict | None = None) -> None:
         phase = self.cfg.phases[index]
         self.phase_index = index
+        if self.loader is not None:
+            self.loader.close()  # the cache may let the previous phase's shards go
         self.loader = phase_loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
         if loader_state is not None:
             self.loader.load_state_dict(loader_state)
@@ -284,8 +286,11 @@ class Trainer:
         skipped = consecutive = 0
         done = 0
         gas = self.cfg.gradient_accumulation_steps
+        waited = 0.0
         while done < gas:
+            t0 = time.perf_counter()
             batch = next(self.stream)
+            waited += time.perf_counter() - t0
             out = self.objective.forward(self.engine, batch, self.device)
             loss = float(out.loss.detach())
             flags = torch.tensor([0.0 if math.isfinite(loss) else 1.0, 1.0 if self.watch.is_spike(loss) else 0.0])
@@ -324,7 +329,9 @@ class Trainer:
         hashes[self.ctx.rank] = int.from_bytes(digest.digest(), "little", signed=True)
         data_hash = hashlib.blake2b(self._collective(hashes).numpy().tobytes(), digest_size=8).hexdigest()
         totals = self._collective(torch.cat([sums.values, torch.tensor([float(skipped)], dtype=torch.float64)]))
-        return self._step_metrics(sums.totals(totals), int(totals[-1]), grad_norm), data_hash
+        record = self._step_metrics(sums.totals(totals), int(totals[-1]), grad_norm)
+        record["data_wait_s"] = waited  # this rank's (rank 0 logs it): reading and collating its micro-batches
+        return record, data_hash
 
     def _step_metrics(self, t: dict[str, float], skipped: int, grad_norm: float | None) -> dict:
         return {
@@ -346,7 +353,7 @@ class Trainer:
         collectively)."""
         index = self.phase_index
         data = self.phases[index]
-        if self.cfg.validation_batches == 0 or not data.validation_paths:
+        if self.cfg.validation_batches == 0 or not data.validation_shards:
             return None
         started = time.perf_counter()
         loader = phase_loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
@@ -460,7 +467,20 @@ class Trainer:
                     break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
+            if self.loader is not None:
+                self.loader.close()
+        self._remove_cache()
         return marker
+
+    def _remove_cache(self) -> None:
+        """After the final checkpoint (every rank is past its barrier): the first worker of
+        each machine removes the machine's shard cache. A run that fails keeps it for the
+        restart, which reads the same shards."""
+        if self.ctx.local_rank != 0:
+            return
+        specs = {data.cache.directory: data.cache for data in self.phases if data.cache is not None}
+        for spec in specs.values():
+            spec.open(owner=f"rank-{self.ctx.rank}-end").remove()
 
     def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
         """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its

@@ -12,10 +12,14 @@ DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.train.trainer.Trainer, whi
 DeepSpeed engine, the data and the checkpoints. Then one Ray task consolidates the final
 checkpoint into `model/`.
 
-When run.root is remote (s3://...), workers copy the examples shards they read to a local
-temporary folder (the loader memory-maps files), DeepSpeed writes each checkpoint to a
-local mirror, and each rank uploads its own files before rank 0 writes the checkpoint's
-completion marker.
+Data moves only where it is needed: the driver checks the examples' stamps (the runner),
+never their bytes; each worker reads its share of one global order a window of shards at a
+time (bertcore/train/loader.py). When run.root is remote (s3://...), the shards come
+through one bounded cache folder per machine (bertcore/train/shard_cache.py: one download
+per machine, hashed as it arrives, evicted as the window moves, removed when training
+ends); a local root is read in place, each shard hashed once per machine. DeepSpeed writes
+each checkpoint to a local mirror, and each rank uploads its own files before rank 0
+writes the checkpoint's completion marker.
 
 Light at import: torch, Ray and DeepSpeed are imported by the functions that use them.
 """
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from bertcore.errors import BertpipeError, ConfigError
 from bertcore.train.config import TrainingConfig
 from bertcore.train.metrics_log import METRICS, VALIDATION
+from bertcore.train.shard_cache import CacheSpec, DamagedShard, ShardRef
 from pipelines.stage import Upstream, UpstreamMissing
 from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage
@@ -61,9 +66,11 @@ class Inputs:
     vocab_fingerprint: str
     examples: ExamplesConfig
     vocab: VocabTables
-    train_shards: dict[str, list[str]]
-    """Phase name -> URIs of examples/<phase>/train/ shards."""
-    validation_shards: dict[str, list[str]]
+    train_shards: dict[str, list[ShardRef]]
+    """Phase name -> the examples/<phase>/train/ shards as the manifest lists them."""
+    validation_shards: dict[str, list[ShardRef]]
+    examples_uri: str = ""
+    """The examples stage's directory (a damaged shard a worker finds is named relative to it)."""
 
 
 def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storage: Storage) -> tuple[Any, Inputs]:
@@ -73,7 +80,6 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
     from bertcore.examples.masking import VocabTables
     from bertcore.vocab.config import entries_file
     from bertcore.vocab.tokenizer import read_entries
-    from pipelines.shards import local_copy
 
     examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
     phases = []
@@ -85,10 +91,8 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
             )
         )
         train_shards = examples.manifest.shards_under(f"{phase.name}/train/")
-        train[phase.name] = [examples.path(s.path) for s in train_shards]
-        validation[phase.name] = [
-            examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/")
-        ]
+        train[phase.name] = [examples.ref(s) for s in train_shards]
+        validation[phase.name] = [examples.ref(s) for s in examples.manifest.shards_under(f"{phase.name}/validation/")]
         if not train_shards:
             raise UpstreamMissing(
                 f"{examples.path(phase.name + '/train')}: the examples manifest lists no shards; rerun the "
@@ -102,11 +106,47 @@ def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storag
                 f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
             )
     listed = entries_file(s.path for s in vocab.manifest.shards)  # vocab.txt, or a byte-level BPE's vocab.json
-    tokens = read_entries(local_copy(storage, vocab.path(listed), f"{cfg.SECTION}-{vocab.fingerprint}"))
+    with tempfile.TemporaryDirectory(prefix="bertpipe-vocab-") as tmp:  # read, then gone: nothing left in TMPDIR
+        local = os.path.join(tmp, listed)
+        with storage.open(vocab.path(listed), "rb") as source, open(local, "wb") as out:
+            shutil.copyfileobj(source, out)
+        tokens = read_entries(local)
     inputs = Inputs(
-        examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation
+        examples.fingerprint,
+        vocab.fingerprint,
+        examples_cfg,
+        VocabTables.from_tokens(tokens),
+        train,
+        validation,
+        examples_uri=examples.dir.uri,
     )
+    if storage.local_path(examples.dir.uri) is None:
+        check_cache_bound(cfg, inputs)
     return cfg.model_copy(update={"phases": phases}), inputs
+
+
+def cache_folder(section: str, stage_uri: str, examples_fingerprint: str) -> str:
+    """The shard cache folder of a training stage on this machine: one per stage, run root and
+    examples (the same path on every machine, under its temporary folder)."""
+    name = hashlib.sha256(f"{stage_uri}\n{examples_fingerprint}".encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "bertpipe-cache", f"{section}-{name}")
+
+
+def check_cache_bound(cfg: TrainingConfig, inputs: Inputs) -> None:
+    """A ConfigError when the machine's cache (`data_cache_gb`) cannot hold what one reader
+    needs at once: two windows of the largest training shards (the current one and the
+    next, fetched ahead) and the validation window it keeps."""
+    key, window = cfg.SECTION, cfg.shuffle_window_shards
+    for phase in cfg.phases:
+        train = sorted((s.bytes for s in inputs.train_shards[phase.name]), reverse=True)
+        validation = sorted((s.bytes for s in inputs.validation_shards[phase.name]), reverse=True)
+        need = 2 * sum(train[:window]) + (sum(validation[:window]) if cfg.validation_batches else 0)
+        if need > cfg.data_cache_bytes:
+            raise ConfigError(
+                f"{key}.data_cache_gb ({cfg.data_cache_gb:g}) holds less than phase {phase.name} reads at once: two "
+                f"windows of {key}.shuffle_window_shards={window} examples shards and the validation window, "
+                f"{need / 1e9:.2f} GB; raise {key}.data_cache_gb or lower {key}.shuffle_window_shards"
+            )
 
 
 # -- workers --------------------------------------------------------------------------------------
@@ -140,25 +180,25 @@ class WorkerJob:
             env=worker_env(cfg),
         )
 
+    def cache(self) -> CacheSpec:
+        """The shard cache of the machine this runs on."""
+        folder = cache_folder(self.cfg.SECTION, self.stage_uri, self.inputs.examples_fingerprint)
+        return CacheSpec(self.storage, folder, self.cfg.data_cache_bytes)
+
     def phase_data(self) -> list:
         from bertcore.train.phase_data import PhaseData
-        from pipelines.shards import local_copy
 
         vocab = self.inputs.vocab
         masking = self.inputs.examples.masking
-        cache_key = f"{self.cfg.SECTION}-{self.inputs.examples_fingerprint}"  # new examples, new copies
+        cache = self.cache()
         out = []
         for phase in self.cfg.phases:
             examples_phase = self.inputs.examples.phase(phase.name)
             out.append(
                 PhaseData(
                     name=phase.name,
-                    paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
-                    validation_paths=[
-                        local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]
-                    ]
-                    if self.cfg.validation_batches
-                    else [],
+                    shards=self.inputs.train_shards[phase.name],
+                    validation_shards=self.inputs.validation_shards[phase.name] if self.cfg.validation_batches else [],
                     masking=masking,
                     mask_config=self.inputs.examples.mask_config(examples_phase, vocab)
                     if masking == "dynamic"
@@ -167,6 +207,8 @@ class WorkerJob:
                     length_bins=list(self.inputs.examples.length_bins),
                     token_types=vocab.special.layout == "bert",  # RoBERTa has one token type
                     vocab_size=vocab.vocab_size,
+                    cache=cache,
+                    window_shards=self.cfg.shuffle_window_shards,
                 )
             )
         return out
@@ -214,7 +256,12 @@ def _train_worker(config: dict) -> None:
     _quiet_deepspeed_comm()
     context = ray.train.get_context()
     device = str(ray.train.torch.get_device()) if job.cfg.use_gpu else "cpu"
-    ctx = WorkerContext(rank=context.get_world_rank(), world_size=context.get_world_size(), device=device)
+    ctx = WorkerContext(
+        rank=context.get_world_rank(),
+        world_size=context.get_world_size(),
+        local_rank=context.get_local_rank(),
+        device=device,
+    )
     if job.cfg.torch_threads:
         torch.set_num_threads(job.cfg.torch_threads)
     who = f"rank-{ctx.rank}"
@@ -345,6 +392,8 @@ def _fit_once(job: WorkerJob) -> None:
         failures = getattr(exc, "worker_failures", None) or {}
         for rank in sorted(failures):
             error = unwrap(failures[rank])
+            if isinstance(error, DamagedShard):
+                raise damaged_examples(error, job.inputs.examples_uri) from None
             if isinstance(error, BertpipeError):
                 raise error from None
         if failures and (full := _full_disk(job.stage_uri)):
@@ -363,6 +412,17 @@ def _fit_once(job: WorkerJob) -> None:
             drop_train_leftovers()  # the detached AutoscalingCoordinator a fit leaves alive
         except Exception as exc:  # noqa: BLE001 - tidying only: never the error a run ends with
             log.debug("%s: could not drop Ray Train's leftover actors (%s)", cfg.SECTION, exc)
+
+
+def damaged_examples(error: DamagedShard, examples_uri: str) -> BertpipeError:
+    """A damaged examples shard a worker found, as the runner's DamagedShards (the examples
+    stage and the shard's path in it), which `bertpipe run` recomputes before training again."""
+    from pipelines.stage_dir import DamagedShards
+
+    prefix = examples_uri.rstrip("/") + "/"
+    if not error.uri.startswith(prefix):
+        return error
+    return DamagedShards(str(error), stage="examples", paths=[error.uri[len(prefix) :]])
 
 
 def _keeping_sigint(call) -> None:

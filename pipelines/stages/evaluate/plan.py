@@ -20,6 +20,7 @@ from bertcore.examples.config import ExamplesConfig
 from bertcore.model.hf_files import START_DIR
 from bertcore.rng import keyed_numpy
 from bertcore.train.export import HF_FILES, MODEL_DIR
+from bertcore.train.shard_cache import ShardRef
 from pipelines.shards import read_batches
 from pipelines.stage import StageRun, Upstream
 from pipelines.stages.evaluate.jobs import Model, local_task, original_paths
@@ -45,7 +46,8 @@ class Job:
     """finetune: the share of the training examples it fine-tunes on."""
     keep_model: bool = False
     """finetune: save the model fine-tuned on the whole training file (heads/)."""
-    shards: list[str] = field(default_factory=list)
+    shards: list[ShardRef] = field(default_factory=list)
+    """intrinsic: the phase's validation shards, read through a cache the job removes."""
     train_shards: list[str] = field(default_factory=list)
 
 
@@ -187,9 +189,7 @@ def plan_jobs(plan: Plan, r: StageRun, max_positions: int) -> None:
         trained = [p.get("name") for p in (plan.trained.manifest.config or {}).get("phases", []) if isinstance(p, dict)]
         phases = phases_to_score(cfg.intrinsic, plan.examples_cfg, trained, max_positions, plan.notes)
         for phase in phases:
-            shards = [
-                examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows
-            ]
+            shards = [examples.ref(s) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
             if not shards:
                 plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
                 continue

@@ -185,7 +185,6 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
                 cfg.intrinsic,
                 seed,
                 storage,
-                job.model.cache_key,
                 cfg.num_threads,
             )
         if job.kind == "fill_mask":
