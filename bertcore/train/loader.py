@@ -289,8 +289,9 @@ class Batching:
             raise ValueError("batch_size must be at least 1")
         self.size, self.drop_last, self.shuffle = size, drop_last, shuffle
 
-    def count(self, rows: int) -> int:
-        """Batches of a window of `rows` records, known before it is read."""
+    def count(self, rows: int) -> int | None:
+        """Batches of a window of `rows` records, known before it is read (a batching whose
+        count needs the records themselves, packing to a token budget, returns None)."""
         return rows // self.size if self.drop_last else math.ceil(rows / self.size)
 
     def __call__(self, lengths: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
@@ -431,39 +432,35 @@ class ExamplesLoader:
         self.num_records = sum(ref.rows for ref in self.shards)
         self.epoch = 0
         self._consumed = 0  # batches of self.epoch already yielded
-        self._counts: dict[int, np.ndarray] = {}
+        self._index: _EpochIndex | None = None
+        self._anchor: tuple[int, tuple[int, int]] | None = None  # (epoch, (window, first batch)) of a resume
 
     # -- the global order ----------------------------------------------------------------
-    def _starts(self, epoch: int) -> np.ndarray:
-        """(windows + 1,) the global number of each window's first batch, then the total:
-        from the manifest's row counts, nothing read."""
-        if epoch not in self._counts:
-            counts = [self.batching.count(sum(self.shards[i].rows for i in w)) for w in self.windows.order(epoch)]
-            self._counts = {epoch: np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])}
-        return self._counts[epoch]
+    def _epoch_index(self, epoch: int) -> _EpochIndex:
+        if self._index is None or self._index.epoch != epoch:
+            anchor = self._anchor[1] if self._anchor is not None and self._anchor[0] == epoch else None
+            self._index = _EpochIndex(self.windows, epoch, anchor)
+        return self._index
 
     def _global_index(self, epoch: int, k: int) -> int | None:
         """The global batch of this rank's k-th batch of `epoch`, None past its last."""
-        total, W = int(self._starts(epoch)[-1]), self.world_size
+        index, W = self._epoch_index(epoch), self.world_size
         if not self.even_batches:
             g = self.rank + k * W
-            return g if g < total else None
-        if total >= W:
-            return self.rank + k * W if (k + 1) * W <= total else None
-        return self.rank % total if (k == 0 and total) else None  # fewer batches than ranks: one each, wrapped
+            return g if index.locate(g) is not None else None
+        if index.locate((k + 1) * W - 1) is not None:  # the whole round is there
+            return self.rank + k * W
+        if k == 0 and (total := index.total()):  # fewer batches than ranks: one each, wrapped
+            return self.rank % total
+        return None
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch."""
-        total, W = int(self._starts(self.epoch)[-1]), self.world_size
+        """Batches this rank yields per epoch (a batching whose counts need the records,
+        packing to a token budget, reads every window's lengths for it)."""
+        total, W = self._epoch_index(self.epoch).total(), self.world_size
         if not self.even_batches:
             return len(range(self.rank, total, W))
         return total // W if total >= W else int(total > 0)
-
-    def _locate(self, epoch: int, g: int) -> tuple[int, int]:
-        """(window, batch of the window) of global batch g."""
-        starts = self._starts(epoch)
-        window = int(np.searchsorted(starts, g, side="right") - 1)
-        return window, g - int(starts[window])
 
     def _keys(self, epoch: int, start: int) -> Iterator[tuple[int, int, int, int]]:
         """(epoch, global batch, window, batch of the window) of this rank's batches from its
@@ -471,7 +468,7 @@ class ExamplesLoader:
         fetches the next in the background."""
         k, entered = start, None
         while (g := self._global_index(epoch, k)) is not None:
-            window, offset = self._locate(epoch, g)
+            window, offset = self._epoch_index(epoch).locate(g)
             if window != entered:
                 self._enter(epoch, window)
                 entered = window
@@ -479,7 +476,7 @@ class ExamplesLoader:
             k += 1
 
     def _enter(self, epoch: int, window: int) -> None:
-        following = (epoch, window + 1) if window + 1 < len(self._starts(epoch)) - 1 else (epoch + 1, 0)
+        following = (epoch, window + 1) if window + 1 < self._epoch_index(epoch).windows else (epoch + 1, 0)
         upcoming = self.windows.refs(*following) if self.prefetch else []
         self.cache.need(self.windows.refs(epoch, window) + upcoming)
         self.windows.open(epoch, window)  # downloads what the prefetch has not fetched yet
@@ -508,9 +505,12 @@ class ExamplesLoader:
         epoch, consumed = self.epoch, self._consumed
         if self._global_index(epoch, consumed) is None:
             epoch, consumed = epoch + 1, 0
+        # the window of the next round's first batch, where a resume (on any world size) starts
+        anchor = None if consumed == 0 else self._epoch_index(epoch).window_of(consumed * self.world_size)
         return {
             "epoch": epoch,
             "batches_consumed": consumed,
+            "anchor": anchor,
             "seed": self.seed,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -546,6 +546,61 @@ class ExamplesLoader:
                 )
             consumed = together // self.world_size
         self.epoch, self._consumed = state["epoch"], consumed
+        anchor = state.get("anchor")
+        self._anchor = None if anchor is None else (state["epoch"], (int(anchor[0]), int(anchor[1])))
+        self._index = None
+
+
+class _EpochIndex:
+    """Where each window's batches begin in one epoch's global order. Known up front when a
+    window's batch count follows from its rows (`Batching.count`: batches of a fixed number
+    of records); otherwise learnt window by window as the windows are opened (a batching
+    that packs to a token budget needs the lengths), starting from the window a resumed
+    state names, so a resume reads nothing before it."""
+
+    def __init__(self, windows: _Windows, epoch: int, anchor: tuple[int, int] | None = None):
+        self.source, self.epoch = windows, epoch
+        order = windows.order(epoch)
+        self.windows = len(order)
+        self.starts: dict[int, int] = {0: 0}
+        if anchor is not None:
+            self.starts[anchor[0]] = anchor[1]
+        counts = [windows.batching.count(sum(windows.shards[i].rows for i in w)) for w in order]
+        if all(c is not None for c in counts):
+            self.starts = dict(enumerate(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()))
+        self._counts = counts
+
+    def _count(self, window: int) -> int:
+        count = self._counts[window]
+        return count if count is not None else len(self.source.open(self.epoch, window).batches)
+
+    def start(self, window: int) -> int:
+        """The global number of `window`'s first batch (`windows`: the epoch's total)."""
+        if window not in self.starts:
+            base = max(w for w in self.starts if w < window)
+            first = self.starts[base]
+            for w in range(base, window):
+                first += self._count(w)
+                self.starts[w + 1] = first
+        return self.starts[window]
+
+    def locate(self, g: int) -> tuple[int, int] | None:
+        """(window, batch of the window) of global batch g; None past the epoch's end."""
+        known = [w for w, first in self.starts.items() if first <= g and w < self.windows]
+        window = max(known) if known and g >= 0 else None
+        while window is not None and window < self.windows:
+            if g < self.start(window + 1):
+                return window, g - self.start(window)
+            window += 1
+        return None
+
+    def window_of(self, g: int) -> list[int] | None:
+        """[window, its first batch] of global batch g (a resume's anchor), None past the end."""
+        found = self.locate(g)
+        return None if found is None else [found[0], self.start(found[0])]
+
+    def total(self) -> int:
+        return self.start(self.windows)
 
 
 def local_ref(path: str | PathLike) -> ShardRef:

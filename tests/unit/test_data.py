@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pyarrow.ipc as ipc
 import pytest
 import torch
@@ -14,7 +15,7 @@ from bertcore.examples.config import ExamplesConfig
 from bertcore.examples.layout import examples_for_shard, records_to_table
 from bertcore.examples.masking import VocabTables, num_to_predict
 from bertcore.examples.pairs import InMemoryDocs
-from bertcore.train.loader import ExamplesLoader
+from bertcore.train.loader import Batching, ExamplesLoader
 
 torch.set_num_threads(1)
 
@@ -328,3 +329,54 @@ def test_ids_outside_the_vocabulary_are_refused_naming_the_shard(news, static_sh
         match=rf"part-0000\d\.arrow: input_ids holds token id \d+, outside this run's vocabulary of {smaller} entries",
     ):
         next(iter(ExamplesLoader(paths, 8, seed=0, pad_id=0, vocab_size=smaller)))
+
+
+class Packing(Batching):
+    """Batches of up to `budget` tokens, greedy in a shuffled order: how many a window gives
+    is known only once its lengths are read (as for packed batches)."""
+
+    def __init__(self, budget: int):
+        super().__init__(1, drop_last=True, shuffle=True)
+        self.budget = budget
+
+    def count(self, rows: int) -> None:
+        return None
+
+    def __call__(self, lengths, groups, rng):
+        batches, current, used = [], [], 0
+        for i in rng.permutation(len(lengths)):
+            if used + lengths[i] > self.budget and current:
+                batches.append(np.asarray(current))
+                current, used = [], 0
+            current.append(i)
+            used += int(lengths[i])
+        return batches  # the last, partial batch is left out
+
+
+def test_batch_counts_learnt_window_by_window_resume_from_the_window_a_state_names(news, dynamic_shards):
+    """A batching whose counts need the records (packing) still gives one global order for
+    every world size, and a resumed loader opens no window before the one its state names."""
+    _, vocab = news
+    cfg, _, paths = dynamic_shards
+    mask = cfg.mask_config(cfg.phases[0], vocab)
+
+    def make(rank: int, world: int) -> ExamplesLoader:
+        loader = ExamplesLoader(
+            paths, 8, seed=3, rank=rank, world_size=world, window_shards=1, masking="dynamic", mask_config=mask
+        )
+        loader.batching = loader.windows.batching = Packing(512)
+        return loader
+
+    one_rank = [rows(b) for b in make(0, 1)]
+    two = [make(0, 2), make(1, 2)]
+    taken = [[rows(b) for _, b in zip(range(12), loader)] for loader in two]
+    assert [b for pair in zip(*taken) for b in pair] == one_rank[:24]
+    state = two[0].state_dict()
+    assert state["anchor"][0] >= 1  # 24 batches reach past the first window
+    resumed = make(0, 1)
+    opened = []
+    open_window = resumed.windows.open
+    resumed.windows.open = lambda epoch, window: opened.append(window) or open_window(epoch, window)
+    resumed.load_state_dict(state)
+    assert [rows(b) for b in resumed] == one_rank[24:]
+    assert min(opened) == state["anchor"][0]
