@@ -117,6 +117,8 @@ class Trainer:
         self.resizes: list[dict] = []  # world-size changes on resume (a lost node), oldest first
         self.phase_index: int | None = None
         self.loader: ExamplesLoader | None = None
+        self.validation_loader: ExamplesLoader | None = None
+        """The last validation's: its window stays in the machine's cache for the next validation."""
         self.stream: Iterator[dict[str, torch.Tensor]] | None = None
 
     # -- set-up ------------------------------------------------------------------------
@@ -168,8 +170,10 @@ class Trainer:
     def _enter_phase(self, index: int, loader_state: dict | None = None) -> None:
         phase = self.cfg.phases[index]
         self.phase_index = index
-        if self.loader is not None:
-            self.loader.close()  # the cache may let the previous phase's shards go
+        for previous in (self.loader, self.validation_loader):
+            if previous is not None:
+                previous.close()  # the machine's cache may let the previous phase's shards go
+        self.validation_loader = None
         self.loader = phase_loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
         if loader_state is not None:
             self.loader.load_state_dict(loader_state)
@@ -356,7 +360,9 @@ class Trainer:
         if self.cfg.validation_batches == 0 or not data.validation_shards:
             return None
         started = time.perf_counter()
-        loader = phase_loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
+        loader = self.validation_loader = phase_loader(
+            self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True
+        )
         sums = StepSums(self.objective.sums)
         self.engine.eval()
         for k, batch in enumerate(loader):
