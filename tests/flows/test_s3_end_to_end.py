@@ -58,24 +58,34 @@ def test_demo_flow_on_s3(s3_bucket, gensim_data, monkeypatch, prefect_harness, r
     def states(config):
         return {s["stage"]: s["state"] for s in bert_pretraining(config)}
 
-    requests: list[str] = []
+    events: list[tuple[float, str, logging.LogRecord]] = []
 
-    class Requests(logging.Handler):  # moto's server logs each request it answers through werkzeug
+    class Events(logging.Handler):  # moto's server logs each request it answers (werkzeug); stages their start and end
         def emit(self, record: logging.LogRecord) -> None:
-            requests.append(record.getMessage())
+            events.append((record.created, record.name, record))
 
-    server_log, handler = logging.getLogger("werkzeug"), Requests()
-    level = server_log.level
-    server_log.addHandler(handler)
-    server_log.setLevel(logging.INFO)
+    handler = Events()
+    watched = {name: logging.getLogger(name) for name in ("werkzeug", "pipelines.stage_log")}
+    levels = {name: logger.level for name, logger in watched.items()}
+    for logger in watched.values():
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     stages = ["corpus", "vocab", "examples", "pretrain", "evaluate"]
     try:
         assert states(cfg) == dict.fromkeys(stages, "computed")
     finally:
-        server_log.removeHandler(handler)
-        server_log.setLevel(level)
+        for name, logger in watched.items():
+            logger.removeHandler(handler)
+            logger.setLevel(levels[name])
+    pretraining = [
+        t for t, name, r in events if name == "pipelines.stage_log" and getattr(r, "stage", None) == "pretrain"
+    ]
     train = re.compile(rf"GET /{bucket}/runs/demo/examples/seq128/train/(part-\S+\.arrow)")
-    fetched = Counter(m.group(1) for line in requests if (m := train.search(line)))
+    fetched = Counter(
+        m.group(1)
+        for t, name, r in events
+        if name == "werkzeug" and min(pretraining) <= t <= max(pretraining) and (m := train.search(r.getMessage()))
+    )
     assert fetched and set(fetched.values()) == {1}, fetched  # two workers, one download each
     examples = json.loads(client.get_object(Bucket=bucket, Key="runs/demo/examples/_manifest.json")["Body"].read())
     cache = cache_folder("pretrain", f"s3://{bucket}/runs/demo/pretrain", examples["fingerprint"])

@@ -370,6 +370,12 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
     # steps up to the checkpoint were not trained again: their records (timings included) are the killed run's
     assert after[:resumed_from] == before[:resumed_from]
     assert result.stats["tokens_seen"] == sum(r["tokens"] for r in reference)
+    # the same weights at the end: the resumed reader gave the same batches in the same order
+    from safetensors.torch import load_file
+
+    weights = [load_file(str(r / "pretrain" / "model" / "model.safetensors")) for r in (reference_root, killed_root)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-5) for k in weights[0])
 
 
 # -- a remote run.root (moto S3) ----------------------------------------------------------------
