@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -229,6 +230,7 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     os.environ.update(ENV)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
