@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -99,6 +100,7 @@ def run_code(name: str, code: Path, endpoint: str, shard_chars: int, seen: list)
         text=True,
     )
     seconds = time.perf_counter() - began
+    shutil.rmtree(tmp, ignore_errors=True)  # the child counted what it left there
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         sys.exit(f"{name}: the child failed ({done.returncode}):\n{done.stderr[-4000:]}")
