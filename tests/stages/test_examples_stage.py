@@ -137,8 +137,9 @@ def test_vocabulary_replaced_after_the_vocab_stage_is_refused(demo_pipeline, tmp
 
 
 def test_token_store_reads_many_shards_without_holding_their_files(tmp_path):
-    # A worker draws random documents from every token shard of its split; with thousands
-    # of shards, an open file per shard would exhaust the process's descriptors.
+    # A task draws random documents from examples.random_next_shards + 1 token shards, as
+    # many as a recipe asks; with thousands, an open file per shard would exhaust the
+    # process's descriptors.
     import os
 
     import numpy as np
