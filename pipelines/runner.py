@@ -13,7 +13,10 @@
    raise `DamagedShards` (`Pipeline.run` recomputes them and tries again). The readers hash
    the bytes they use as they read them (bertcore/train/shard_cache.py), so the driver
    never reads a shard's content before the workers start;
-6. call `run`, and write the manifest, last.
+6. call `run`, and write the manifest, last;
+7. remove the stage's scratch (`Stage.scratch`) unless run.keep_scratch: after the
+   manifest, so a crash in between leaves a complete stage whose next run (skipped, the
+   output being complete) removes it.
 
 `Pipeline` does this over a whole run config and memoises what one invocation needs more
 than once: the external identities (the corpus inputs are listed once) and the expected
@@ -87,12 +90,14 @@ def run_stage(
     external: External | None = None,
     resolved_config: str | None = None,
     reads: tuple[str, ...] | None = None,
+    keep_scratch: bool = False,
 ) -> tuple[Manifest, bool]:
     """Run one stage on its own section; returns (manifest, whether it was computed now).
     `verify` re-hashes every shard checked (else only those whose size or stamp changed);
     `external` is the stage's identified external files (identified here when not given);
     `resolved_config` is written next to the output (default: the section alone); `reads`:
-    the stages it reads in this recipe (default: those of a default recipe)."""
+    the stages it reads in this recipe (default: those of a default recipe); `keep_scratch`
+    (run.keep_scratch) leaves the stage's scratch folders in place."""
     stage = REGISTRY[name]
     inputs = upstream(stage, root, storage, reads)
     check_against(stage, section, inputs)
@@ -101,6 +106,8 @@ def run_stage(
     fp = stage.fingerprint(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external)
     directory = StageDir(storage, root, stage.directory, verify=verify)
     if (done := directory.reuse_or_reset(fp, force=force, keep_progress=stage.resumable)) is not None:
+        if not keep_scratch:  # what a crash after the manifest (or run.keep_scratch before) left
+            directory.remove_scratch(stage.scratch)
         stage_log.finished(name, done, False, 0.0)
         return done, False
     if stage.verify_inputs:
@@ -130,6 +137,8 @@ def run_stage(
     if resolved_config is None:
         resolved_config = yaml.safe_dump({name: manifest.config}, sort_keys=False, allow_unicode=True)
     directory.write_manifest(manifest, resolved_config)
+    if not keep_scratch:
+        directory.remove_scratch(stage.scratch)
     stage_log.finished(name, manifest, True, manifest.timings["total_s"])
     return manifest, True
 
@@ -246,6 +255,7 @@ class Pipeline:
                     external=self.external(name),
                     resolved_config=resolved_yaml(self.cfg),
                     reads=self.reads(name),
+                    keep_scratch=self.cfg.run.keep_scratch,
                 )
             except DamagedShards as exc:
                 if attempt == 2 or not exc.stage:

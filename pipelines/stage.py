@@ -26,6 +26,12 @@ What a stage directory holds and how it is checked is pipelines/stage_dir.py's:
   finished unit leaves `_progress/<unit>.json` with the fingerprint it was computed for,
   the shards it wrote (rows, bytes, sha256) and a small JSON result, so a stage that
   crashed, re-run, keeps the units whose shards still match and computes only the rest.
+- Scratch: what a stage keeps only for itself while it runs (the folders its `Stage.scratch`
+  names, and the markers of the units that wrote there) is removed once its manifest is
+  written (unless run.keep_scratch), and again by a rerun that finds the stage complete, so
+  a crash between the two leaves nothing behind for good. The markers of the units that
+  wrote output shards stay (a few hundred bytes each): they let a rerun after a lost
+  manifest or a damaged shard redo only what is missing.
 - Integrity: every shard records its sha256 and a stamp (mtime or ETag) taken when it was
   published. A check re-hashes a shard whose size or stamp changed since (or every shard,
   with `verify`); a shard whose bytes differ is `damaged`, and is removed and recomputed.
@@ -182,6 +188,9 @@ class Stage:
     """Whether run.seed is part of its fingerprint (or a function of its section that says so)."""
     resumable: bool = True
     """Whether an unfinished attempt's unit markers are kept for the next one."""
+    scratch: tuple[str, ...] = ()
+    """Folders of its directory that hold work only an unfinished run of it reads (cleaned documents, dedup indexes,
+    token shards): removed once its manifest is written, unless run.keep_scratch."""
     verify_inputs: bool = False
     """Check every upstream shard's stamp before running (a stage that spends hours on its inputs; its readers hash
     the bytes they read; `--verify` re-hashes them all first)."""

@@ -306,6 +306,21 @@ class StageDir:
         self.complete(relative, fp, [info])
         return info
 
+    def remove_scratch(self, folders: tuple[str, ...] | list[str]) -> None:
+        """Delete the scratch folders of a finished stage (`Stage.scratch`) with everything in
+        them, then the markers of the units that wrote there (named after their files: a unit
+        `_work/unit-00001.arrow` leaves `_progress/_work__unit-00001.arrow.json`), which
+        would only say that their work is gone."""
+        if not folders:
+            return
+        for folder in folders:
+            if self.storage.exists(self._join(folder)):
+                self.remove(folder, recursive=True)
+        prefixes = tuple(f"{folder}__" for folder in folders)
+        for name in self.storage.listdir(self.path(PROGRESS)):
+            if name.startswith(prefixes):
+                self.remove(f"{PROGRESS}/{name}")
+
     def remove_except(self, folders: list[str], keep: set[str]) -> None:
         """Delete files under `folders` that are not in `keep` (relative paths): what an
         earlier run with other settings left behind."""
