@@ -33,6 +33,7 @@ from bertcore.eval.windows import Windowing
 from bertcore.inference.engine import EngineSpec, Reading
 from bertcore.inference.export import COPIED, FP32_FILE, INT8_FILE
 from pipelines.export import onnx as onnx_export
+from pipelines.export.outputs import listed, stage_output
 from pipelines.export.target import EXPORT_STAGES
 from pipelines.registry import REGISTRY
 from pipelines.stage_dir import Manifest, StageDir
@@ -108,8 +109,8 @@ def resolve(
         raise ConfigError("--stage evaluate serves a fine-tuned task model: name it with --task NAME")
     model_stage = onnx_export.default_stage(cfg) if stage in (None, "evaluate") else stage
     root = cfg.run.root
-    directory, manifest = _complete(storage, root, model_stage)
-    weights = _record(directory, manifest, "model/model.safetensors")
+    directory, manifest = stage_output(storage, root, model_stage, "bertpipe serve reads the model in")
+    weights = listed(directory, manifest, "model/model.safetensors")
     identity: dict[str, Any] = {
         "run": root,
         "stage": model_stage,
@@ -259,34 +260,12 @@ def _pooling(storage: Storage, root: str, model_uri: str, model_stage: str) -> t
     return best_pooling((metrics.get("embeddings") or {}).get(name))
 
 
-def _complete(storage: Storage, root: str, name: str) -> tuple[StageDir, Manifest]:
-    directory = StageDir(storage, root, REGISTRY[name].directory)
-    manifest = directory.manifest()
-    if manifest is None:
-        raise ConfigError(
-            f"bertpipe serve reads the {name} stage's model, and there is none under {directory.uri}: run "
-            f"`bertpipe run --only {name}` first"
-        )
-    return directory, manifest
-
-
 def _listed(manifest: Manifest, relative: str) -> bool:
     return any(s.path == relative for s in manifest.shards)
 
 
-def _record(directory: StageDir, manifest: Manifest, relative: str):
-    record = next((s for s in manifest.shards if s.path == relative), None)
-    if record is None:
-        raise InputDataError(
-            f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage"
-        )
-    return record
-
-
 def _file(directory: StageDir, manifest: Manifest, relative: str) -> File:
-    return File(
-        directory.path(relative), _record(directory, manifest, relative).sha256, f"serve-{manifest.fingerprint}"
-    )
+    return File(directory.path(relative), listed(directory, manifest, relative).sha256, f"serve-{manifest.fingerprint}")
 
 
 def _fetch(storage: Storage, files, *, folder: bool = True) -> str:

@@ -60,7 +60,10 @@ def server(run):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--stage", "distill"], "reads the distill stage's model, and there is none under"),
+        (
+            ["--stage", "distill"],
+            "bertpipe serve reads the model in the distill stage's output, and there is none under",
+        ),
         (
             ["--quantize", "int8"],
             "has no model.int8.onnx: run `bertpipe export --format onnx --quantize int8 --stage pretrain`",
