@@ -73,8 +73,9 @@ class Source:
     identity: dict[str, Any] = field(default_factory=dict)
     """What /info and the start line say: the model, its run, the manifest fingerprint."""
 
-    def engine_spec(self, storage: Storage, budget: int, threads: int) -> EngineSpec:
-        """Local copies of the files (each checked against its sha256) as an EngineSpec."""
+    def engine_spec(self, storage: Storage, budget: int, threads: int, unreadable: str = "flag") -> EngineSpec:
+        """Local copies of the files (each checked against its sha256) as an EngineSpec;
+        `budget`, `threads` and `unreadable` as the serve: section says."""
         folder = _fetch(storage, self.files)
         onnx = self.model_file.endswith(".onnx")
         task = _fetch(storage, (self.task_file,), folder=False) if self.task_file else None
@@ -92,6 +93,7 @@ class Source:
             mlm_dir=_with_mlm_head(mlm_folder),
             budget=budget,
             threads=threads,
+            unreadable=unreadable,
         )
 
 
