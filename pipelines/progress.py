@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -49,7 +50,8 @@ class Progress:
     """Units done of `total`, logged as `<label> k/n units · rows · MB/s · elapsed · ETA`.
 
     `total_bytes` (the input size of all units) turns on the MB/s figure and an ETA by
-    bytes, which suits units of unequal size better than one by count."""
+    bytes, which suits units of unequal size better than one by count; `eta` (seconds left,
+    or None) replaces both with the caller's own (pipelines/forecast.py: by expected cost)."""
 
     def __init__(
         self,
@@ -61,8 +63,10 @@ class Progress:
         interval: float | None = None,
         logger: logging.Logger | None = None,
         bar: bool | None = None,
+        eta: Callable[[], float | None] | None = None,
     ):
         self.label, self.total, self.unit = label, total, unit
+        self._eta = eta
         self.total_bytes = total_bytes or None
         self.interval = interval_s() if interval is None else interval
         self.log = logger or log
@@ -90,6 +94,8 @@ class Progress:
     def eta(self, elapsed: float) -> float | None:
         if self.done >= self.total:
             return 0.0
+        if self._eta is not None:
+            return self._eta()
         if self.total_bytes and self.bytes:
             return elapsed * (self.total_bytes - self.bytes) / self.bytes
         if self.done:

@@ -14,6 +14,7 @@ import ray
 
 from bertcore.config import RayConfig
 from bertcore.errors import BertpipeError, ConfigError
+from pipelines.forecast import Cost, Forecast
 from pipelines.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -293,23 +294,31 @@ def run_tasks(
     sizes: Sequence[int] | None = None,
     rows: Callable[[Any], int] | None = None,
     unit: str = "units",
+    costs: Sequence[Cost] | None = None,
 ) -> list[Any]:
     """Submit one task per item (at most `parallelism` in flight) and return the results in
     item order. A user error raised inside a task is re-raised here unwrapped.
 
     Progress is logged as `desc k/n units` at a steady cadence (pipelines/progress.py);
-    `sizes` (input bytes per item) adds MB/s and an ETA by bytes, `rows(result)` a row count."""
+    `sizes` (input bytes per item) adds MB/s and an ETA by bytes, `rows(result)` a row count;
+    `costs` (each item's expected cost, pipelines/forecast.py) an ETA by the cost left."""
     limit = parallelism or len(items) or 1
     results: list[Any] = [None] * len(items)
     pending: dict[ray.ObjectRef, int] = {}
     next_item = 0
-    with Progress(desc, len(items), unit=unit, total_bytes=sum(sizes) if sizes else None) as progress:
+    forecast = Forecast(costs, limit) if costs is not None else None
+    eta = (lambda: forecast.eta(time.perf_counter())) if forecast is not None else None
+    with Progress(desc, len(items), unit=unit, total_bytes=sum(sizes) if sizes else None, eta=eta) as progress:
         while next_item < len(items) or pending:
             while next_item < len(items) and len(pending) < limit:
                 pending[submit(items[next_item])] = next_item
+                if forecast is not None:
+                    forecast.start(next_item, time.perf_counter())
                 next_item += 1
             done, _ = ray.wait(list(pending), num_returns=1)
             index = pending.pop(done[0])
+            if forecast is not None:
+                forecast.finish(index, time.perf_counter())
             try:
                 results[index] = ray.get(done[0])
             except ray.exceptions.RayTaskError as exc:
