@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from bertcore.section import Section
 
@@ -68,3 +68,11 @@ class ServeConfig(Section):
     way with about 5% of the work. It starts alone: the model runs on the CPU, where padded batches of texts of mixed
     lengths measured dearer per text than the texts one at a time. The start line says the setting; GET /info the way
     chosen now and what each way measured."""
+
+    @field_validator("batching", mode="before")
+    @classmethod
+    def _on_off(cls, value: object) -> object:
+        """YAML reads a bare on or off as true or false: they mean the settings of those names."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value

@@ -431,3 +431,14 @@ def test_the_batcher_runs_requests_alone_while_auto_measures_batches_dearer():
     auto, on = asyncio.run(scenario("auto")), asyncio.run(scenario("on"))
     assert sum(1 for n in auto if n == 1) > 0.75 * 240 and max(auto) > 1  # measured batched, then alone
     assert sum(n for n in on if n > 1) > 0.75 * 240
+
+
+def test_batching_on_and_off_read_from_yaml_as_the_settings_not_as_booleans():
+    import yaml
+
+    from bertcore.inference.config import ServeConfig
+
+    for text, setting in (("batching: on", "on"), ("batching: off", "off"), ("batching: auto", "auto")):
+        assert ServeConfig.model_validate(yaml.safe_load(text)).batching == setting
+    with pytest.raises(ValueError, match="batching"):
+        ServeConfig.model_validate({"batching": "sometimes"})

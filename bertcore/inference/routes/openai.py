@@ -23,8 +23,8 @@ OpenAIEmbeddings, which tokenizes with tiktoken unless check_embedding_ctx_lengt
 `model` must name the served model (the id GET /v1/models lists) or one of the aliases the
 recipe gives (serve.model_aliases); another name gets 404 model_not_found, as OpenAI
 answers it, so a client pointed at the wrong server or model fails loudly. A request
-without `model` (OpenAI's own API requires it; TEI's and vLLM's OpenAI routes do not) is
-answered by the served model: it cannot name the wrong one. `dimensions` is accepted only
+without `model` (OpenAI's own API requires it) is answered by the served model, as before:
+an absent name cannot name the wrong model. `dimensions` is accepted only
 as the model's size. Refusals have OpenAI's error shape, {"error": {"message", "type",
 "param", "code"}}.
 """
