@@ -1,4 +1,4 @@
-"""The embedding clients people use today, unmodified, against `bertpipe serve` as docs/serve.md
+"""The embedding clients people use today, unmodified, against `bertpipe serve` as docs/serve-clients.md
 sets each one up: LangChain's OpenAIEmbeddings (check_embedding_ctx_length=False), LlamaIndex's
 TextEmbeddingsInference, chromadb's HuggingFaceEmbeddingServer and Haystack's OpenAI
 embedders. Each embeds a query and three documents and must get the vectors the server's own
