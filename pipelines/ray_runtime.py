@@ -14,8 +14,7 @@ import ray
 
 from bertcore.config import RayConfig
 from bertcore.errors import BertpipeError, ConfigError
-from pipelines.forecast import Cost, Forecast
-from pipelines.progress import Progress
+from pipelines.progress import Cost, Forecast, Progress
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +300,7 @@ def run_tasks(
 
     Progress is logged as `desc k/n units` at a steady cadence (pipelines/progress.py);
     `sizes` (input bytes per item) adds MB/s and an ETA by bytes, `rows(result)` a row count;
-    `costs` (each item's expected cost, pipelines/forecast.py) an ETA by the cost left."""
+    `costs` (each item's expected cost, pipelines/progress.py) an ETA by the cost left."""
     limit = parallelism or len(items) or 1
     results: list[Any] = [None] * len(items)
     pending: dict[ray.ObjectRef, int] = {}

@@ -1,4 +1,4 @@
-"""The ETA of tasks of unequal cost (pipelines/forecast.py), on a simulated evaluation shaped
+"""The ETA of tasks of unequal cost (pipelines/progress.py), on a simulated evaluation shaped
 like the demo's: 40 word-similarity jobs of a second, then a classification task's
 fine-tuning at 5%, 20% and 100% of its training file, run two at a time."""
 
@@ -8,7 +8,7 @@ import heapq
 
 import pytest
 
-from pipelines.forecast import Cost, Forecast
+from pipelines.progress import Cost, Forecast
 
 FIXED = 0.8
 """Seconds every job costs whatever its size (a model loaded, a process started)."""

@@ -22,7 +22,7 @@ from bertcore.examples.config import ExamplesConfig
 from bertcore.model.hf_files import START_DIR
 from bertcore.rng import keyed_numpy
 from bertcore.train.export import HF_FILES, MODEL_DIR
-from pipelines.forecast import Cost
+from pipelines.progress import Cost
 from pipelines.shards import read_batches
 from pipelines.stage import StageRun, Upstream
 from pipelines.stages.evaluate.jobs import Model, local_task, original_paths
