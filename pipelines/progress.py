@@ -185,18 +185,31 @@ class Forecast:
 
     def __init__(self, costs: Sequence[Cost], slots: int):
         self.costs, self.slots = list(costs), max(1, slots)
-        self._started: dict[int, float] = {}
+        self._running: dict[int, float] = {}  # item -> when it got a slot
+        self._queued: dict[int, float] = {}  # submitted, waiting for a slot (in order) -> when submitted
         self._done: set[int] = set()
         self._spent: dict[str, list[float]] = {}  # key -> [seconds, units, items] of its finished items
         self._all = [0.0, 0.0, 0]
         self._fixed: float | None = None  # the shortest finished item's seconds
+        self._last = 0.0  # when the last item finished
 
     def start(self, item: int, now: float) -> None:
-        self._started[item] = now
+        """`item` was submitted: it runs once one of the `slots` is free (submitting more
+        than run at once, as Ray queues them, does not start them)."""
+        if len(self._running) < self.slots:
+            self._running[item] = now
+        else:
+            self._queued[item] = now
 
     def finish(self, item: int, now: float) -> None:
-        seconds = now - self._started.pop(item, now)
-        cost = self.costs[item]
+        # an item that was queued ran before one submitted earlier: from the last finish on, at the latest
+        started = self._running.pop(item) if item in self._running else max(self._queued.pop(item, now), self._last)
+        self._last = now
+        while self._queued and len(self._running) < self.slots:
+            waiting = next(iter(self._queued))
+            del self._queued[waiting]
+            self._running[waiting] = now
+        seconds, cost = now - started, self.costs[item]
         self._done.add(item)
         for spent in [*(self._spent.setdefault(key, [0.0, 0.0, 0]) for key in cost.keys), self._all]:
             spent[0] += seconds
@@ -218,14 +231,14 @@ class Forecast:
         """Seconds until every item is done, or None while nothing has finished."""
         if not self._done:
             return None
-        free = [0.0] * max(0, self.slots - len(self._started))  # when each slot is free, seconds from now
-        for item, started in self._started.items():
+        free = [0.0] * max(0, self.slots - len(self._running))  # when each slot is free, seconds from now
+        for item, started in self._running.items():
             free.append(max(0.0, self.expected(item) - (now - started)))
         heapq.heapify(free)
         end = max(free, default=0.0)
-        for item in range(len(self.costs)):
-            if item in self._done or item in self._started:
-                continue
+        begun = self._done | self._running.keys() | self._queued.keys()
+        waiting = [*self._queued, *(i for i in range(len(self.costs)) if i not in begun)]
+        for item in waiting:  # the queued first, then the rest in order
             ends = heapq.heappop(free) + self.expected(item)
             heapq.heappush(free, ends)
             end = max(end, ends)

@@ -29,13 +29,19 @@ def _jobs() -> list[tuple[Cost, float]]:
     return jobs
 
 
-def _run(jobs, slots: int) -> list[tuple[float, float | None, float, int]]:
-    """At each finish: (now, the forecast's ETA, the true seconds left, jobs done)."""
+def _run(jobs, slots: int, submit_all: bool = False) -> list[tuple[float, float | None, float, int]]:
+    """At each finish: (now, the forecast's ETA, the true seconds left, jobs done). The jobs
+    run `slots` at a time, in order; submit_all: all are submitted at once (as the evaluate
+    stage submits its jobs to Ray, which queues what it cannot run yet)."""
     forecast = Forecast([cost for cost, _ in jobs], slots)
+    if submit_all:
+        for job in range(len(jobs)):
+            forecast.start(job, 0.0)
     running: list[tuple[float, int]] = []  # (ends, job)
     now, nxt, seen = 0.0, 0, []
     while nxt < len(jobs) and len(running) < slots:
-        forecast.start(nxt, now)
+        if not submit_all:
+            forecast.start(nxt, now)
         heapq.heappush(running, (now + jobs[nxt][1], nxt))
         nxt += 1
     finished = 0
@@ -45,7 +51,8 @@ def _run(jobs, slots: int) -> list[tuple[float, float | None, float, int]]:
         forecast.finish(job, now)
         finished += 1
         if nxt < len(jobs):
-            forecast.start(nxt, now)
+            if not submit_all:
+                forecast.start(nxt, now)
             heapq.heappush(running, (now + jobs[nxt][1], nxt))
             nxt += 1
         seen.append((now, forecast.eta(now), finished))
@@ -54,9 +61,10 @@ def _run(jobs, slots: int) -> list[tuple[float, float | None, float, int]]:
     return [(now, eta, end - now, done) for now, eta, done in seen]
 
 
-def test_the_eta_follows_the_cost_left_where_a_count_would_be_ten_times_low():
+@pytest.mark.parametrize("submit_all", [False, True])
+def test_the_eta_follows_the_cost_left_where_a_count_would_be_ten_times_low(submit_all):
     jobs = _jobs()
-    seen = _run(jobs, slots=2)
+    seen = _run(jobs, slots=2, submit_all=submit_all)
     assert seen[0][1] is not None and seen[-1][1] == pytest.approx(0.0)
     # once the whole-file jobs are under way (the 20% jobs have calibrated the task's rate)
     tail = [(eta, left) for now, eta, left, done in seen if 46 <= done < len(jobs)]

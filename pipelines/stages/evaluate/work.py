@@ -63,7 +63,7 @@ from bertcore.model.hf_files import START_DIR
 from bertcore.train import metrics_log
 from bertcore.train.export import MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
-from pipelines.ray_runtime import run_tasks
+from pipelines.ray_runtime import concurrent_tasks, run_tasks
 from pipelines.shards import local_copy
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.stage_dir import ShardInfo, StageDir
@@ -245,6 +245,7 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
             on_result=finished,
             unit="jobs",
             costs=[job.cost for job in batch],
+            slots=concurrent_tasks(cfg.num_threads, cfg.num_gpus or 0.0),
         )
         for job, result in zip(batch, ran):
             results[job.key] = result
