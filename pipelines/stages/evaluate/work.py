@@ -63,7 +63,7 @@ from bertcore.model.hf_files import START_DIR
 from bertcore.train import metrics_log
 from bertcore.train.export import MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
-from pipelines.ray_runtime import run_tasks
+from pipelines.ray_runtime import concurrent_tasks, run_tasks
 from pipelines.shards import local_copy
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.stage_dir import ShardInfo, StageDir
@@ -122,6 +122,7 @@ def run(r: StageRun) -> Output:
     configs = {name: model_config_of(folder) for name, folder in folders.items()}
     check_lengths(resolved, configs[subject.name].max_sequence_length, f"{subject.uri}/config.json", ConfigError)
     plan = Plan(resolved, signatures, models, subject, trained, masked_lm=has_mlm_head(folders[subject.name]))
+    plan.sizes = {name: c.num_hidden_layers * c.hidden_size**2 for name, c in configs.items()}
     plan_jobs(plan, r, configs[subject.name].max_sequence_length)
 
     t0 = time.perf_counter()
@@ -235,9 +236,17 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         def finished(index: int, result: Any, batch=batch) -> None:
             r.dir.complete(batch[index].key, r.fingerprint, _saved_models({batch[index].key: result}), result)
 
-        for job, result in zip(
-            batch, run_tasks(submit, batch, parallelism=parallelism, desc=desc, on_result=finished, unit="jobs")
-        ):
+        ran = run_tasks(
+            submit,
+            batch,
+            parallelism=parallelism,
+            desc=desc,
+            on_result=finished,
+            unit="jobs",
+            costs=[job.cost for job in batch],
+            slots=concurrent_tasks(cfg.num_threads, cfg.num_gpus or 0.0),
+        )
+        for job, result in zip(batch, ran):
             results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 
