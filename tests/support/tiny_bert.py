@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def save_tiny_bert(folder, lines: Sequence[str], *, vocab_size: int, layers: int = 2, max_positions: int = 128) -> str:
+def save_tiny_bert(
+    folder, lines: Sequence[str], *, vocab_size: int, layers: int = 2, max_positions: int = 128, hidden: int = 32
+) -> str:
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertForPreTraining, PreTrainedTokenizerFast
@@ -33,10 +35,10 @@ def save_tiny_bert(folder, lines: Sequence[str], *, vocab_size: int, layers: int
     ).save_pretrained(folder)
     config = BertConfig(
         vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=32,
+        hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=2,
-        intermediate_size=64,
+        intermediate_size=2 * hidden,
         max_position_embeddings=max_positions,
     )
     torch.manual_seed(0)
