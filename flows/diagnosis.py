@@ -186,13 +186,13 @@ def run(cfg, storage, task_name: str, model: str | None, out: str | None, option
     local, signatures = local_task(cfg, storage, task)
     options = type(options)(**{**options.__dict__, "vocab_dir": chosen.vocab_dir})
     log.info(
-        "diagnose: task %s (%s) on %s: %d folds, %d seeds, %d learning rates, %d threads",
+        "diagnose: task %s (%s) on %s: %d folds, seeds %s, learning rates %s, %d threads",
         task.name,
         task.type,
         chosen.name,
         options.folds,
-        len(options.seeds or task.seeds),
-        len(options.learning_rates) + 1,
+        ",".join(str(s) for s in options.seeds or task.seeds),
+        ",".join(f"{lr:g}" for lr in sorted({*options.learning_rates, task.learning_rate})),
         options.num_threads,
     )
     started = time.perf_counter()

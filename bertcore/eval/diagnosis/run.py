@@ -146,6 +146,9 @@ def _diagnose(task: TaskConfig, model_dir: str, options: Options, progress, mode
     found: list[Finding] = [_leakage(task, train, others, out), data.rows_finding(kind, splits, skipped, task.on_error)]
     found.append(data.length_finding(kind, tokenizer, task, splits, _positions(model_dir)))
     if not kind.trains:
+        texts = [" ".join(kind.text_parts(e)) for e in held[: options.mlm_texts]]
+        checks = start.pipeline_checks(model_dir, options.vocab_dir, texts)
+        found.append(start.pipeline_finding(checks, kind.pooled, task.pooling))
         out.findings = ordered(found + _untrained(task, model_dir, held, seed_list, progress, out))
         out.timings["total_s"] = time.perf_counter() - started
         return out
@@ -365,6 +368,7 @@ def _untrained(task: TaskConfig, model_dir: str, held: list, seed_list: list[int
         not_applicable("suspect_labels", f"{why}: there are no out-of-fold predictions to judge its scores by"),
         not_applicable("learning_rate", f"{why}: no learning rate to sweep"),
         not_applicable("loss_curve", f"{why}: no loss to follow"),
+        not_applicable("early_stopping", f"{why}: no epochs to stop after"),
         not_applicable("forgetting", f"{why}: the encoder is read as it is"),
         not_applicable("errors", f"{why}: its score is one correlation over all the pairs"),
         not_applicable(
