@@ -44,17 +44,8 @@ from bertcore.eval.readers import TaskDataError
 from bertcore.eval.tasks import TaskConfig, fold_splits, infer_labels, read_split
 from bertcore.rng import keyed_numpy, keyed_seed
 
-__all__ = [
-    "TaskModel",
-    "compare_with_baseline",
-    "encode",
-    "fit",
-    "load_encoder",
-    "load_tokenizer",
-    "predict",
-    "run_seeds",
-    "run_task",
-]
+__all__ = ["TaskModel", "compare_with_baseline", "encode", "fit", "load_encoder", "load_tokenizer", "predict"]
+__all__ += ["run_seeds", "run_task"]
 
 
 class TaskSettingError(ConfigError, ValueError):

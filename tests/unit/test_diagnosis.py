@@ -112,9 +112,9 @@ def planted(tmp_path_factory, tiny_model):
         batch_size=8,
         learning_rate=2e-3,
         max_seq_length=16,
-        seeds=[1, 2],
+        seeds=[1],
     )
-    options = Options(folds=3, learning_rates=(1e-4,), worst=5)
+    options = Options(folds=3, learning_rates=(), worst=5)
     diagnosis = diagnose(task, tiny_model, options=options)
     out = folder / "out"
     written = files.write(diagnosis, str(out))
@@ -165,14 +165,13 @@ def test_every_finding_is_made_worst_first_and_written(planted):
     assert {f.name for f in diagnosis.findings} == EVERY_FINDING
     order = [SEVERITIES.index(f.severity) for f in diagnosis.findings]
     assert order == sorted(order)
-    assert diagnosis.fits == 2 + 2 + 1 + 3  # seeds, random init, the sweep's other rate, folds
+    assert diagnosis.fits == 1 + 1 + 3  # the seed, random init, the folds
     for name in ("diagnosis.md", "diagnosis.json", "lr_sweep.png", "loss_curve.png", "confusion.png", "per_class.tsv"):
         assert name in written
     saved = json.loads((out / "diagnosis.json").read_text(encoding="utf-8"))
     assert [f["name"] for f in saved["findings"]] == [f.name for f in diagnosis.findings]
     report = (out / "diagnosis.md").read_text(encoding="utf-8")
     assert "## Findings, worst first" in report and "![learning-rate sweep](lr_sweep.png)" in report
-    assert finding(diagnosis, "learning_rate").severity == "ok"  # 2e-3 learns this rule; 1e-4 does not in 6 epochs
 
 
 def test_a_single_class_heavy_file_reports_the_majority_score(tmp_path):

@@ -276,7 +276,8 @@ def balance_finding(
             "problem",
             text
             + f", and the fine-tuned model scores {figures.metric(metric, model_score)}: it learned no more than that",
-            "look for a cause below (learning rate, labels, length); with imbalance, weigh the classes or rebalance",
+            "look for the cause in the other findings (learning rate, labels, length, starting point)"
+            + ("; weigh the classes or rebalance them" if share >= 0.6 else ""),
             figures_,
         )
     if share >= 0.8:

@@ -152,9 +152,14 @@ def _plot_sweep(d: Diagnosis, path: str) -> bool:
     factor = figures.scale(d.metric)
     rates = [p.learning_rate for p in d.sweep]
     ax.plot(rates, [p.score * factor for p in d.sweep], marker="o")
-    task_rate = next((f.figures.get("task_learning_rate") for f in d.findings if f.name == "learning_rate"), None)
-    if task_rate is not None:
-        ax.axvline(task_rate, color="grey", linestyle="--", linewidth=1, label="the task's learning_rate")
+    sweep = next((f.figures for f in d.findings if f.name == "learning_rate"), {})
+    if sweep.get("task_learning_rate") is not None:
+        ax.axvline(
+            sweep["task_learning_rate"], color="grey", linestyle="--", linewidth=1, label="the task's learning_rate"
+        )
+    if sweep.get("floor") is not None:
+        ax.axhline(sweep["floor"] * factor, color="tab:red", linestyle=":", linewidth=1, label="majority class")
+    if sweep:
         ax.legend(fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")

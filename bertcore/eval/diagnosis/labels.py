@@ -85,7 +85,7 @@ def rank(kind: TaskKind, examples: Sequence, judged: Sequence[Judged]) -> tuple[
     import numpy as np
 
     texts = [" / ".join(kind.text_parts(e)) for e in examples]
-    if judged and judged[0].residual is not None:
+    if any(one.residual is not None for one in judged):
         residuals = np.asarray([one.residual for one in judged], dtype=float)
         sigma = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
         out = [
@@ -93,7 +93,7 @@ def rank(kind: TaskKind, examples: Sequence, judged: Sequence[Judged]) -> tuple[
             for i, (one, r) in enumerate(zip(judged, residuals - np.median(residuals)))
         ]
         return sorted(out, key=lambda s: -abs(s.score)), "out-of-fold residual (prediction - given)"
-    if judged and judged[0].probabilities is None:  # spans: 1 - loss is the F1
+    if not any(one.given_classes for one in judged):  # spans: 1 - loss is the F1
         out = [Suspect(i, one.given, one.predicted, 1.0 - one.loss, None, texts[i]) for i, one in enumerate(judged)]
         return sorted(out, key=lambda s: s.score), "out-of-fold F1 of the predicted span"
     flagged = confident_learning(judged)
@@ -111,10 +111,12 @@ def suspect_finding(
     folds: int,
     fold_score: float | None,
     floor: float | None,
+    margin: float = 0.01,
 ) -> Finding:
     """What the ranking says: how many rows are likely mislabelled, with the worst quoted.
     fold_score: the out-of-fold models' primary metric (mean over folds); floor: the
-    majority-class score, below which the models know too little to suspect anything."""
+    training file's majority-class score, which the models must beat by `margin` (twice
+    the score's standard error) before their suspicions mean anything."""
     metric = kind.primary_metric
     n = len(ranked)
     counted = [s for s in ranked if s.flagged]
@@ -134,11 +136,11 @@ def suspect_finding(
         "top": [s.row for s in ranked[:20]],
     }
     advice = "read suspect_labels.tsv from the top; relabel or drop the rows that are wrong"
-    if fold_score is not None and floor is not None and fold_score <= floor + 0.01:
+    if fold_score is not None and floor is not None and fold_score <= floor + max(margin, 0.01):
         return Finding(
             "suspect_labels",
             "note",
-            f"the out-of-fold models score {figures.metric(metric, fold_score)}, no better than the majority class "
+            f"the out-of-fold models score {figures.metric(metric, fold_score)}, not clearly above the majority class "
             f"({figures.metric(metric, floor)}), so their suspicions say little ({how}); most suspect: {shown}",
             "fix what keeps the model at the majority class first, then diagnose again",
             figures_,

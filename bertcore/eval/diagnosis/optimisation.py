@@ -107,18 +107,19 @@ def sweep_finding(
         "best_learning_rate": best.learning_rate,
         "best_range": [low, high],
         "tolerance": tolerance,
+        "floor": floor,
         "points": [
             {"learning_rate": p.learning_rate, "score": p.score, "train_losses": p.train_losses} for p in points
         ],
         "task_rate_seeds": [{"score": p.score, "train_losses": p.train_losses} for p in seed_points],
     }
     name = figures.name(metric)
-    if floor is not None and _finite(best.score) <= floor + TOLERANCE:
+    if floor is not None and _finite(best.score) <= floor + tolerance:
         return Finding(
             "learning_rate",
             "note",
-            f"no learning rate of the sweep scores above the majority class ({figures.metric(metric, floor)}): "
-            f"{curve} {name}; the cause lies elsewhere",
+            f"no learning rate of the sweep scores above the majority class ({figures.metric(metric, floor)}) by "
+            f"more than the noise ({figures.points(tolerance)} points): {curve} {name}; the cause lies elsewhere",
             figures=figures_,
         )
     unstable = [p for p in seed_points if p.diverged and _finite(p.score) < _finite(best.score) - tolerance]
@@ -177,14 +178,17 @@ class Curve:
     """The epoch early stopping kept (1-based), when the task stops early."""
 
 
-def curve_findings(curve: Curve, metric: str, tolerance: float, patience: int | None) -> list[Finding]:
-    """The loss curve (overfitting, underfitting) and the epoch to stop at."""
+def curve_findings(
+    curve: Curve, metric: str, tolerance: float, patience: int | None, floor: float | None = None
+) -> list[Finding]:
+    """The loss curve (overfitting, underfitting) and the epoch to stop at; `tolerance`: the
+    noise of one score, `floor`: the majority-class score."""
     train, evaluate, scores = curve.train, curve.evaluate, curve.scores
     epochs = len(train)
     figures_ = {"train_loss": train, "evaluate_loss": evaluate, "scores": scores, "metric": metric}
     if epochs < 2:
         one = Finding("loss_curve", "note", "one epoch: no curve to read", "train 2 or more epochs", figures_)
-        return [one, _stopping(curve, metric, tolerance, patience)]
+        return [one, _stopping(curve, metric, tolerance, patience, floor)]
     lowest = min(range(epochs), key=lambda e: evaluate[e])
     shape = (
         f"training loss {figures.loss(train[0])} -> {figures.loss(train[-1])}, evaluation loss "
@@ -229,10 +233,10 @@ def curve_findings(curve: Curve, metric: str, tolerance: float, patience: int | 
         )
     else:
         found = Finding("loss_curve", "ok", shape, figures=figures_)
-    return [found, _stopping(curve, metric, tolerance, patience)]
+    return [found, _stopping(curve, metric, tolerance, patience, floor)]
 
 
-def _stopping(curve: Curve, metric: str, tolerance: float, patience: int | None) -> Finding:
+def _stopping(curve: Curve, metric: str, tolerance: float, patience: int | None, floor: float | None) -> Finding:
     scores = curve.scores
     epochs = len(scores)
     best = max(range(epochs), key=lambda e: _finite(scores[e]))
@@ -249,6 +253,15 @@ def _stopping(curve: Curve, metric: str, tolerance: float, patience: int | None)
             figures=figures_,
         )
     lost = _finite(scores[best]) - _finite(scores[-1])
+    if floor is not None and _finite(scores[best]) <= floor + max(tolerance, TOLERANCE):
+        return Finding(
+            "early_stopping",
+            "note",
+            f"no epoch scores above the majority class ({figures.metric(metric, floor)}) by more than the noise "
+            f"({figures.points(max(tolerance, TOLERANCE))} points): {per_epoch} {figures.name(metric)}; no epoch to "
+            "stop at",
+            figures=figures_,
+        )
     if best < epochs - 1 and lost > max(tolerance, TOLERANCE):
         return Finding(
             "early_stopping",
@@ -263,6 +276,6 @@ def _stopping(curve: Curve, metric: str, tolerance: float, patience: int | None)
         "early_stopping",
         "ok",
         f"the best epoch on the evaluation split is {best + 1} of {epochs} ({per_epoch} {figures.name(metric)}); "
-        "stopping earlier would not help",
+        f"the last is within the noise ({figures.points(max(tolerance, TOLERANCE))} points) of it",
         figures=figures_,
     )

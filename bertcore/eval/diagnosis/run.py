@@ -157,21 +157,24 @@ def _diagnose(task: TaskConfig, model_dir: str, options: Options, progress, mode
     clock = _Clock(len(seed_list) * 2 + len(grid) - 1 + options.folds, progress)
     fits = _fits(task, model_dir, tokenizer, names, fit_rows, held, run_key, seed_list, grid, clock)
     entry = _entry(task, names, fit_rows, held, fits)
-    spread = entry["pretrained"]["validation"][metric]["max"] - entry["pretrained"]["validation"][metric]["min"]
     score = entry["pretrained"]["validation"][metric]["median"]
     floor = (kind.majority(task, names, fit_rows, held) or {}).get(metric)
     found.append(data.balance_finding(kind, task, names, fit_rows, held, evaluated_on, score))
 
     ranked, fold_score = _suspects(task, model_dir, tokenizer, names, train, seed_list[0], options.folds, clock)
     out.suspects, out.suspect_score = ranked
-    found.append(labels.suspect_finding(kind, out.suspects, out.suspect_score, options.folds, fold_score, floor))
+    train_floor = (kind.majority(task, names, train, train) or {}).get(metric)
+    margin = 2 * optimisation.noise(metric, fold_score, len(train))  # what the out-of-fold score must beat the floor by
+    found.append(
+        labels.suspect_finding(kind, out.suspects, out.suspect_score, options.folds, fold_score, train_floor, margin)
+    )
 
     out.sweep = fits["sweep"]
     units = sum(len(one.given_classes) or 1 for one in fits["judged"])
-    tolerance = optimisation.noise(metric, max(p.score for p in out.sweep), units)
+    tolerance = optimisation.noise(metric, max(p.score for p in out.sweep), units)  # one standard error
     found.append(optimisation.sweep_finding(out.sweep, task.learning_rate, metric, tolerance, floor, fits["task_rate"]))
     out.curve = fits["curve"]
-    found += optimisation.curve_findings(out.curve, metric, spread, task.early_stopping_patience)
+    found += optimisation.curve_findings(out.curve, metric, tolerance, task.early_stopping_patience, floor)
 
     texts = [" ".join(kind.text_parts(e)) for e in held[: options.mlm_texts]]
     checks = start.pipeline_checks(model_dir, options.vocab_dir, texts)

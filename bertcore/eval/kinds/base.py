@@ -3,7 +3,8 @@
 A kind is everything that depends on what a task asks of the encoder: which files hold
 it and how a row is checked, how examples become model inputs, the head's outputs and
 its loss, how outputs become predictions and scores, what a model that learned nothing
-scores, and what serving needs to know of the fine-tuned head. The fine-tuning loop
+scores, what serving needs to know of the fine-tuned head, and what a diagnosis asks of
+its examples and outputs (bertcore/eval/diagnosis/). The fine-tuning loop
 (bertcore/eval/finetune.py), the plan of the evaluate stage, the summary and the report
 ask the task's kind (`TaskConfig.kind`) and never compare its name.
 
