@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bertcore.config import StorageConfig
 from pipelines.stage_dir import Manifest, ShardInfo, StageDir
 from pipelines.storage import Storage, sha256_file
-from test_diagnosis import corpus, rows, write_tsv
+from test_diagnosis import WORDS, corpus, rows, write_tsv
 from tiny_bert import save_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def run_root(tmp_path_factory):
     evaluate stage whose report the diagnosis is to be linked from; and the recipe."""
     root = tmp_path_factory.mktemp("run")
     pretrain, evaluate = root / "pretrain", root / "eval"
-    save_tiny_bert(pretrain / "model", corpus(), vocab_size=200)
+    save_tiny_bert(pretrain / "model", corpus(), vocab_size=200, words=WORDS)
     shards = [_shard(pretrain, f"model/{name}") for name in sorted(os.listdir(pretrain / "model"))]
     manifest = Manifest("pretrain", "1", "p" * 20, {}, {}, shards, {}, {})
     (pretrain / "_manifest.json").write_text(json.dumps(manifest.to_json()))

@@ -8,17 +8,33 @@ from collections.abc import Sequence
 
 
 def save_tiny_bert(
-    folder, lines: Sequence[str], *, vocab_size: int, layers: int = 2, max_positions: int = 128, hidden: int = 32
+    folder,
+    lines: Sequence[str],
+    *,
+    vocab_size: int,
+    layers: int = 2,
+    max_positions: int = 128,
+    hidden: int = 32,
+    words: Sequence[str] | None = None,
 ) -> str:
+    """`words`: a fixed vocabulary of whole words (after the special tokens, in this order)
+    instead of one trained on `lines`. The trainer breaks ties between equally frequent
+    pieces by hash order, which differs from one process to the next, so a trained
+    vocabulary (and what a model fine-tuned on it learns) can change between runs."""
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertForPreTraining, PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    if words is None:
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    else:
+        vocab = {token: i for i, token in enumerate(dict.fromkeys([*specials, *words]))}
+        tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    if words is None:
+        tokenizer.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]

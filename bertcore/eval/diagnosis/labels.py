@@ -10,7 +10,8 @@ by how little that model believes the given label.
   2021): cleanlab's `find_label_issues` over the same probabilities (per-class thresholds,
   pruned by the estimated noise rate), a sentence counting when any of its words does.
   Without cleanlab installed (the `diagnose` extra) the ranking stands and the count is
-  left out, saying so.
+  left out, saying so. A weak model flags many rows it is merely unsure of, so how grave the
+  finding is counts the flagged rows whose given label it gives at most 20%.
 - Regression: the out-of-fold residual (prediction minus given score), largest first; a
   row counts when it lies more than 3 robust standard deviations (1.4826 x the median
   absolute residual) from the rest.
@@ -29,6 +30,10 @@ from bertcore.eval.kinds.base import Judged, TaskKind
 
 OUTLIER_SIGMAS = 3.0
 """Robust standard deviations beyond which an out-of-fold residual counts (regression)."""
+CONTRADICTED = 0.2
+"""A flagged row whose given label the out-of-fold model gives at most this probability is
+contradicted with confidence: the severity counts those (a weak model flags many rows it is
+merely unsure of)."""
 SHOWN = 3
 
 
@@ -158,7 +163,21 @@ def suspect_finding(
     text = f"{who}{len(counted)} of {n} training rows ({share}) as {what} ({how}); most suspect: {shown}"
     if not counted:
         return Finding("suspect_labels", "ok", text, figures=figures_)
-    return Finding("suspect_labels", "problem" if len(counted) >= 0.05 * n else "warning", text, advice, figures_)
+    if "residual" in method:
+        return Finding("suspect_labels", "problem" if len(counted) >= 0.05 * n else "warning", text, advice, figures_)
+    sure = [s for s in counted if s.score <= CONTRADICTED]
+    figures_["contradicted"] = len(sure)
+    if not sure:  # a weak model's doubts: as likely its own errors as wrong labels
+        return Finding(
+            "suspect_labels",
+            "note",
+            text + f"; none of them is contradicted with confidence (the given label at most {CONTRADICTED:.0%}), so "
+            "they are as likely the model's errors as wrong labels",
+            advice,
+            figures_,
+        )
+    text += f"; {len(sure)} are contradicted with confidence (the given label at most {CONTRADICTED:.0%})"
+    return Finding("suspect_labels", "problem" if len(sure) >= 0.05 * n else "warning", text, advice, figures_)
 
 
 def _score_text(method: str, score: float) -> str:

@@ -207,6 +207,15 @@ def curve_findings(
             "weight_decay",
             figures_,
         )
+    elif lowest < epochs - 1 and rose:
+        found = Finding(
+            "loss_curve",
+            "warning",
+            f"unstable: the evaluation loss rose after epoch {lowest + 1} while the training loss did not fall below "
+            f"that epoch's ({figures.loss(train[lowest])}) ({shape})",
+            "lower the learning rate (see learning_rate)",
+            figures_,
+        )
     elif train[-1] >= train[0]:
         found = Finding(
             "loss_curve",
