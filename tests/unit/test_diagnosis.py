@@ -20,7 +20,7 @@ from bertcore.eval.config import TaskConfig
 from bertcore.eval.diagnosis import data, files
 from bertcore.eval.diagnosis.findings import SEVERITIES
 from bertcore.eval.diagnosis.run import Options, diagnose
-from bertcore.eval.tasks import read_split
+from bertcore.eval.tasks import fold_splits, read_split
 from tiny_bert import save_tiny_bert
 
 torch.set_num_threads(1)
@@ -337,3 +337,5 @@ def test_every_kind_is_diagnosed_and_says_what_does_not_apply(tiny_model, tmp_pa
     if kind == "multiple_choice":  # cross-validated: leakage across folds, the candidates in view
         assert "cross-validation fold 1" in diagnosis.evaluated_on and diagnosis.classes == ["0", "1", "2"]
         assert diagnosis.worst[0].view.startswith("0: ")
+        held = fold_splits(task, read_split(task, "train").examples)[0][1]
+        assert {w.row for w in diagnosis.worst} <= set(held)  # rows of the training file, not of the fold

@@ -62,12 +62,15 @@ def per_class(matrix, classes: Sequence[str]) -> list[dict]:
     return out
 
 
-def worst(kind: TaskKind, examples: Sequence, judged: Sequence[Judged], count: int) -> list[Worst]:
-    """The `count` examples with the highest loss, worst first."""
+def worst(
+    kind: TaskKind, examples: Sequence, judged: Sequence[Judged], count: int, rows: Sequence[int] | None = None
+) -> list[Worst]:
+    """The `count` examples with the highest loss, worst first; `rows`: each example's row
+    in its file (a cross-validation fold's rows are rows of the training file)."""
     order = sorted(range(len(judged)), key=lambda i: (-judged[i].loss, i))[:count]
     return [
         Worst(
-            i,
+            i if rows is None else rows[i],
             judged[i].given,
             judged[i].predicted,
             judged[i].loss,

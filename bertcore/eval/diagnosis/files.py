@@ -10,7 +10,8 @@ plots (matplotlib `Figure` on the Agg canvas, never pyplot):
     loss_curve.tsv       epoch, train_loss, evaluation_loss, score
     confusion.tsv        given class per line, predicted class per column (kinds with classes)
     per_class.tsv        class, support, predicted, precision, recall, f1
-    worst_examples.tsv   row, given, predicted, loss, text, view
+    worst_examples.tsv   row, given, predicted, loss, text, view (row: of the validation file, or of the
+                         training file for a cross-validated task)
     lr_sweep.png, loss_curve.png, confusion.png
 
 Texts are written on one line (tabs and line breaks as spaces).

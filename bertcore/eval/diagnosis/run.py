@@ -131,13 +131,14 @@ def _diagnose(task: TaskConfig, model_dir: str, options: Options, progress, mode
     train, others, names, skipped = _read(task)
     tokenizer = load_tokenizer(model_dir)
     seed_list = list(options.seeds or task.seeds)
+    held_rows = None  # the evaluation split's rows in their file: the validation file's own
     if task.validation is not None:
         fit_rows, held = train, others["validation"]
         run_key, evaluated_on = "full", f"the validation file ({len(held)} rows)"
-    else:  # cross-validated: the evaluate stage's first fold
-        train_idx, held_idx = fold_splits(task, train)[0]
-        fit_rows, held = [train[i] for i in train_idx], [train[i] for i in held_idx]
-        run_key, evaluated_on = "fold0", f"cross-validation fold 1 ({len(held)} rows)"
+    else:  # cross-validated: the evaluate stage's first fold, rows of the training file
+        train_idx, held_rows = fold_splits(task, train)[0]
+        fit_rows, held = [train[i] for i in train_idx], [train[i] for i in held_rows]
+        run_key, evaluated_on = "fold0", f"cross-validation fold 1 ({len(held)} rows of the training file)"
     if not kind.trains:
         evaluated_on = f"the word pairs ({len(held)})"
     out = Diagnosis(task.name, kind.name, metric, model_name, evaluated_on, [])
@@ -188,7 +189,7 @@ def _diagnose(task: TaskConfig, model_dir: str, options: Options, progress, mode
     matrix = errors.confusion(judged, len(out.classes)) if out.classes else None
     out.confusion = matrix.tolist() if matrix is not None else None
     out.per_class = errors.per_class(matrix, out.classes) if matrix is not None else []
-    out.worst = errors.worst(kind, held, judged, options.worst)
+    out.worst = errors.worst(kind, held, judged, options.worst, held_rows)
     found.append(errors.errors_finding(kind, out.classes, matrix, out.per_class, out.worst, judged, evaluated_on))
 
     out.findings = ordered(found)
