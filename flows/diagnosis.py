@@ -25,7 +25,7 @@ import os
 import posixpath
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bertcore.errors import ConfigError
@@ -55,7 +55,6 @@ class Model:
     vocab_dir: str | None = None
     own: bool = False
     """The run's own model (a stage's): its report links the diagnosis."""
-    files: list[str] = field(default_factory=list)
 
 
 def task_of(cfg, name: str):
@@ -114,7 +113,7 @@ def _stage_model(cfg, storage, stage: str) -> Model:
     except ConfigError:
         pass  # no vocab stage (a run started from an outside model): the tokenizer check is left out
     identity = {"stage": stage, "fingerprint": manifest.fingerprint, "model": directory.path(MODEL_DIR)}
-    return Model(folder, f"{directory.directory}/{MODEL_DIR}", identity, vocab_dir, own=True, files=files)
+    return Model(folder, f"{directory.directory}/{MODEL_DIR}", identity, vocab_dir, own=True)
 
 
 def _folder_model(storage, uri: str) -> Model:
@@ -133,7 +132,7 @@ def _folder_model(storage, uri: str) -> Model:
 
     folder = local_folder(storage, found.uri, [*found.files, *tokenizer], found.cache_key)
     check_model_folder(folder, "--model")  # config against weights, bounded, before torch reads them
-    return Model(folder, found.uri, {"model": found.uri, "files": found.identity}, files=[*found.files, *tokenizer])
+    return Model(folder, found.uri, {"model": found.uri, "files": found.identity})
 
 
 def target(cfg, storage, task: str, out: str | None) -> tuple[str, bool]:
