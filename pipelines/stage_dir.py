@@ -125,6 +125,7 @@ class StageDir:
 
     def __init__(self, storage: Storage, root: str, directory: str, *, verify: bool = False):
         self.storage = storage
+        self.root = root
         self.directory = directory
         self.uri = join(root, directory)
         self.verify = verify

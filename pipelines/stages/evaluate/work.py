@@ -67,7 +67,7 @@ from pipelines.ray_runtime import concurrent_tasks, run_tasks
 from pipelines.shards import local_copy
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.stage_dir import ShardInfo, StageDir
-from pipelines.stages.evaluate import check_lengths
+from pipelines.stages.evaluate import check_lengths, diagnoses
 from pipelines.stages.evaluate.jobs import (
     Model,
     embeddings_job,
@@ -150,7 +150,7 @@ def run(r: StageRun) -> Output:
     ]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records, validations)
+        shards=_write_outputs(r.dir, metrics, records, validations, [t.name for t in resolved.tasks])
         + _track(r, trained, metrics)
         + _saved_models(results),
         stats=stats,
@@ -394,8 +394,11 @@ def _unigram(metrics: dict) -> float | None:
     return None
 
 
-def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validations: list[dict]) -> list[ShardInfo]:
-    """metrics.json, plots/*.png and report.md; returns them as the manifest's shards."""
+def _write_outputs(
+    stage: StageDir, metrics: dict, records: list[dict], validations: list[dict], tasks: list[str]
+) -> list[ShardInfo]:
+    """metrics.json, plots/*.png and report.md (linking the diagnoses of `tasks` that
+    `bertpipe diagnose` left beside the stage); returns them as the manifest's shards."""
     storage = stage.storage
     stage.remove("plots", recursive=True)  # a plot an earlier run drew may not apply now
     written = []
@@ -421,6 +424,14 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validati
     metrics_bytes = json_dumps(metrics).encode()
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(
-        ("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode()))
+        (
+            "report.md",
+            storage.write_bytes(
+                stage.path("report.md"),
+                report.render_markdown(
+                    metrics, plots, diagnoses.found(storage, stage.root, tasks, stage.directory)
+                ).encode(),
+            ),
+        )
     )
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]
