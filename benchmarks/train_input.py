@@ -290,7 +290,8 @@ def child_loader(root: str, corpus: str) -> dict:
     from pipelines.registry import load_config
     from pipelines.runner import Pipeline
     from pipelines.stage import Upstream
-    from pipelines.training.launch import WorkerJob, read_inputs
+    from pipelines.training.inputs import read_inputs
+    from pipelines.training.launch import WorkerJob
 
     cfg = load_config(Path.cwd() / "configs" / "demo.yaml", overrides(root, Path(corpus)))
     pipeline = Pipeline(cfg)

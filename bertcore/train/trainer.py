@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from bertcore.errors import BertpipeError, ConfigError
+from bertcore.errors import ConfigError
 from bertcore.rng import keyed_seed
 from bertcore.train.checkpoint import (
     CHECKPOINTS,
@@ -60,16 +60,10 @@ from bertcore.train.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
-MAX_CONSECUTIVE_SKIPS = 20
-"""With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
 TRACKED = ("lr", "grad_norm", "tokens_per_s", "sequences_per_s", "mfu", "tokens_seen", "skipped_batches")
 """Figures of an interval's summary (bertcore.train.metrics_log) that the trackers get as
 train/<field>, every log_every steps and at the last, after the loss and the objective's
 metrics."""
-
-
-class TrainingDiverged(BertpipeError):
-    """The loss became NaN/inf or spiked, and <section>.on_nonfinite says stop."""
 
 
 class Trainer:
@@ -300,23 +294,10 @@ class Trainer:
             flags = torch.tensor([0.0 if math.isfinite(loss) else 1.0, 1.0 if self.watch.is_spike(loss) else 0.0])
             nonfinite, spike = (bool(x) for x in self._collective(flags, "max"))
             if nonfinite or spike:
-                what = (
-                    "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.watch.mean:.4g})"
-                )
+                skipped, consecutive = skipped + 1, consecutive + 1
                 where = f"step {self.step + 1} (phase {self.cfg.phases[self.phase_index].name})"
-                key = self.key
-                if self.cfg.on_nonfinite == "stop":
-                    raise TrainingDiverged(
-                        f"{key}: the loss {what} at {where}; lower {key}.learning_rate, raise {key}.warmup_steps, "
-                        f"or set {key}.on_nonfinite=skip; the latest complete checkpoint is kept"
-                    )
-                skipped += 1
-                consecutive += 1
-                log.warning("%s: skipped a micro-batch at %s: the loss %s", key, where, what)
-                if consecutive >= MAX_CONSECUTIVE_SKIPS:
-                    raise TrainingDiverged(
-                        f"{key}: {consecutive} micro-batches in a row skipped at {where}; the run has diverged"
-                    )
+                action = self.cfg.on_nonfinite
+                self.watch.refuse(loss, nonfinite, key=self.key, where=where, action=action, run=consecutive)
                 continue
             consecutive = 0
             self.engine.backward(out.loss)
@@ -479,14 +460,11 @@ class Trainer:
         return marker
 
     def _remove_cache(self) -> None:
-        """After the final checkpoint (every rank is past its barrier): the first worker of
-        each machine removes the machine's shard cache. A run that fails keeps it for the
-        restart, which reads the same shards."""
-        if self.ctx.local_rank != 0:
-            return
-        specs = {data.cache.directory: data.cache for data in self.phases if data.cache is not None}
-        for spec in specs.values():
-            spec.open(owner=f"rank-{self.ctx.rank}-end").remove()
+        """After the final checkpoint, the first worker of each machine removes the machine's
+        shard cache (a run that fails keeps it for the restart, which reads the same shards)."""
+        if self.ctx.local_rank == 0:
+            for spec in {data.cache.directory: data.cache for data in self.phases if data.cache}.values():
+                spec.open(owner=f"rank-{self.ctx.rank}-end").remove()
 
     def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
         """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its

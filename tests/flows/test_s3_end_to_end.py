@@ -16,7 +16,7 @@ import pytest
 
 from flows.pipeline import bert_pretraining
 from pipelines.registry import load_config
-from pipelines.training.launch import cache_folder
+from pipelines.training.inputs import cache_folder
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 

@@ -30,12 +30,12 @@ from bertcore.examples.pairs import InMemoryDocs
 from bertcore.model.bert import BertForPreTraining, ModelConfig
 from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag, complete_checkpoints
 from bertcore.train.config import PretrainConfig
-from bertcore.train.loss_watch import LossWatch
+from bertcore.train.loss_watch import LossWatch, TrainingDiverged
 from bertcore.train.metrics_log import VALIDATION, MetricsLog
 from bertcore.train.objectives import Pretraining
 from bertcore.train.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.train.phase_data import PhaseData, WorkerContext, endless_batches, phase_loader
-from bertcore.train.trainer import Trainer, TrainingDiverged
+from bertcore.train.trainer import Trainer
 from bertcore.vocab.tokenizer import VocabConfig, save_tokenizer, train_wordpiece, vocab_list
 
 torch.set_num_threads(1)

@@ -78,7 +78,10 @@ def confident_learning(judged: Sequence[Judged]) -> list[bool] | None:
     labels = np.asarray([column[c] for _, c, _ in units])
     probabilities = np.stack([p[present] for _, _, p in units])
     probabilities = probabilities / np.clip(probabilities.sum(1, keepdims=True), 1e-12, None)
-    issues = find_label_issues(labels, probabilities, filter_by="prune_by_noise_rate")
+    # n_jobs=1: cleanlab otherwise forks a multiprocessing.Pool from a process that holds
+    # torch's and Prefect's threads, and a forked child can wait forever on a lock one of
+    # them held (seen in CI: the pool's join never returned). The rows are few; one core is enough.
+    issues = find_label_issues(labels, probabilities, filter_by="prune_by_noise_rate", n_jobs=1)
     flagged = [False] * len(judged)
     for (i, _, _), issue in zip(units, issues):
         flagged[i] = flagged[i] or bool(issue)
