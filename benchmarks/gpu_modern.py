@@ -33,7 +33,8 @@ import torch
 import transformers
 
 from bertcore.model.config import ModelConfig
-from bertcore.model.modernbert import ModernBertForMaskedLM, _flash_varlen
+from bertcore.model.modernbert import ModernBertForMaskedLM
+from bertcore.model.unpadded import _flash_varlen
 from bertcore.rng import keyed_numpy
 from bertcore.train.config import PretrainConfig
 from bertcore.train.mfu import peak_flops

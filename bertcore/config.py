@@ -30,6 +30,11 @@ class RunConfig(Section):
     unset variable, an empty root and `/` are refused)."""
     seed: int = 12345
     """Seed of every random choice; each draw is keyed by (seed, stage, shard or document, pass)."""
+    keep_scratch: bool = False
+    """Keep a finished stage's scratch in the store (corpus `_work/` and `_dedup/`, examples `_tokens/`) instead of
+    removing it once the stage's manifest is written. Removed (the default), what stays beside the shards is a few
+    percent of them, and a rerun of the examples stage after a change of its own settings (masking, phases) tokenizes
+    the corpus again; kept, that rerun reuses the token shards (about half the corpus shards' bytes)."""
 
     @field_validator("root", mode="before")
     @classmethod

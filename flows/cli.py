@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from flows import logs
-from flows.commands import models, reading, running, scheduling
+from flows.commands import diagnosing, models, reading, running, scheduling
 from flows.commands.errors import DEFAULT_EPHEMERAL_TIMEOUT_S, EPHEMERAL_TIMEOUT
 from flows.commands.options import HELP_OPTIONS
 
@@ -75,6 +75,9 @@ app.command(short_help="Export a model: a Hugging Face folder, or ONNX files (fp
 )
 app.command(short_help="Serve a run's model over HTTP (OpenAI and TEI routes): embeddings, predictions, masked words.")(
     models.serve
+)
+app.command(short_help="Why a task's fine-tune scores what it scores: leakage, labels, learning rate, errors, seeds.")(
+    diagnosing.diagnose
 )
 app.command(short_help="Each stage's state: complete, stale, incomplete, damaged, missing.")(reading.status)
 app.command("inspect", short_help="Look at what a stage produced.")(reading.inspect_stage)

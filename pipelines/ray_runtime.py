@@ -14,7 +14,7 @@ import ray
 
 from bertcore.config import RayConfig
 from bertcore.errors import BertpipeError, ConfigError
-from pipelines.progress import Progress
+from pipelines.progress import Cost, Forecast, Progress
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,16 @@ def unwrap(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
+def concurrent_tasks(num_cpus: float, num_gpus: float = 0.0) -> int:
+    """How many tasks asking for `num_cpus` CPUs (and `num_gpus` GPUs) the running Ray
+    cluster runs at once, at least 1."""
+    resources = ray.cluster_resources()
+    slots = int(resources.get("CPU", 1.0) // max(num_cpus, 1e-9))
+    if num_gpus:
+        slots = min(slots, int(resources.get("GPU", 0.0) // num_gpus))
+    return max(1, slots)
+
+
 def run_tasks(
     submit: Callable[[Any], ray.ObjectRef],
     items: Sequence[Any],
@@ -293,23 +303,33 @@ def run_tasks(
     sizes: Sequence[int] | None = None,
     rows: Callable[[Any], int] | None = None,
     unit: str = "units",
+    costs: Sequence[Cost] | None = None,
+    slots: int | None = None,
 ) -> list[Any]:
     """Submit one task per item (at most `parallelism` in flight) and return the results in
     item order. A user error raised inside a task is re-raised here unwrapped.
 
     Progress is logged as `desc k/n units` at a steady cadence (pipelines/progress.py);
-    `sizes` (input bytes per item) adds MB/s and an ETA by bytes, `rows(result)` a row count."""
+    `sizes` (input bytes per item) adds MB/s and an ETA by bytes, `rows(result)` a row count;
+    `costs` (each item's expected cost, pipelines/progress.py) an ETA by the cost left, with
+    `slots` items running at once (default: as many as are in flight; `concurrent_tasks`)."""
     limit = parallelism or len(items) or 1
     results: list[Any] = [None] * len(items)
     pending: dict[ray.ObjectRef, int] = {}
     next_item = 0
-    with Progress(desc, len(items), unit=unit, total_bytes=sum(sizes) if sizes else None) as progress:
+    forecast = Forecast(costs, min(limit, slots or limit)) if costs is not None else None
+    eta = (lambda: forecast.eta(time.perf_counter())) if forecast is not None else None
+    with Progress(desc, len(items), unit=unit, total_bytes=sum(sizes) if sizes else None, eta=eta) as progress:
         while next_item < len(items) or pending:
             while next_item < len(items) and len(pending) < limit:
                 pending[submit(items[next_item])] = next_item
+                if forecast is not None:
+                    forecast.start(next_item, time.perf_counter())
                 next_item += 1
             done, _ = ray.wait(list(pending), num_returns=1)
             index = pending.pop(done[0])
+            if forecast is not None:
+                forecast.finish(index, time.perf_counter())
             try:
                 results[index] = ray.get(done[0])
             except ray.exceptions.RayTaskError as exc:

@@ -7,10 +7,16 @@
    content identity of its external files;
 4. keep a complete, intact output with that fingerprint, or reset the directory (keeping
    the finished units of a resumable stage, dropping damaged shards);
-5. for a stage that declares `verify_inputs` (pretraining), re-hash every upstream shard it
-   will read: damaged ones raise `DamagedShards` (`Pipeline.run` recomputes them and tries
-   again);
-6. call `run`, and write the manifest, last.
+5. for a stage that declares `verify_inputs` (pretraining), check every upstream shard it
+   will read against its manifest by its stamp (size and mtime or ETag, one listing of the
+   store; the bytes only with `--verify` or where a stamp changed): missing or damaged ones
+   raise `DamagedShards` (`Pipeline.run` recomputes them and tries again). The readers hash
+   the bytes they use as they read them (bertcore/train/shard_cache.py), so the driver
+   never reads a shard's content before the workers start;
+6. call `run`, and write the manifest, last;
+7. remove the stage's scratch (`Stage.scratch`) unless run.keep_scratch: after the
+   manifest, so a crash in between leaves a complete stage whose next run (skipped, the
+   output being complete) removes it.
 
 `Pipeline` does this over a whole run config and memoises what one invocation needs more
 than once: the external identities (the corpus inputs are listed once) and the expected
@@ -84,12 +90,14 @@ def run_stage(
     external: External | None = None,
     resolved_config: str | None = None,
     reads: tuple[str, ...] | None = None,
+    keep_scratch: bool = False,
 ) -> tuple[Manifest, bool]:
     """Run one stage on its own section; returns (manifest, whether it was computed now).
     `verify` re-hashes every shard checked (else only those whose size or stamp changed);
     `external` is the stage's identified external files (identified here when not given);
     `resolved_config` is written next to the output (default: the section alone); `reads`:
-    the stages it reads in this recipe (default: those of a default recipe)."""
+    the stages it reads in this recipe (default: those of a default recipe); `keep_scratch`
+    (run.keep_scratch) leaves the stage's scratch folders in place."""
     stage = REGISTRY[name]
     inputs = upstream(stage, root, storage, reads)
     check_against(stage, section, inputs)
@@ -98,10 +106,12 @@ def run_stage(
     fp = stage.fingerprint(section, seed, {n: up.fingerprint for n, up in inputs.items()}, external)
     directory = StageDir(storage, root, stage.directory, verify=verify)
     if (done := directory.reuse_or_reset(fp, force=force, keep_progress=stage.resumable)) is not None:
+        if not keep_scratch:  # what a crash after the manifest (or run.keep_scratch before) left
+            directory.remove_scratch(stage.scratch)
         stage_log.finished(name, done, False, 0.0)
         return done, False
     if stage.verify_inputs:
-        verify_inputs(inputs)
+        verify_inputs(inputs, rehash=verify)
     stage_log.started(name, fp, inputs, external, parallelism)
     started = time.perf_counter()
     value = None if external is None else external.value
@@ -127,14 +137,17 @@ def run_stage(
     if resolved_config is None:
         resolved_config = yaml.safe_dump({name: manifest.config}, sort_keys=False, allow_unicode=True)
     directory.write_manifest(manifest, resolved_config)
+    if not keep_scratch:
+        directory.remove_scratch(stage.scratch)
     stage_log.finished(name, manifest, True, manifest.timings["total_s"])
     return manifest, True
 
 
-def verify_inputs(inputs: dict[str, Upstream]) -> None:
-    """Re-hash every shard of the upstream outputs; DamagedShards names those that differ."""
+def verify_inputs(inputs: dict[str, Upstream], rehash: bool = False) -> None:
+    """Check every shard of the upstream outputs by its stamp (or its bytes, `rehash`);
+    DamagedShards names those that are missing or differ."""
     for name, up in inputs.items():
-        problems = up.dir.verifying().problems(up.manifest)
+        problems = (up.dir.verifying() if rehash else up.dir).problems(up.manifest)
         if problems:
             listed = ", ".join(f"{up.path(p)} ({state})" for p, state in sorted(problems.items())[:5])
             more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
@@ -242,6 +255,7 @@ class Pipeline:
                     external=self.external(name),
                     resolved_config=resolved_yaml(self.cfg),
                     reads=self.reads(name),
+                    keep_scratch=self.cfg.run.keep_scratch,
                 )
             except DamagedShards as exc:
                 if attempt == 2 or not exc.stage:

@@ -125,6 +125,22 @@ def local_copy(storage: Storage, uri: str, cache_key: str) -> str:
     return target
 
 
+def download_into(storage: Storage, uri: str, folder: str) -> str:
+    """A local path for `uri`: itself when local, else a download into `folder`, a
+    temporary folder of the caller's that goes with everything in it (unlike `local_copy`'s
+    cache, which outlives the process)."""
+    local = storage.local_path(uri)
+    if local is not None:
+        return local
+    target = os.path.join(folder, uri.split("://", 1)[-1])
+    if not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs, path = storage.fs(uri)
+        fs.get_file(path, f"{target}.part")  # a download cut off is never taken for the file
+        os.replace(f"{target}.part", target)
+    return target
+
+
 def local_folder(storage: Storage, folder_uri: str, names: Sequence[str], cache_key: str) -> str:
     """A local folder holding `names` of the folder at `folder_uri` (the folder itself when local)."""
     paths = [local_copy(storage, f"{folder_uri.rstrip('/')}/{name}", cache_key) for name in names]

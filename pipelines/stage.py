@@ -26,6 +26,12 @@ What a stage directory holds and how it is checked is pipelines/stage_dir.py's:
   finished unit leaves `_progress/<unit>.json` with the fingerprint it was computed for,
   the shards it wrote (rows, bytes, sha256) and a small JSON result, so a stage that
   crashed, re-run, keeps the units whose shards still match and computes only the rest.
+- Scratch: what a stage keeps only for itself while it runs (the folders its `Stage.scratch`
+  names, and the markers of the units that wrote there) is removed once its manifest is
+  written (unless run.keep_scratch), and again by a rerun that finds the stage complete, so
+  a crash between the two leaves nothing behind for good. The markers of the units that
+  wrote output shards stay (a few hundred bytes each): they let a rerun after a lost
+  manifest or a damaged shard redo only what is missing.
 - Integrity: every shard records its sha256 and a stamp (mtime or ETag) taken when it was
   published. A check re-hashes a shard whose size or stamp changed since (or every shard,
   with `verify`); a shard whose bytes differ is `damaged`, and is removed and recomputed.
@@ -46,11 +52,14 @@ import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bertcore.errors import BertpipeError
 from pipelines.stage_dir import Manifest, ShardInfo, StageDir
 from pipelines.storage import Storage
+
+if TYPE_CHECKING:
+    from bertcore.train.shard_cache import ShardRef
 
 MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
@@ -114,6 +123,15 @@ class Upstream:
     def path(self, relative: str) -> str:
         return self.dir.path(relative)
 
+    def ref(self, shard: ShardInfo) -> ShardRef:
+        """One of its shards as a reader streams it: the URI and what the manifest recorded
+        (rows, bytes, sha256, stamp; bertcore/train/shard_cache.py)."""
+        from bertcore.train.shard_cache import ShardRef
+
+        return ShardRef(
+            uri=self.path(shard.path), rows=shard.rows, bytes=shard.bytes, sha256=shard.sha256, stamp=shard.stamp
+        )
+
     @property
     def fingerprint(self) -> str:
         return self.manifest.fingerprint
@@ -170,8 +188,12 @@ class Stage:
     """Whether run.seed is part of its fingerprint (or a function of its section that says so)."""
     resumable: bool = True
     """Whether an unfinished attempt's unit markers are kept for the next one."""
+    scratch: tuple[str, ...] = ()
+    """Folders of its directory that hold work only an unfinished run of it reads (cleaned documents, dedup indexes,
+    token shards): removed once its manifest is written, unless run.keep_scratch."""
     verify_inputs: bool = False
-    """Re-hash every upstream shard before running (a stage that spends hours on its inputs)."""
+    """Check every upstream shard's stamp before running (a stage that spends hours on its inputs; its readers hash
+    the bytes they read; `--verify` re-hashes them all first)."""
     preflight: Callable[[Any, Storage], None] | None = None
     """A check of its section that takes well under a second, run before Prefect and Ray
     start (`Pipeline.preflight`): (own section, storage) -> None; raises a BertpipeError

@@ -125,6 +125,7 @@ class StageDir:
 
     def __init__(self, storage: Storage, root: str, directory: str, *, verify: bool = False):
         self.storage = storage
+        self.root = root
         self.directory = directory
         self.uri = join(root, directory)
         self.verify = verify
@@ -190,9 +191,25 @@ class StageDir:
         return "ok" if self.storage.sha256(uri) == shard.sha256 else "damaged"
 
     def problems(self, manifest: Manifest) -> dict[str, str]:
-        """The manifest's shards that are missing or damaged: {path: state}."""
-        found = {s.path: self.check(s) for s in manifest.shards}
+        """The manifest's shards that are missing or damaged: {path: state}. In an object
+        store, without `verify`, one listing of the directory gives every shard's size and
+        stamp; only a shard whose stamp changed is read and hashed."""
+        if self.verify or self.storage.local_path(self.uri) is not None:
+            found = {s.path: self.check(s) for s in manifest.shards}
+        else:
+            listed = self.storage.stamps(self.uri)
+            found = {s.path: self._check_listed(s, listed.get(s.path)) for s in manifest.shards}
         return {path: state for path, state in found.items() if state != "ok"}
+
+    def _check_listed(self, shard: ShardInfo, listed: tuple[int, str] | None) -> str:
+        if listed is None:
+            return "missing"
+        size, stamp = listed
+        if size != shard.bytes:
+            return "damaged"
+        if shard.stamp and stamp == shard.stamp:
+            return "ok"
+        return self.check(shard)
 
     def state(self, expected_fingerprint: str | None) -> str:
         """complete | stale (other fingerprint) | incomplete (shards gone) | damaged (bytes
@@ -289,6 +306,21 @@ class StageDir:
         info = self.publish(relative, write, rows, extra)
         self.complete(relative, fp, [info])
         return info
+
+    def remove_scratch(self, folders: tuple[str, ...] | list[str]) -> None:
+        """Delete the scratch folders of a finished stage (`Stage.scratch`) with everything in
+        them, then the markers of the units that wrote there (named after their files: a unit
+        `_work/unit-00001.arrow` leaves `_progress/_work__unit-00001.arrow.json`), which
+        would only say that their work is gone."""
+        if not folders:
+            return
+        for folder in folders:
+            if self.storage.exists(self._join(folder)):
+                self.remove(folder, recursive=True)
+        prefixes = tuple(f"{folder}__" for folder in folders)
+        for name in self.storage.listdir(self.path(PROGRESS)):
+            if name.startswith(prefixes):
+                self.remove(f"{PROGRESS}/{name}")
 
     def remove_except(self, folders: list[str], keep: set[str]) -> None:
         """Delete files under `folders` that are not in `keep` (relative paths): what an

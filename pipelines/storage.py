@@ -428,6 +428,19 @@ class Storage:
         if fs.exists(path):
             fs.rm(path, recursive=recursive)
 
+    def stamps(self, folder: str) -> dict[str, tuple[int, str]]:
+        """{path relative to `folder`: (size, stamp)} of every file below a remote folder, from
+        one listing (an object store answers a thousand keys per request): what checking
+        many shards' stamps costs instead of a request per shard."""
+        fs, path = self._fresh(folder)
+        base = path.rstrip("/") + "/"
+        out = {}
+        for name, info in fs.find(path, detail=True).items():
+            tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("generation") or ""
+            relative = name[len(base) :] if name.startswith(base) else name
+            out[relative] = (int(info.get("size") or 0), str(tag).strip('"'))
+        return out
+
     def listdir(self, uri: str) -> list[str]:
         fs, path = self._fresh(uri)
         try:

@@ -20,7 +20,7 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -44,7 +44,8 @@ from bertcore.eval.readers import TaskDataError
 from bertcore.eval.tasks import TaskConfig, fold_splits, infer_labels, read_split
 from bertcore.rng import keyed_numpy, keyed_seed
 
-__all__ = ["TaskModel", "compare_with_baseline", "encode", "load_encoder", "load_tokenizer", "run_seeds", "run_task"]
+__all__ = ["TaskModel", "compare_with_baseline", "encode", "fit", "load_encoder", "load_tokenizer", "predict"]
+__all__ += ["run_seeds", "run_task"]
 
 
 class TaskSettingError(ConfigError, ValueError):
@@ -54,13 +55,6 @@ class TaskSettingError(ConfigError, ValueError):
 def device() -> torch.device:
     """The GPU when this process sees one (a Ray job given `num_gpus`), else the CPU."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def model_length(model_dir: str) -> int:
-    """The longest input the folder's encoder reads: its positions (less RoBERTa's offset)."""
-    from bertcore.model.folder import read_config
-
-    return read_config(model_dir, "evaluate.tasks[*].long_inputs").max_sequence_length
 
 
 # --- training ------------------------------------------------------------------------------
@@ -88,15 +82,24 @@ class Trained:
     epochs: int
     best_epoch: int | None = None
     best_score: float | None = None
+    losses: list[float] = field(default_factory=list)
+    """The mean training loss of each epoch run."""
 
 
 def _train(
-    model: TaskModel, features: list[Feature], task: TaskConfig, pad_id: int, order: torch.Generator, stop_score=None
+    model: TaskModel,
+    features: list[Feature],
+    task: TaskConfig,
+    pad_id: int,
+    order: torch.Generator,
+    stop_score=None,
+    after_epoch=None,
 ) -> Trained:
     """Trains in place. stop_score: a callable scoring the model on the held-out part of
     the training data (higher is better) after each epoch; with it, training stops after
     `early_stopping_patience` epochs without improvement and the best epoch's weights are
-    restored."""
+    restored. after_epoch: a callable given the model after each epoch (before early
+    stopping looks at it), to measure it; it must leave the model as it found it."""
     if task.freeze_encoder:
         model.encoder.requires_grad_(False)
     freeze_lower_layers(model.encoder, task.freeze_layers)
@@ -104,13 +107,13 @@ def _train(
     optimizer, schedule = _optimizer(model, task, task.epochs * steps_per_epoch)
     where = next(model.parameters()).device
     best: tuple[float, int, dict] | None = None
-    loss, epoch = float("nan"), 0
+    loss, epoch, losses = float("nan"), 0, []
     for epoch in range(1, task.epochs + 1):
         model.train()
         if task.freeze_encoder:
             model.encoder.eval()  # fixed features: no dropout inside the encoder either
         permutation = torch.randperm(len(features), generator=order).tolist()
-        losses = []
+        step_losses = []
         for start in range(0, len(features), task.batch_size):
             batch = task.kind.batch([features[i] for i in permutation[start : start + task.batch_size]], pad_id, where)
             labels = batch.pop("labels")
@@ -120,8 +123,11 @@ def _train(
             nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
             optimizer.step()
             schedule.step()
-            losses.append(step_loss.item())
-        loss = float(np.mean(losses))
+            step_losses.append(step_loss.item())
+        loss = float(np.mean(step_losses))
+        losses.append(loss)
+        if after_epoch is not None:
+            after_epoch(model, epoch)
         if stop_score is None:
             continue
         score = stop_score(model)
@@ -130,13 +136,27 @@ def _train(
         elif epoch - best[1] >= task.early_stopping_patience:
             break
     if best is None:
-        return Trained(loss, epoch)
+        return Trained(loss, epoch, losses=losses)
     model.load_state_dict(best[2])
-    return Trained(loss, epoch, best_epoch=best[1], best_score=best[0])
+    return Trained(loss, epoch, best_epoch=best[1], best_score=best[0], losses=losses)
 
 
 @torch.no_grad()
-def _predict(model: TaskModel, kind: TaskKind, features: list[Feature], pad_id: int, batch_size: int) -> list:
+def mean_loss(model: TaskModel, kind: TaskKind, features: list[Feature], pad_id: int, batch_size: int) -> float:
+    """The model's loss on `features` (the mean over batches weighted by their inputs), in eval mode."""
+    model.eval()
+    where = next(model.parameters()).device
+    total = 0.0
+    for start in range(0, len(features), batch_size):
+        chunk = features[start : start + batch_size]
+        batch = kind.batch(chunk, pad_id, where)
+        labels = batch.pop("labels")
+        total += float(kind.loss(model(**batch).float(), labels)) * len(chunk)
+    return total / max(1, len(features))
+
+
+@torch.no_grad()
+def predict(model: TaskModel, kind: TaskKind, features: list[Feature], pad_id: int, batch_size: int) -> list:
     """Per feature: its logits as its kind splits them ((C,) for a pooled head, (T, C) cut
     to the feature's length for a per-token one)."""
     model.eval()
@@ -189,20 +209,52 @@ def _fit_and_score(
 ) -> tuple[dict[str, dict[str, float]], Trained]:
     """Fine-tunes one model on `train` and scores it on each named set in `evaluate`;
     the model is appended to `keep` when given."""
+    model, trained = fit(task, encoder_dir, tokenizer, labels, seed, random_init, train, run_key)
+    scores = {name: score_examples(model, task, tokenizer, labels, examples) for name, examples in evaluate.items()}
+    if keep is not None:
+        keep.append(model)
+    return scores, trained
+
+
+def outputs_of(model: TaskModel, task: TaskConfig, tokenizer, labels: list[str], examples: list) -> tuple[list, object]:
+    """(the model's outputs on `examples`, one per feature as the kind splits them; what the
+    kind's `score` needs besides them)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    features, extra = task.kind.features(examples, tokenizer, task, labels)
+    return predict(model, task.kind, features, pad_id, max(64, task.batch_size)), extra
+
+
+def score_examples(
+    model: TaskModel, task: TaskConfig, tokenizer, labels: list[str], examples: list
+) -> dict[str, float]:
+    """The kind's metrics of `model` on `examples`."""
+    outputs, extra = outputs_of(model, task, tokenizer, labels, examples)
+    return task.kind.score(task, labels, examples, outputs, extra)
+
+
+def fit(
+    task: TaskConfig,
+    encoder_dir: str,
+    tokenizer,
+    labels: list[str],
+    seed: int,
+    random_init: bool,
+    train: list,
+    run_key: str,
+    *,
+    after_epoch=None,
+) -> tuple[TaskModel, Trained]:
+    """A task model fine-tuned on `train` as the task says (with early stopping, on a
+    held-out part of `train`), with `seed`: init, dropout, batch order and the hold-out are
+    keyed by seed, task and `run_key`; and what its training did. after_epoch: as `_train`'s."""
     kind = task.kind
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    def score(model, examples) -> dict[str, float]:
-        features, extra = kind.features(examples, tokenizer, task, labels)
-        outputs = _predict(model, kind, features, pad_id, max(64, task.batch_size))
-        return kind.score(task, labels, examples, outputs, extra)
-
     stop_score = None
     if task.early_stopping_patience is not None:
         train, held = holdout_split(task, train, seed, run_key)
 
         def stop_score(model) -> float:
-            return _finite(score(model, held)[kind.primary_metric])
+            return _finite(score_examples(model, task, tokenizer, labels, held)[kind.primary_metric])
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "init"))
@@ -221,11 +273,8 @@ def _fit_and_score(
         train_features, _ = kind.features(train, tokenizer, task, labels)
         torch.manual_seed(keyed_seed(seed, task.name, run_key, "dropout"))
         order = torch.Generator().manual_seed(keyed_seed(seed, task.name, run_key, "order") % 2**63)
-        trained = _train(model, train_features, task, pad_id, order, stop_score)
-        scores = {name: score(model, examples) for name, examples in evaluate.items()}
-    if keep is not None:
-        keep.append(model)
-    return scores, trained
+        trained = _train(model, train_features, task, pad_id, order, stop_score, after_epoch)
+    return model, trained
 
 
 def _finite(value: float) -> float:
@@ -381,8 +430,11 @@ def run_task(
     if encoder_dir is None and not random_init:
         raise ValueError("encoder_dir is required unless random_init is true")
     encoder_dir = encoder_dir if encoder_dir is not None else tokenizer_dir
-    if task.long_inputs == "whole":  # read up to the model's own length (the modern family: 8,192 tokens)
-        task = task.model_copy(update={"max_seq_length": model_length(encoder_dir)})
+    if task.long_inputs == "whole":  # up to the model's own length (the modern family: 8,192 tokens)
+        from bertcore.model.folder import read_config
+
+        length = read_config(encoder_dir, "evaluate.tasks[*].long_inputs").max_sequence_length
+        task = task.model_copy(update={"max_seq_length": length})
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)

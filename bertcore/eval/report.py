@@ -92,17 +92,56 @@ def _heading(title: str, intro: str) -> list[str]:
     return [f"## {title}", "", intro, ""]
 
 
-def render_markdown(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> str:
+def render_markdown(
+    metrics: Mapping[str, Any], plots: Mapping[str, str], diagnoses: Mapping[str, str] | None = None
+) -> str:
     """The report as markdown. `plots` maps "pretraining" and "tasks" to image paths
-    relative to the report (absent when that plot was not drawn)."""
+    relative to the report (absent when that plot was not drawn); `diagnoses` maps a task
+    to its `bertpipe diagnose` report, relative to this one (a section lists them)."""
     out: list[str] = ["# Evaluation report", ""]
     for needs, section in _SECTIONS:
         if needs is None or metrics.get(needs):
             out += section(metrics, plots)
+    out += diagnoses_section(diagnoses or {})
     notes = metrics.get("notes") or []
     if notes:
         out += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(out)
+
+
+DIAGNOSES = "## Diagnoses"
+
+
+def diagnoses_section(diagnoses: Mapping[str, str]) -> list[str]:
+    """The lines of the section that links each task's diagnosis (none without one)."""
+    if not diagnoses:
+        return []
+    out = [
+        DIAGNOSES,
+        "",
+        (
+            "Why a task scores what it scores, measured by `bertpipe diagnose` (leakage, label balance, suspect "
+            "labels, learning rate, loss curves, forgetting, errors, seed spread):"
+        ),
+        "",
+    ]
+    return out + [f"- {task}: [{link}]({link})" for task, link in sorted(diagnoses.items())] + [""]
+
+
+def with_diagnoses(text: str, diagnoses: Mapping[str, str]) -> str:
+    """A rendered report with its diagnoses section made `diagnoses`' (replaced where it
+    has one, else put before the notes or at the end)."""
+    lines = diagnoses_section(diagnoses)
+    section = "\n".join(lines) + "\n" if lines else ""
+    start = text.find(f"\n{DIAGNOSES}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        end = len(text) if end < 0 else end + 1
+        return text[: start + 1] + section + text[end:]
+    notes = text.find("\n## Notes\n")
+    if notes >= 0:
+        return text[: notes + 1] + section + text[notes + 1 :]
+    return text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n" if section else text
 
 
 def _model_section(metrics: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:

@@ -70,6 +70,11 @@ class ExamplesConfig(Section):
     Default static, dynamic for roberta."""
     doc_sentences: bool = False
     """roberta only: DOC-SENTENCES (a sequence never crosses a document boundary) instead of FULL-SENTENCES."""
+    random_next_shards: int = Field(4, ge=0)
+    """bert: other corpus shards of the split, besides a shard's own, whose documents its random next sentences come
+    from (a keyed sample per phase, split and shard; all of them when the split has no more). A task reads its own token
+    shard and these: at most random_next_shards + 1 of them, whatever the corpus size. Google's script draws from the
+    files one process reads; 0 draws from the shard's own documents only (as LDDL)."""
     length_bins: list[int] = Field(default_factory=lambda: [32, 64, 128, 256, 512], min_length=1, validate_default=True)
     """Upper bounds of the length bins; a shard holds records of one bin so batches waste little padding."""
 

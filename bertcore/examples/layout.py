@@ -14,7 +14,9 @@ Record (one per training sequence, nothing padded; the layout of every examples 
 Randomness: one `random.Random` per (seed, "examples", phase, document, pass) drives the
 pairs and then the masks of that document, so the output does not depend on how documents
 are spread over workers. RoBERTa FULL-SENTENCES packs across the documents of one shard;
-its generator is keyed by the shard's first document instead.
+its generator is keyed by the shard's first document instead. Random B segments come from
+the `RandomDocs` the caller gives (the stage: the shard's own documents and those of a
+keyed sample of other shards, `bertcore.examples.pairs.random_next_shards`).
 """
 
 from __future__ import annotations
@@ -331,25 +333,27 @@ def example_batches(
     """Records of one corpus shard as `arrow_schema` record batches of about `block_rows`
     (default: BLOCK_TOKENS // max_seq_length), ordered by (pass, document order, pair order).
 
-    `doc_indices` are the shard's documents as indices into the corpus-wide `docs`;
-    `passes` defaults to range(cfg.dupe_factor); `doc_keys` key each document's generator
-    (default: its index). The batch boundaries do not change the records.
+    `doc_indices` are the shard's documents as indices into `docs` (which random B segments
+    are drawn from); `passes` defaults to range(cfg.dupe_factor); `doc_keys` key each
+    document's generator (default: its index; the stage passes the global document numbers
+    of its split, so the keys do not depend on which documents `docs` holds). The batch
+    boundaries do not change the records.
     """
     mask = cfg.mask_config(phase, vocab) if cfg.masking == "static" else None
     block = _Block(vocab, mask, stats)
     if block_rows is None:
         block_rows = max(64, BLOCK_TOKENS // phase.max_seq_length)
+    keys = doc_indices if doc_keys is None else doc_keys
     for pass_index in range(cfg.dupe_factor) if passes is None else passes:
         if cfg.objective == "roberta" and not cfg.doc_sentences:
             if not doc_indices:
                 continue
-            rng = keyed_random(seed, "examples", phase.name, "pack", doc_indices[0], pass_index)
+            rng = keyed_random(seed, "examples", phase.name, "pack", keys[0], pass_index)
             for _ in _packed_sequences((docs.get(i) for i in doc_indices), rng, cfg, phase, block):
                 if len(block) >= block_rows:
                     yield block.take()
             continue
-        for n, doc_index in enumerate(doc_indices):
-            key = doc_index if doc_keys is None else doc_keys[n]
+        for key, doc_index in zip(keys, doc_indices):
             rng = keyed_random(seed, "examples", phase.name, key, pass_index)
             if cfg.objective == "roberta":
                 for _ in _packed_sequences([docs.get(doc_index)], rng, cfg, phase, block):
@@ -374,8 +378,8 @@ def examples_for_document(
     doc_key: str | int | None = None,
 ) -> list[dict]:
     """Records (dicts) of one document for one pass (objectives bert, sop, and roberta with
-    doc_sentences). `docs` is the corpus-wide document index (random B segments come from
-    it); `doc_key` keys the generator (default: doc_index), e.g. the corpus doc_id.
+    doc_sentences). `docs` holds the documents random B segments come from; `doc_key` keys
+    the generator (default: doc_index), e.g. the corpus doc_id.
     """
     if cfg.objective == "roberta" and not cfg.doc_sentences:
         raise ValueError("FULL-SENTENCES packs across documents: use examples_for_shard")

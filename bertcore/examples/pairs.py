@@ -17,8 +17,11 @@ differences, all rare:
   uniformly among the other documents instead; only a one-document corpus takes its random
   B from the current document (counted as `same_document_negative`). An empty random
   document counts as a failed draw.
-- Google draws negatives from its one in-memory input; bertpipe from the whole corpus, via
-  `RandomDocs` (the caller backs it with a corpus-wide index).
+- Google draws negatives from the documents of the input files its one process reads (a
+  shard of the corpus, as it is run in practice; LDDL: the same partition). bertpipe draws
+  them from a corpus shard's own documents and those of a keyed sample of other shards of
+  its split (`random_next_shards`), via `RandomDocs` (the caller backs it with an index over
+  those shards), so the bytes a task reads are bounded by the sample, not by the corpus.
 `objective: sop` (ALBERT): A and B are always consecutive text of the same document; label 1
 means the two were swapped. A chunk of a single segment (ALBERT takes a random B there) is
 split inside the segment at a uniform token boundary instead, so SOP never sees text from
@@ -43,7 +46,7 @@ RANDOM_NEXT_TRIES = 10
 
 
 class RandomDocs(Protocol):
-    """Corpus-wide access to documents by index, used to draw random B segments."""
+    """Access by index to the documents random B segments are drawn from."""
 
     @property
     def num_documents(self) -> int: ...
@@ -63,6 +66,20 @@ class InMemoryDocs:
 
     def get(self, index: int) -> Document:
         return self.documents[index]
+
+
+def random_next_shards(own: int, shards: int, others: int, rng: random.Random) -> list[int]:
+    """The shards whose documents a shard's random next sentences come from, in shard order:
+    `own` and `others` of the other `shards - 1` drawn without replacement (all of them when
+    there are no more than `others`). Google's script draws from the files one process
+    reads; this is that set, chosen by a keyed generator instead of by how the corpus was
+    split among processes."""
+    if not 0 <= own < shards:
+        raise ValueError(f"shard {own} is not among {shards} shards")
+    if others >= shards - 1:
+        return list(range(shards))
+    picked = [s + (s >= own) for s in rng.sample(range(shards - 1), others)]
+    return sorted([own, *picked])
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@ thread runs them through the model a batch at a time (`run`: Engine.run).
 
 When is a batch cut? When the model is free, it takes every request queued then (at most
 `max_batch_requests`), so batches grow with the load by themselves: requests that came
-while the model computed form the next batch. Waiting is adaptive:
+while the model computed form the next batch; or, when batching does not pay, the first
+request alone (`serve.batching`: batch_choice.py decides, measuring each way's cost per
+token as it serves). Waiting is adaptive:
 
 - a request that finds the model free and nothing else queued runs at once, alone: at
   concurrency 1 batching costs nothing;
@@ -31,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from bertcore.inference.batch_choice import BATCHED, BatchChoice
 from bertcore.inference.validate import Job
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,8 @@ class _Waiting:
 class Batcher:
     """One server's queue and model thread (see the module docstring). `run(jobs)` returns
     (per job an answer or an exception to raise to its caller, what to record); `record`
-    is called on the event loop with each batch's (items, started, record)."""
+    is called on the event loop with each batch's (items, started, record, answers); `tokens(record)`
+    gives the tokens a run read, which `choice` (the batching setting) weighs its cost by."""
 
     def __init__(
         self,
@@ -66,9 +70,13 @@ class Batcher:
         max_batch_requests: int,
         batch_wait_ms: float,
         max_queued_texts: int,
-        record: Callable[[list[_Waiting], float, Any], None] | None = None,
+        record: Callable[[list[_Waiting], float, Any, list[Any]], None] | None = None,
+        choice: BatchChoice | None = None,
+        tokens: Callable[[Any], int] | None = None,
     ):
         self._run, self._record = run, record
+        self.choice = choice or BatchChoice("on")
+        self._tokens = tokens or (lambda record: 0)
         self.max_batch_requests, self.wait_s, self.max_queued_texts = (
             max_batch_requests,
             batch_wait_ms / 1000,
@@ -128,8 +136,13 @@ class Batcher:
                 self._idle.set()
                 self._arrived.clear()
                 await self._arrived.wait()
-            await self._gather()
-            batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch_requests))]
+            way = self.choice.way()
+            if way == BATCHED:
+                await self._gather()
+            waiting = len(self._queue)
+            batch = [
+                self._queue.popleft() for _ in range(min(waiting, self.max_batch_requests if way == BATCHED else 1))
+            ]
             self.queued_texts -= sum(w.job.size for w in batch)
             self._last_batch = len(batch)
             started = time.perf_counter()
@@ -138,6 +151,8 @@ class Batcher:
             except Exception as exc:  # noqa: BLE001 - the batch's requests fail, the server stays
                 answers, record = [exc] * len(batch), None
             seconds = time.perf_counter() - started
+            if waiting > 1 and record is not None:  # a choice between the ways was made: its cost counts
+                self.choice.record(way, self._tokens(record), seconds)
             texts = sum(w.job.size for w in batch)
             self._rate = texts / seconds if self._rate == 0 else 0.8 * self._rate + 0.2 * texts / max(seconds, 1e-6)
             for waiting, answer in zip(batch, answers):
@@ -145,7 +160,7 @@ class Batcher:
                     waiting.answer.set_result(answer)
             if self._record is not None:
                 try:
-                    self._record(batch, started, record)
+                    self._record(batch, started, record, answers)
                 except Exception:  # metrics must not stop the worker
                     log.exception("bertpipe serve: recording a batch's metrics failed")
 

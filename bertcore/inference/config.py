@@ -6,7 +6,9 @@ for embeddings, the task head's own for predictions.
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from bertcore.section import Section
 
@@ -42,3 +44,35 @@ class ServeConfig(Section):
     replicas (at most one node's)."""
     top_k: int = Field(5, ge=1, le=100)
     """/fill-mask: predictions returned per [MASK] unless the request asks for another top_k."""
+    accept_token_ids: bool = False
+    """/v1/embeddings: take lists of token ids as input. Only ids from this model's own tokenizer (POST /tokenize)
+    mean anything to it: ids from another tokenizer (tiktoken's, which LangChain's OpenAIEmbeddings sends unless
+    check_embedding_ctx_length=False) would be read as this vocabulary's and give a wrong vector without an error.
+    false (the default): a list of ids is refused (422) with a line that says so; true: accepted, and ids that
+    already begin with [CLS] and end with [SEP] are not wrapped again."""
+    model_aliases: list[str] = Field(default_factory=list)
+    """Other names /v1/embeddings answers to in `model`, besides the served model's own (the one GET /v1/models
+    lists: pretrained, student), e.g. the name a client has built in (Haystack's and LangChain's OpenAI embedders
+    default to OpenAI's model names). Any other name gets 404 model_not_found, as OpenAI answers it; a request
+    without `model` is answered by the served model."""
+    unreadable: Literal["flag", "refuse"] = "flag"
+    """A text that is nothing but unknown tokens (emoji, or a script the vocabulary never saw, each token [UNK]),
+    whose vector would be the same for every such text. flag (the default): answered and flagged (unreadable: true
+    beside its vector, its index in the x-bertpipe-unreadable header), so one unreadable document does not fail a
+    batch of good ones; refuse: the request is refused with a 422 that names the text. Every answer gives each
+    input's unknown-token count either way."""
+    batching: Literal["auto", "on", "off"] = "auto"
+    """Whether requests that wait together run as one batch. on: a batch takes up to max_batch_requests requests;
+    off: each request runs alone; auto (the default): the server measures as it serves what a token costs in batches
+    and alone (while more than one request waits), and batches only while batches measure cheaper, trying the other
+    way with about 5% of the work. It starts alone: the model runs on the CPU, where padded batches of texts of mixed
+    lengths measured dearer per text than the texts one at a time. The start line says the setting; GET /info the way
+    chosen now and what each way measured."""
+
+    @field_validator("batching", mode="before")
+    @classmethod
+    def _on_off(cls, value: object) -> object:
+        """YAML reads a bare on or off as true or false: they mean the settings of those names."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value

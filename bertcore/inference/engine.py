@@ -8,8 +8,13 @@ and the model the evaluate stage fine-tuned on the task (for predictions).
 1. Each input becomes rows of token ids, read as its kind says (`Reading`): cut at
    max_tokens, or in overlapping windows (bertcore/eval/windows.py) when the evaluate
    stage read long inputs so. A pair is laid out `[CLS] a [SEP] b [SEP]`, token types 0
-   then 1, as fine-tuning read it. Masked words are always cut. A job with `truncate`
-   false that would leave text unread is refused (413), the other jobs of the batch run.
+   then 1, as fine-tuning read it. Masked words are always cut. Token ids (the model's
+   own) that already begin with [CLS] and end with [SEP] are not wrapped again. A job with
+   `truncate` false that would leave text unread is refused (413), the other jobs of the
+   batch run. Each input's unknown tokens ([UNK]: what the vocabulary could not read, in
+   the whole input, read or cut) are counted; an input that is nothing but unknown tokens
+   is `unreadable`: flagged in its answer, or its job refused (422) when the spec says
+   `unreadable="refuse"`.
 2. The rows of each graph are cut into model calls within the token budget (batching.py)
    and run; a call of the model gives its rows their last hidden states, so one call
    serves embeddings and masked words alike; a call of the task model gives logits.
@@ -35,6 +40,8 @@ from bertcore.eval.windows import Windowing, split_windows
 from bertcore.inference import batching, pooling
 from bertcore.inference.validate import Job, RequestError
 
+UNREADABLE = "unreadable"
+"""The code of the RequestError that refuses an input of nothing but unknown tokens."""
 ALL_WINDOWS = 1 << 20
 """max_windows when truncation keeps the end: every window, the last ones kept."""
 
@@ -77,15 +84,35 @@ class EngineSpec:
     mlm_dir: str | None = None
     budget: int = 8192
     threads: int = 1
+    unreadable: str = "flag"
+    """An input that is nothing but unknown tokens: `flag` (answered, flagged) or `refuse` (its job gets a 422)."""
 
 
 @dataclass
 class Call:
-    """One model call: rows, tokens computed (padding included), seconds."""
+    """One model call: rows, tokens computed (padding included), seconds, and the tokens
+    that were not padding."""
 
     rows: int
     tokens: int
     seconds: float
+    read: int = 0
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What the model made of one input: tokens read (special tokens included), whether
+    text was left unread, and of the input's own tokens (all of it, special tokens not
+    counted) how many are unknown."""
+
+    tokens: int
+    cut: bool
+    unknown: int = 0
+    whole: int = 0
+
+    @property
+    def unreadable(self) -> bool:
+        return self.whole > 0 and self.unknown == self.whole
 
 
 @dataclass
@@ -125,7 +152,7 @@ class Engine:
         """The answer of each job (or the RequestError that refuses it; see the module
         docstring), and the model calls made."""
         rows: list[_Row] = []
-        read: list[list[tuple[int, bool]]] = []
+        read: list[list[_Read]] = []
         refused: dict[int, RequestError] = {}
         for j, job in enumerate(jobs):
             try:
@@ -145,7 +172,14 @@ class Engine:
                 )
                 started = time.perf_counter()
                 out = run(feed)
-                calls.append(Call(len(call), feed["input_ids"].size, time.perf_counter() - started))
+                calls.append(
+                    Call(
+                        len(call),
+                        feed["input_ids"].size,
+                        time.perf_counter() - started,
+                        int(feed["attention_mask"].sum()),
+                    )
+                )
                 for slot, i in enumerate(call):
                     per_row[i] = self._keep(jobs[rows[i].job], rows[i], out, feed, slot)
         grouped: list[list[list[dict]]] = [[[] for _ in range(job.size)] for job in jobs]
@@ -164,15 +198,27 @@ class Engine:
             return self.spec.classify
         return Reading(self.spec.fill_mask_tokens)
 
-    def _rows(self, j: int, job: Job) -> tuple[list[_Row], list[tuple[int, bool]]]:
-        """One job's rows, and per input (tokens read, text left unread)."""
+    def _rows(self, j: int, job: Job) -> tuple[list[_Row], list[_Read]]:
+        """One job's rows, and what the model made of each input (see `_Read`)."""
         if job.kind == "tokenize":
             return [], []
         reading = self.reading(job.kind)
+        if job.second is not None and (reading.windows is None or job.token_ids is not None):
+            rows, read = self._pairs(j, job, reading.max_tokens)
+            return rows, self._checked(job, read)
+        bodies = (
+            [self._unwrapped(list(ids)) for ids in job.token_ids]
+            if job.token_ids is not None
+            else self.tokenizer(list(job.texts), add_special_tokens=False, verbose=False)["input_ids"]
+        )
+        unknown = [self._unknown(body) for body in bodies]
         rows: list[_Row] = []
-        read: list[tuple[int, bool]] = []
+        read: list[_Read] = []
         if reading.windows is not None and job.token_ids is None:
             spec = replace(reading.windows, max_windows=ALL_WINDOWS) if job.left else reading.windows
+            if job.second is not None:
+                seconds = self.tokenizer(list(job.second), add_special_tokens=False, verbose=False)["input_ids"]
+                unknown = [(a + b, n + m) for (a, n), (b, m) in zip(unknown, map(self._unknown, seconds))]
             for t, text in enumerate(job.texts):
                 windows = split_windows(self.tokenizer, text, job.second[t] if job.second else None, spec)
                 ids, types = windows.input_ids, windows.token_type_ids
@@ -186,15 +232,8 @@ class Engine:
                     )
                 keep = slice(-reading.windows.max_windows, None) if job.left else slice(None)
                 rows += [_Row(j, t, i, y) for i, y in zip(ids[keep], types[keep])]
-                read.append((sum(map(len, ids[keep])), cut))
-            return rows, read
-        if job.second is not None:
-            return self._pairs(j, job, reading.max_tokens)
-        bodies = (
-            job.token_ids
-            if job.token_ids is not None
-            else self.tokenizer(list(job.texts), add_special_tokens=False, verbose=False)["input_ids"]
-        )
+                read.append(_Read(sum(map(len, ids[keep])), cut, *unknown[t]))
+            return rows, self._checked(job, read)
         room = reading.max_tokens - len(self._prefix) - len(self._suffix)
         for t, body in enumerate(bodies):
             body = list(body)
@@ -209,10 +248,38 @@ class Engine:
                 body = body[len(body) - room :] if job.left else body[:room]
             ids = self._prefix + body + self._suffix
             rows.append(_Row(j, t, ids, [0] * len(ids)))
-            read.append((len(ids), cut))
-        return rows, read
+            read.append(_Read(len(ids), cut, *unknown[t]))
+        return rows, self._checked(job, read)
 
-    def _pairs(self, j: int, job: Job, max_tokens: int) -> tuple[list[_Row], list[tuple[int, bool]]]:
+    def _unwrapped(self, ids: list[int]) -> list[int]:
+        """Token ids without the special tokens around them, when they came with them (ids
+        copied from /tokenize hold [CLS] and [SEP] already)."""
+        head, tail = len(self._prefix), len(self._suffix)
+        if len(ids) >= head + tail and ids[:head] == self._prefix and ids[len(ids) - tail :] == self._suffix:
+            return ids[head : len(ids) - tail]
+        return ids
+
+    def _unknown(self, body: Sequence[int]) -> tuple[int, int]:
+        """(unknown tokens, tokens) of one input's own tokens."""
+        unk = self.tokenizer.unk_token_id
+        return (0 if unk is None else sum(1 for token in body if token == unk)), len(body)
+
+    def _checked(self, job: Job, read: list[_Read]) -> list[_Read]:
+        """`read`, or a 422 for the first unreadable input when the spec refuses them."""
+        if self.spec.unreadable == "refuse":
+            for t, one in enumerate(read):
+                if one.unreadable:
+                    text = job.texts[t] if job.token_ids is None else None
+                    raise RequestError(
+                        422,
+                        f"{_where(job, t)}{f' ({_shown(text)})' if text else ''} is all unknown tokens: this model's "
+                        "vocabulary cannot read any of it, so its answer would mean nothing (serve.unreadable is "
+                        "refuse; with flag it is answered and flagged)",
+                        code=UNREADABLE,
+                    )
+        return read
+
+    def _pairs(self, j: int, job: Job, max_tokens: int) -> tuple[list[_Row], list[_Read]]:
         """Pairs cut to max_tokens as fine-tuning cut them (the tokenizer's longest-first)."""
         firsts, seconds = list(job.texts), list(job.second)
         whole = self.tokenizer(firsts, seconds, return_token_type_ids=True, verbose=False)
@@ -242,7 +309,16 @@ class Engine:
             for k, t in enumerate(long):
                 ids[t], types[t] = cut["input_ids"][k], cut["token_type_ids"][k]
         rows = [_Row(j, t, list(ids[t]), list(types[t])) for t in range(len(firsts))]
-        return rows, [(len(ids[t]), lengths[t] > max_tokens) for t in range(len(firsts))]
+        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        return rows, [
+            _Read(
+                len(ids[t]),
+                lengths[t] > max_tokens,
+                self._unknown(whole["input_ids"][t])[0],
+                lengths[t] - specials,
+            )
+            for t in range(len(firsts))
+        ]
 
     # -- 2. what each row keeps of a call's outputs -------------------------------------------
 
@@ -260,10 +336,15 @@ class Engine:
 
     # -- 3. answers ----------------------------------------------------------------------------
 
-    def _answer(self, job: Job, inputs: list[list[dict]], read: list[tuple[int, bool]]) -> dict:
+    def _answer(self, job: Job, inputs: list[list[dict]], read: list[_Read]) -> dict:
         if job.kind == "tokenize":
             return {"tokens": [self._tokens(text, job.add_special_tokens) for text in job.texts]}
-        answer: dict = {"tokens": [tokens for tokens, _ in read], "truncated": [cut for _, cut in read]}
+        answer: dict = {
+            "tokens": [one.tokens for one in read],
+            "truncated": [one.cut for one in read],
+            "unknown": [one.unknown for one in read],
+            "unreadable": [one.unreadable for one in read],
+        }
         if job.kind == "embed":
             windows = self.spec.embed.windows
             window_pool = windows.pool if windows and job.token_ids is None else "first"
@@ -345,6 +426,12 @@ class Engine:
 
 def _where(job: Job, t: int) -> str:
     return f"inputs[{t}]" if job.size > 1 else "the input"
+
+
+def _shown(text: str) -> str:
+    """A text for a message: short, on one line."""
+    one_line = " ".join(text.split())
+    return repr(one_line if len(one_line) <= 40 else one_line[:37] + "...")
 
 
 def _specials(tokenizer) -> tuple[list[int], list[int]]:

@@ -50,6 +50,16 @@ SPECS = {
             "Time a request waited for its batch to start, by kind of work.",
             LATENCY_BUCKETS,
         ),
+        Spec(
+            "bertpipe_unknown_tokens_total",
+            "counter",
+            "Tokens of the inputs that the vocabulary could not read ([UNK]), by kind of work.",
+        ),
+        Spec(
+            "bertpipe_unreadable_inputs_total",
+            "counter",
+            "Inputs that were nothing but unknown tokens (answered and flagged, or refused), by kind of work.",
+        ),
         Spec("bertpipe_batch_requests", "histogram", "Requests per batch.", SIZE_BUCKETS),
         Spec("bertpipe_call_rows", "histogram", "Rows (texts or windows) per model call.", SIZE_BUCKETS),
         Spec("bertpipe_call_tokens", "histogram", "Tokens per model call, padding included.", TOKEN_BUCKETS),

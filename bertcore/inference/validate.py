@@ -7,10 +7,12 @@ options every family shares (`flag`, `truncation`). What they make of a request 
 `Job`, what the Engine runs; what the served model can do is an `Offer`.
 
     400  the body is not UTF-8, or not JSON
-    404  the model does not have that task (no head, another task, no masked-LM head)
+    404  the model does not have that task (no head, another task, no masked-LM head); a
+         `model` that names no served model (OpenAI's model_not_found)
     413  the body, a text or the number of texts is over its limit; with truncate false, an
          input longer than the model reads
-    422  a field is missing, unknown or of the wrong type; a text is empty
+    422  a field is missing, unknown or of the wrong type; a text is empty; token ids where
+         the server was not told they are its own tokenizer's (serve.accept_token_ids)
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ BODY_LIMIT = "(serve.max_texts x serve.max_text_bytes)"
 
 
 class RequestError(Exception):
-    """A request the service refuses: `status` (4xx) and a one-line `reason`."""
+    """A request the service refuses: `status` (4xx) and a one-line `reason`; for route
+    families whose errors carry them (OpenAI's), the field at fault (`param`) and a
+    machine-readable `code` (e.g. model_not_found)."""
 
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, *, param: str | None = None, code: str | None = None):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,10 @@ class Offer:
     """What the served model can do: its task head (None without one; `head_type` its
     task type's name, `head_shape` what its logits are: `labels` or `score` for /predict;
     `pairs` when it was fine-tuned on text pairs, `labels` its classes), its mask token when
-    it has a masked-LM head (None: no /fill-mask), the defaults of the options, and what
-    clients are told it is."""
+    it has a masked-LM head (None: no /fill-mask), the defaults of the options, what
+    clients are told it is (`model_id`, and the other names `aliases` it answers to), and
+    whether token ids are taken as input (`token_ids`: the server was told they come from
+    this model's tokenizer)."""
 
     task: str | None
     head_type: str | None
@@ -67,6 +75,13 @@ class Offer:
     dimensions: int | None = None
     """The embeddings' size (the encoder's hidden size)."""
     vocab_size: int | None = None
+    aliases: tuple[str, ...] = ()
+    token_ids: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request's `model` may give: the served model's own, then its aliases."""
+        return (self.model_id, *self.aliases)
 
     @property
     def head_shape(self) -> str | None:
@@ -84,7 +99,8 @@ class Job:
     """One request's work: its kind (KINDS), its inputs and its options.
 
     Inputs are `texts`; for a pair head also `second` (each pair's second text); or, for
-    embeddings, `token_ids` (the served model's own vocabulary ids, without [CLS]/[SEP])."""
+    embeddings, `token_ids` (the served model's own vocabulary ids, with or without
+    [CLS]/[SEP] around them)."""
 
     kind: str
     texts: tuple[str, ...] = ()

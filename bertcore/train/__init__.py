@@ -6,7 +6,9 @@ save), `phase_data.py` (what a worker reads: its place, each phase's examples an
 `objectives.py` (what a step optimises: MLM+NSP, MLM only; distillation brings its
 own from bertcore/distill/), `optim.py` (schedule, LAMB, parameter groups, the DeepSpeed
 JSON), `checkpoint.py` (checkpoint files and their bookkeeping), `loader.py` (batches from
-examples shards), `loss_watch.py` (divergence), `metrics_log.py` (metrics.jsonl,
+examples shards, a window at a time), `records.py` (a window's records read from the
+shards' maps), `shard_cache.py` (the machine's bounded cache the
+shards come through), `loss_watch.py` (divergence), `metrics_log.py` (metrics.jsonl,
 validation.jsonl), `mfu.py`, `op_builds.py` (DeepSpeed's compiled ops and its import),
 `tracking.py` (TensorBoard, MLflow, W&B), `export.py` (a checkpoint as a Hugging Face
 folder) and `config.py` (TrainingConfig, the settings the loop shares, and the `pretrain:`

@@ -110,6 +110,7 @@ RESUME_NEUTRAL = {
     "torch_threads",
     "peak_flops_per_device",
     "loader_processes",
+    "data_cache_gb",
     "max_failures",
     "min_workers",
     "rejoin_timeout_s",
@@ -186,6 +187,14 @@ class TrainingConfig(Section):
     """torch intra-op threads per worker (default: what Ray gives the worker)."""
     loader_processes: int = Field(0, ge=0)
     """DataLoader processes per worker that read and collate batches (0: in the training process)."""
+    shuffle_window_shards: int = Field(16, ge=1)
+    """Examples shards read at a time: each epoch orders the shards by a keyed shuffle, then shuffles the records of
+    this many shards together (the window); a worker holds one window (and the next, fetched ahead), never the whole
+    data set. Larger mixes more; it shapes the data order, so a checkpoint resumes only with the same value."""
+    data_cache_gb: float = Field(4.0, gt=0.0)
+    """Local disk per machine for examples shards when run.root is remote (s3://...): the ranks of a machine share one
+    cache, download each shard once, and evict it when their windows move on; it must hold two windows of the largest
+    shards and the validation window (checked before training starts). The folder is removed when training ends."""
     validation_batches: int = Field(20, ge=0)
     """Batches per worker of a fixed sample of the current phase's validation examples, evaluated every eval_every steps
     and at the end (validation.jsonl); 0 skips validation."""
@@ -203,6 +212,10 @@ class TrainingConfig(Section):
     rejoin_timeout_s: float = Field(120.0, ge=0.0)
     """After a lost node, seconds to wait for the cluster to hold num_workers workers again before going on with
     fewer."""
+
+    @property
+    def data_cache_bytes(self) -> int:
+        return int(self.data_cache_gb * 1e9)
 
     @field_validator("betas")
     @classmethod

@@ -1,10 +1,18 @@
-"""Training data loader over examples shards (Arrow IPC files, opened memory-mapped).
+"""Training data loader over examples shards (Arrow IPC files, memory-mapped), streamed a
+window of shards at a time.
 
-Per epoch: records are grouped by length bin (or by file when no bins are given), shuffled
-within each group, cut into batches, and the batches shuffled, all keyed by (seed, epoch);
-data-parallel rank r takes global batches r, r + W, r + 2W, ... Every rank therefore sees
-each record of its batches once, the ranks together see every record once per epoch, and
-a batch never mixes length bins, so padding stays small.
+Per epoch, one global order that does not depend on the number of ranks: the shards in a
+keyed order, cut into windows of `window_shards`; inside a window, records are grouped by
+length bin (or by file when no bins are given), shuffled, cut into batches, and the
+batches shuffled, all keyed by (seed, epoch, window). Data-parallel rank r takes global
+batches r, r + W, r + 2W, ... Every rank therefore sees each record of its batches once,
+the ranks together see every record once per epoch (but the last incomplete round of W
+batches), and a batch mixes length bins only where a window's bins leave records over.
+
+Only the current window is in memory (its scalar columns, about 11 bytes per record of
+the window) and on local disk (with the next, fetched in the background) when the shards
+come through a `ShardCache` (bertcore/train/shard_cache.py): memory and disk grow with the
+window, not with the data set.
 
 A batch is a dict of tensors:
     input_ids           (B, T) long   padded with [PAD] to a multiple of 8
@@ -17,12 +25,15 @@ Static masking reads the stored masks; dynamic masking draws one with `mask_batc
 (seed, epoch, global batch index), so each epoch gets a new mask and a rerun the same one.
 
 `state_dict()` records (epoch, batches consumed); a loader restored from it yields exactly
-the remaining batches of the uninterrupted epoch, then continues with the next epochs.
+the remaining batches of the uninterrupted epoch, then continues with the next epochs. The
+window of the next batch follows from the shards' row counts, so a resume reads nothing
+that came before it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -32,161 +43,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from bertcore.examples.config import length_bin
 from bertcore.examples.masking import MaskConfig, mask_batch
 from bertcore.rng import keyed_numpy, keyed_seed
+from bertcore.train.records import ExamplesDataset, Rows
+from bertcore.train.shard_cache import LocalFiles, ShardCache, ShardRef
 
 IGNORE_INDEX = -100
-
-
-@dataclass
-class _Columns:
-    """One record batch of a shard: its list columns as (offsets, values) numpy views of the
-    map (offsets as memoryviews: indexing one gives a Python int, which is what slicing
-    wants, several times faster than a numpy scalar)."""
-
-    ids: tuple[memoryview, np.ndarray]
-    positions: tuple[memoryview, np.ndarray]
-    masked_ids: tuple[memoryview, np.ndarray]
-
-
-def _list_column(batch: pa.RecordBatch, name: str) -> tuple[memoryview, np.ndarray]:
-    array = batch.column(name)
-    return memoryview(array.offsets.to_numpy()), array.values.to_numpy(zero_copy_only=False)
-
-
-@dataclass
-class Rows:
-    """The records of one batch, gathered: scalars per record, list columns back to back."""
-
-    lengths: np.ndarray  # (B,) int64
-    segment_b_start: np.ndarray  # (B,)
-    next_sentence_label: np.ndarray  # (B,) int8
-    ids: np.ndarray  # (sum of lengths,) every record's input_ids in turn
-    mask_counts: np.ndarray | None = None  # (B,) stored masked positions per record (static)
-    positions: np.ndarray | None = None  # (sum of mask_counts,)
-    masked_ids: np.ndarray | None = None  # (sum of mask_counts,)
-
-
-class ExamplesDataset(Dataset):
-    """Records of a list of local examples shards, gathered a batch at a time (`rows`).
-
-    The scalar columns (length, segment_b_start, next_sentence_label) are read up front into
-    arrays over all records; the list columns stay in the files, which are mapped lazily in
-    each process that reads (DataLoader workers included). Item i -> dict (one record, numpy
-    id arrays), for inspection.
-    """
-
-    def __init__(self, paths: Sequence[str | PathLike], vocab_size: int | None = None):
-        self.paths = [str(p) for p in paths]
-        self.vocab_size = vocab_size
-        """Token ids at or above it are refused, naming the shard, when its file is mapped
-        (they would fail deep in the model's embedding with no file named)."""
-        lengths, b_starts, labels, file_of, batch_rows, batch_file = [], [], [], [], [], []
-        for k, path in enumerate(self.paths):
-            try:
-                table = ipc.open_file(pa.memory_map(path)).read_all()
-                columns = table.select(["length", "segment_b_start", "next_sentence_label"])
-                sizes = [len(chunk) for chunk in table.column("length").chunks]
-            except (OSError, pa.ArrowInvalid, KeyError) as exc:
-                raise ValueError(f"{path}: not a readable examples shard ({exc})") from None
-            lengths.append(columns.column("length").to_numpy().astype(np.int64))
-            b_starts.append(columns.column("segment_b_start").to_numpy())
-            labels.append(columns.column("next_sentence_label").to_numpy())
-            file_of.append(np.full(table.num_rows, k, dtype=np.int64))
-            batch_rows += sizes
-            batch_file += [k] * len(sizes)
-        self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-        self.segment_b_start = np.concatenate(b_starts) if b_starts else np.zeros(0, dtype=np.int64)
-        self.next_sentence_label = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int8)
-        self.file_of = np.concatenate(file_of) if file_of else np.zeros(0, dtype=np.int64)
-        # record batches of all files in turn: where each starts (global record number), its file
-        self.batch_starts = np.concatenate([[0], np.cumsum(batch_rows, dtype=np.int64)]).astype(np.int64)
-        self.batch_file = np.asarray(batch_file, dtype=np.int64)
-        self._columns: list[_Columns | None] = [None] * len(batch_rows)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def _map(self, batch: int) -> None:
-        """Map the file holding record batch `batch` (all its batches at once)."""
-        k = int(self.batch_file[batch])
-        first = int(np.searchsorted(self.batch_file, k, side="left"))
-        # The numpy views keep the mapping alive after the file is closed (here, not at garbage
-        # collection), so an epoch over thousands of shards holds no descriptor per shard.
-        with pa.memory_map(self.paths[k]) as source:
-            reader = ipc.open_file(source)
-            for i in range(reader.num_record_batches):
-                record_batch = reader.get_batch(i)
-                columns = _Columns(
-                    *(_list_column(record_batch, name) for name in ("input_ids", "masked_positions", "masked_ids"))
-                )
-                if self.vocab_size is not None:
-                    _check_ids(self.paths[k], columns, self.vocab_size)
-                self._columns[first + i] = columns
-
-    def rows(self, indices: np.ndarray, masks: bool = True) -> Rows:
-        """The records `indices` (global record numbers), in that order; `masks`: gather the
-        stored masked positions and ids too."""
-        indices = np.asarray(indices, dtype=np.int64)
-        batch = np.searchsorted(self.batch_starts, indices, side="right") - 1
-        row = indices - self.batch_starts[batch]
-        ids, positions, masked = [], [], []
-        columns = self._columns
-        for b, r in zip(batch.tolist(), row.tolist()):
-            c = columns[b]
-            if c is None:
-                self._map(b)
-                c = columns[b]
-            offsets, values = c.ids
-            ids.append(values[offsets[r] : offsets[r + 1]])
-            if masks:
-                offsets, values = c.positions
-                positions.append(values[offsets[r] : offsets[r + 1]])
-                offsets, values = c.masked_ids
-                masked.append(values[offsets[r] : offsets[r + 1]])
-        out = Rows(
-            self.lengths[indices], self.segment_b_start[indices], self.next_sentence_label[indices], _joined(ids)
-        )
-        if masks:
-            out.mask_counts = np.fromiter(map(len, positions), dtype=np.int64, count=len(positions))
-            out.positions, out.masked_ids = _joined(positions), _joined(masked)
-        return out
-
-    def __getitem__(self, index: int) -> dict:
-        rows = self.rows(np.asarray([index]))
-        return {
-            "input_ids": rows.ids,
-            "masked_positions": rows.positions,
-            "masked_ids": rows.masked_ids,
-            "segment_b_start": int(rows.segment_b_start[0]),
-            "next_sentence_label": int(rows.next_sentence_label[0]),
-            "length": int(rows.lengths[0]),
-        }
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_columns"] = [None] * len(self._columns)  # memory maps do not pickle; workers reopen
-        return state
-
-
-def _check_ids(path: str, columns: _Columns, vocab_size: int) -> None:
-    for name, (_, values) in (("input_ids", columns.ids), ("masked_ids", columns.masked_ids)):
-        if not values.size:
-            continue
-        low, high = int(values.min()), int(values.max())
-        if low < 0 or high >= vocab_size:
-            bad = high if high >= vocab_size else low
-            raise ValueError(
-                f"{path}: {name} holds token id {bad}, outside this run's vocabulary of {vocab_size} entries "
-                "(a shard made with another vocabulary?)"
-            )
-
-
-def _joined(pieces: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
 class Collator:
@@ -255,38 +120,130 @@ class Collator:
         return out
 
 
-class _Batches(Dataset):
-    """Item (epoch, global batch index, record numbers) -> the collated batch: what a
-    DataLoader worker computes."""
+class Batching:
+    """How the records of one window become batches of `size`: each group (a length bin, or
+    a file when no bins are given) is shuffled and cut into full batches; what the groups
+    leave over is batched together, shortest first, so a batch mixes groups only there and a
+    window of n records gives exactly n // size batches (ceil with drop_last=False, the last
+    one short). The window's batches are then shuffled."""
 
-    def __init__(self, dataset: ExamplesDataset, collator: Collator):
-        self.dataset, self.collator = dataset, collator
+    def __init__(self, size: int, *, drop_last: bool, shuffle: bool):
+        if size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.size, self.drop_last, self.shuffle = size, drop_last, shuffle
 
-    def __len__(self) -> int:
-        return len(self.dataset)
+    def count(self, rows: int) -> int | None:
+        """Batches of a window of `rows` records, known before it is read (a batching whose
+        count needs the records themselves, packing to a token budget, returns None)."""
+        return rows // self.size if self.drop_last else math.ceil(rows / self.size)
 
-    def __getitem__(self, key: tuple[int, int, np.ndarray]) -> dict[str, torch.Tensor]:
-        epoch, batch_index, indices = key
-        rows = self.dataset.rows(indices, masks=self.collator.masking == "static")
+    def __call__(self, lengths: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        size, batches, leftovers = self.size, [], []
+        for group in np.unique(groups):
+            members = np.flatnonzero(groups == group)
+            if self.shuffle:
+                members = rng.permutation(members)
+            full = len(members) // size * size
+            batches += np.split(members[:full], full // size) if full else []
+            leftovers.append(members[full:])
+        rest = np.concatenate(leftovers) if leftovers else np.zeros(0, dtype=np.int64)
+        rest = rest[np.argsort(lengths[rest], kind="stable")]
+        for start in range(0, len(rest), size):
+            if len(rest) - start >= size or not self.drop_last:
+                batches.append(rest[start : start + size])
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+
+@dataclass
+class _Window:
+    """The records of one window's shards and their batches (record numbers of `records`)."""
+
+    records: ExamplesDataset
+    batches: list[np.ndarray]
+
+
+class _Windows:
+    """The shards' windows, opened through the cache: what both the training process and
+    DataLoader worker processes read batches from (picklable; a process keeps the last two
+    windows it opened)."""
+
+    def __init__(self, loader: ExamplesLoader):
+        self.shards, self.cache, self.vocab_size = loader.shards, loader.cache, loader.vocab_size
+        self.seed, self.window_shards, self.shuffle = loader.seed, loader.window_shards, loader.shuffle
+        self.local_rank = loader.local_rank
+        self.length_bins, self.batching, self.collator = loader.length_bins, loader.batching, loader.collator
+        self._open: dict[tuple[int, int], _Window] = {}
+
+    def order(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's windows: shard numbers, in a keyed order, `window_shards` at a time."""
+        n = len(self.shards)
+        order = keyed_numpy(self.seed, "loader", epoch, "shards").permutation(n) if self.shuffle else np.arange(n)
+        return [order[i : i + self.window_shards] for i in range(0, n, self.window_shards)]
+
+    def refs(self, epoch: int, window: int) -> list[ShardRef]:
+        windows = self.order(epoch)
+        return [self.shards[i] for i in windows[window]] if window < len(windows) else []
+
+    def open(self, epoch: int, window: int) -> _Window:
+        key = (epoch, window)
+        if key not in self._open:
+            refs = self.refs(epoch, window)
+            records = ExamplesDataset(
+                self.cache.local_many(refs, start=self.local_rank), self.vocab_size, names=[ref.uri for ref in refs]
+            )
+            groups = records.file_of if self.length_bins is None else length_bin(records.lengths, self.length_bins)
+            rng = keyed_numpy(self.seed, "loader", epoch, "window", window)
+            while len(self._open) >= 2:  # the previous window: its maps close with it
+                self._open.pop(next(iter(self._open)))
+            self._open[key] = _Window(records, self.batching(records.lengths, groups, rng))
+        return self._open[key]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_open": {}}
+
+    def __len__(self) -> int:  # a DataLoader's dataset
+        return sum(ref.rows for ref in self.shards)
+
+    def __getitem__(self, key: tuple[int, int, int, int]) -> dict[str, torch.Tensor]:
+        """Key (epoch, global batch index, window, batch of the window) -> the collated batch."""
+        epoch, batch_index, window, offset = key
+        opened = self.open(epoch, window)
+        rows = opened.records.rows(opened.batches[offset], masks=self.collator.masking == "static")
         return self.collator(rows, epoch, batch_index)
 
 
 class ExamplesLoader:
-    """Batches of examples shards for one data-parallel rank; resumable mid-epoch.
+    """Batches of examples shards for one data-parallel rank; streams the shards a window
+    at a time; resumable mid-epoch in O(1).
 
-    paths: local examples shard files (all ranks pass the same list). length_bins: batch
-    within these length bins (None: within each file, which the examples stage already
-    groups by bin). even_batches: every rank gets the same number of batches per epoch
-    (ranks short of one repeat a batch from the start of the epoch's order), which
+    One global order per epoch, the same for every world size: the shards in a keyed order,
+    cut into windows of `window_shards`; each window's records batched (`Batching`) and its
+    batches shuffled, all keyed by (seed, epoch, window). Global batch g belongs to rank
+    g mod W: rank r takes batches r, r + W, r + 2W, ... Only the current window is read
+    (its scalar columns in memory: about 11 bytes per record of the window, none for the
+    other windows), and the next one is fetched in the background.
+
+    shards: ShardRefs (bertcore.train.shard_cache; sizes and hashes from the manifest) or
+    local file paths. cache: where the shards are read from (a ShardCache; default: the
+    local paths as given). window_shards: shards per window (default: all of them, one
+    window). length_bins: batch within these length bins (None: within each file, which the
+    examples stage already groups by bin). even_batches: every rank gets the same number of
+    batches per epoch (the epoch's last, incomplete round of W batches is left out), which
     collective training steps need; False gives each record exactly once per epoch.
-    num_workers > 0 reads and collates in DataLoader worker processes. The other keyword
-    arguments (masking, mask_config, pad_id, pad_to_multiple_of, max_length, token_types)
-    are the Collator's, which turns the records into tensors.
+    num_workers > 0 reads and collates in DataLoader worker processes. prefetch: fetch the
+    next window in the background (local_rank: where on the window this rank starts, so the
+    ranks of a machine fetch different shards first). token_budget: packed, padding-free
+    batches of at most this many tokens (bertcore/train/packing.py: `TokenBatching` and
+    `PackedCollator`; batch_size is then unused), for a model that reads them. The other
+    keyword arguments (masking, mask_config, pad_id, pad_to_multiple_of, max_length,
+    token_types) are the Collator's, which turns the records into tensors.
     """
 
     def __init__(
         self,
-        paths: Sequence[str | PathLike],
+        shards: Sequence[ShardRef | str | PathLike],
         batch_size: int,
         *,
         seed: int,
@@ -298,97 +255,140 @@ class ExamplesLoader:
         even_batches: bool = True,
         num_workers: int = 0,
         vocab_size: int | None = None,
+        cache: ShardCache | LocalFiles | None = None,
+        window_shards: int | None = None,
+        local_rank: int = 0,
+        prefetch: bool = True,
+        token_budget: int | None = None,
         **collate: Any,
     ):
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        self.dataset = ExamplesDataset(paths, vocab_size)
+        self.shards = [s if isinstance(s, ShardRef) else local_ref(s) for s in shards]
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.token_budget = token_budget
+        if token_budget is None:
+            self.batching: Any = Batching(batch_size, drop_last=drop_last, shuffle=shuffle)
+            self.collator: Any = Collator(seed=seed, **collate)
+        else:  # packed, padding-free batches (bertcore/train/packing.py)
+            from bertcore.train.packing import PackedCollator, TokenBatching
+
+            self.batching = TokenBatching(token_budget, shuffle=shuffle)
+            packed = {k: collate[k] for k in ("masking", "mask_config", "pad_id") if k in collate}
+            self.collator = PackedCollator(seed=seed, **{"masking": "static", **packed})
         self.shuffle, self.drop_last, self.even_batches = shuffle, drop_last, even_batches
-        self.num_workers = num_workers
-        self.collator = Collator(seed=seed, **collate)
-        if length_bins is None:
-            self._group = self.dataset.file_of
-        else:
-            self._group = length_bin(self.dataset.lengths, length_bins)
-        self._groups = [np.flatnonzero(self._group == g) for g in np.unique(self._group)]
+        self.num_workers, self.vocab_size, self.local_rank = num_workers, vocab_size, local_rank
+        self.prefetch = prefetch
+        self.length_bins = None if length_bins is None else list(length_bins)
+        self.cache = cache if cache is not None else LocalFiles()
+        self.window_shards = max(1, window_shards or len(self.shards) or 1)
+        self.windows = _Windows(self)
+        self.num_records = sum(ref.rows for ref in self.shards)
         self.epoch = 0
         self._consumed = 0  # batches of self.epoch already yielded
+        self._index: _EpochIndex | None = None
+        self._anchor: tuple[int, tuple[int, int]] | None = None  # (epoch, (window, first batch)) of a resume
 
-    def _global_batches(self, epoch: int) -> list[np.ndarray]:
-        """Every batch of the epoch (all ranks), in the epoch's order."""
-        rng = keyed_numpy(self.seed, "loader", epoch)
-        batches = []
-        for group in self._groups:
-            order = rng.permutation(group) if self.shuffle else group
-            for start in range(0, len(order), self.batch_size):
-                batch = order[start : start + self.batch_size]
-                if len(batch) < self.batch_size and self.drop_last:
-                    continue
-                batches.append(batch)
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+    # -- the global order ----------------------------------------------------------------
+    def _epoch_index(self, epoch: int) -> _EpochIndex:
+        if self._index is None or self._index.epoch != epoch:
+            anchor = self._anchor[1] if self._anchor is not None and self._anchor[0] == epoch else None
+            self._index = _EpochIndex(self.windows, epoch, anchor)
+        return self._index
 
-    def _rank_positions(self, n: int) -> list[int]:
-        if self.even_batches and n:
-            per_rank = math.ceil(n / self.world_size)
-            return [(self.rank + k * self.world_size) % n for k in range(per_rank)]
-        return list(range(self.rank, n, self.world_size))
+    def _global_index(self, epoch: int, k: int) -> int | None:
+        """The global batch of this rank's k-th batch of `epoch`, None past its last."""
+        index, W = self._epoch_index(epoch), self.world_size
+        if not self.even_batches:
+            g = self.rank + k * W
+            return g if index.locate(g) is not None else None
+        if index.locate((k + 1) * W - 1) is not None:  # the whole round is there
+            return self.rank + k * W
+        if k == 0 and (total := index.total()):  # fewer batches than ranks: one each, wrapped
+            return self.rank % total
+        return None
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch."""
-        per_group = [
-            len(g) // self.batch_size if self.drop_last else math.ceil(len(g) / self.batch_size) for g in self._groups
-        ]
-        return len(self._rank_positions(sum(per_group)))
+        """Batches this rank yields per epoch (a batching whose counts need the records,
+        packing to a token budget, reads every window's lengths for it)."""
+        total, W = self._epoch_index(self.epoch).total(), self.world_size
+        if not self.even_batches:
+            return len(range(self.rank, total, W))
+        return total // W if total >= W else int(total > 0)
+
+    def _keys(self, epoch: int, start: int) -> Iterator[tuple[int, int, int, int]]:
+        """(epoch, global batch, window, batch of the window) of this rank's batches from its
+        `start`-th on; entering a window declares it and the next one to the cache and
+        fetches the next in the background."""
+        k, entered = start, None
+        while (g := self._global_index(epoch, k)) is not None:
+            window, offset = self._epoch_index(epoch).locate(g)
+            if window != entered:
+                self._enter(epoch, window)
+                entered = window
+            yield epoch, g, window, offset
+            k += 1
+
+    def _enter(self, epoch: int, window: int) -> None:
+        following = (epoch, window + 1) if window + 1 < self._epoch_index(epoch).windows else (epoch + 1, 0)
+        upcoming = self.windows.refs(*following) if self.prefetch else []
+        self.cache.need(self.windows.refs(epoch, window) + upcoming)
+        self.windows.open(epoch, window)  # downloads what the prefetch has not fetched yet
+        if self.prefetch:
+            self.cache.prefetch(upcoming, start=self.local_rank)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """The rest of the current epoch; afterwards the loader moves to the next epoch."""
         epoch, start = self.epoch, self._consumed
-        batches = self._global_batches(epoch)
-        positions = self._rank_positions(len(batches))[start:]
-        keys = [(epoch, p, batches[p]) for p in positions]
-        collate = _Batches(self.dataset, self.collator)
+        keys = self._keys(epoch, start)
         if self.num_workers > 0:
-            stream = DataLoader(collate, sampler=keys, batch_size=None, num_workers=self.num_workers)
+            stream = iter(DataLoader(self.windows, sampler=keys, batch_size=None, num_workers=self.num_workers))
         else:
-            stream = (collate[key] for key in keys)
+            stream = (self.windows[key] for key in keys)
         for k, batch in enumerate(stream):
             self._consumed = start + k + 1  # counted before handing over: state_dict is exact
             yield batch
         self.epoch, self._consumed = epoch + 1, 0
 
+    def close(self) -> None:
+        """Withdraw from the cache (stop prefetching, let its files go)."""
+        self.cache.close()
+
+    # -- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         epoch, consumed = self.epoch, self._consumed
-        if consumed >= len(self):
+        if self._global_index(epoch, consumed) is None:
             epoch, consumed = epoch + 1, 0
+        # the window of the next round's first batch, where a resume (on any world size) starts
+        anchor = None if consumed == 0 else self._epoch_index(epoch).window_of(consumed * self.world_size)
         return {
             "epoch": epoch,
             "batches_consumed": consumed,
+            "anchor": anchor,
             "seed": self.seed,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
-            "num_records": len(self.dataset),
+            "num_records": self.num_records,
+            "window_shards": self.window_shards,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume where `state` stopped; a state of another world size resumes too when the
-        batches the ranks consumed together split evenly over this one's ranks (global
-        batches go round-robin, so W ranks after k batches each have consumed the first
-        W x k batches of the epoch)."""
+        """Resume where `state` stopped, without reading what came before (the window of the
+        next batch follows from the manifest's row counts); a state of another world size
+        resumes too when the batches the ranks consumed together split evenly over this
+        one's ranks (global batches go round-robin, so W ranks after k batches each have
+        consumed the first W x k batches of the epoch)."""
         mine = {
             "seed": self.seed,
             "batch_size": self.batch_size,
-            "num_records": len(self.dataset),
+            "num_records": self.num_records,
+            "window_shards": self.window_shards,
         }
         for key, value in mine.items():
-            if state[key] != value:
+            if state.get(key) != value:
                 raise ValueError(
-                    f"loader state has {key}={state[key]} but this loader has {value}; "
-                    "resume with the same shards, seed and batch size"
+                    f"loader state has {key}={state.get(key)} but this loader has {value}; "
+                    "resume with the same shards, seed, batch size and window"
                 )
         consumed = state["batches_consumed"]
         if state["world_size"] != self.world_size:
@@ -400,3 +400,71 @@ class ExamplesLoader:
                 )
             consumed = together // self.world_size
         self.epoch, self._consumed = state["epoch"], consumed
+        anchor = state.get("anchor")
+        self._anchor = None if anchor is None else (state["epoch"], (int(anchor[0]), int(anchor[1])))
+        self._index = None
+
+
+class _EpochIndex:
+    """Where each window's batches begin in one epoch's global order. Known up front when a
+    window's batch count follows from its rows (`Batching.count`: batches of a fixed number
+    of records); otherwise learnt window by window as the windows are opened (a batching
+    that packs to a token budget needs the lengths), starting from the window a resumed
+    state names, so a resume reads nothing before it."""
+
+    def __init__(self, windows: _Windows, epoch: int, anchor: tuple[int, int] | None = None):
+        self.source, self.epoch = windows, epoch
+        order = windows.order(epoch)
+        self.windows = len(order)
+        self.starts: dict[int, int] = {0: 0}
+        if anchor is not None:
+            self.starts[anchor[0]] = anchor[1]
+        counts = [windows.batching.count(sum(windows.shards[i].rows for i in w)) for w in order]
+        if all(c is not None for c in counts):
+            self.starts = dict(enumerate(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()))
+        self._counts = counts
+
+    def _count(self, window: int) -> int:
+        count = self._counts[window]
+        return count if count is not None else len(self.source.open(self.epoch, window).batches)
+
+    def start(self, window: int) -> int:
+        """The global number of `window`'s first batch (`windows`: the epoch's total)."""
+        if window not in self.starts:
+            base = max(w for w in self.starts if w < window)
+            first = self.starts[base]
+            for w in range(base, window):
+                first += self._count(w)
+                self.starts[w + 1] = first
+        return self.starts[window]
+
+    def locate(self, g: int) -> tuple[int, int] | None:
+        """(window, batch of the window) of global batch g; None past the epoch's end."""
+        known = [w for w, first in self.starts.items() if first <= g and w < self.windows]
+        window = max(known) if known and g >= 0 else None
+        while window is not None and window < self.windows:
+            if g < self.start(window + 1):
+                return window, g - self.start(window)
+            window += 1
+        return None
+
+    def window_of(self, g: int) -> list[int] | None:
+        """[window, its first batch] of global batch g (a resume's anchor), None past the end."""
+        found = self.locate(g)
+        return None if found is None else [found[0], self.start(found[0])]
+
+    def total(self) -> int:
+        return self.start(self.windows)
+
+
+def local_ref(path: str | PathLike) -> ShardRef:
+    """A ShardRef for a local file given by its path: its rows from the file's footer and
+    record batch headers (nothing else read); the bytes are not checked."""
+    path = str(path)
+    try:
+        with pa.memory_map(path) as source:
+            reader = ipc.open_file(source)
+            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ValueError(f"{path}: not a readable examples shard ({exc})") from None
+    return ShardRef(uri=path, rows=rows, bytes=os.path.getsize(path))

@@ -3,12 +3,25 @@ reader should hear about although training goes on."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
+
+from bertcore.errors import BertpipeError
+
+log = logging.getLogger(__name__)
 
 JUMP_FACTOR = 1.5
 """A step loss above this multiple of the running mean is a jump: reported (console,
 report, `inspect pretrain`), not acted on; `loss_spike_factor` is what stops or skips."""
+
+
+MAX_CONSECUTIVE_SKIPS = 20
+"""With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
+
+
+class TrainingDiverged(BertpipeError):
+    """The loss became NaN/inf or spiked, and <section>.on_nonfinite says stop."""
 
 
 @dataclass
@@ -28,6 +41,20 @@ class LossWatch:
         if self.factor is None or self.mean is None or self.seen < self.grace:
             return False
         return loss > self.factor * self.mean
+
+    def refuse(self, loss: float, nonfinite: bool, *, key: str, where: str, action: str, run: int) -> None:
+        """A micro-batch whose loss is not finite or spiked (on any rank): raises
+        TrainingDiverged when `action` is "stop" or `run` (skips in a row) reaches
+        MAX_CONSECUTIVE_SKIPS; otherwise warns that it is skipped."""
+        what = "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.mean:.4g})"
+        if action == "stop":
+            raise TrainingDiverged(
+                f"{key}: the loss {what} at {where}; lower {key}.learning_rate, raise {key}.warmup_steps, "
+                f"or set {key}.on_nonfinite=skip; the latest complete checkpoint is kept"
+            )
+        log.warning("%s: skipped a micro-batch at %s: the loss %s", key, where, what)
+        if run >= MAX_CONSECUTIVE_SKIPS:
+            raise TrainingDiverged(f"{key}: {run} micro-batches in a row skipped at {where}; the run has diverged")
 
     def observe(self, step_loss: float) -> dict | None:
         """Feed a step's loss into the running mean. Returns {"running_mean", "factor"} when,

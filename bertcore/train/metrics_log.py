@@ -112,7 +112,8 @@ metrics."""
 
 def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
     """The figures of one interval from its steps' records (in step order): means of `means`,
-    tokens/s and sequences/s over the interval's seconds, AT_END at its last step, the
+    tokens/s and sequences/s over the interval's seconds, the share of those seconds rank 0
+    waited for its batches (data_wait_share), AT_END at its last step, the
     skipped micro-batches summed, and the loss jumps the watcher saw (bertcore.train.loss_watch)."""
     last = records[-1]
 
@@ -128,6 +129,8 @@ def summarize(records: list[dict], means: tuple[str, ...] = MEANS) -> dict:
     out["sequences_per_s"] = sum(r.get("sequences", 0) for r in records) / seconds if seconds else None
     out["skipped_batches"] = sum(r.get("skipped_batches", 0) for r in records)
     out["padding_share"] = padding_share(records)
+    waits = [r["data_wait_s"] for r in records if isinstance(r.get("data_wait_s"), (int, float))]
+    out["data_wait_share"] = sum(waits) / seconds if waits and seconds else None
     out["loss_jumps"] = [
         {"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")
     ]

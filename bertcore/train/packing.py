@@ -2,7 +2,7 @@
 boundaries kept, for a family whose model reads packed batches (bertcore/model/modernbert.py).
 
 `pack_batches` cuts an epoch's records into batches of at most `token_budget` tokens;
-`PackedCollator` turns one batch's gathered records (`Rows`, bertcore/train/loader.py) into
+`PackedCollator` turns one batch's gathered records (`Rows`, bertcore/train/records.py) into
 the tensors the model reads, with the call signature of the loader's `Collator`:
 
     input_ids     (1, N) long   every record's ids back to back (N = the batch's tokens; with
@@ -33,7 +33,7 @@ import torch
 from bertcore.examples.masking import MaskConfig, mask_batch
 from bertcore.model.config import IGNORE_INDEX
 from bertcore.rng import keyed_seed
-from bertcore.train.loader import Rows
+from bertcore.train.records import Rows
 
 
 def pack_batches(lengths: np.ndarray, token_budget: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
@@ -65,6 +65,24 @@ def pack_batches(lengths: np.ndarray, token_budget: int, rng: np.random.Generato
         used += length
     bounds = starts + [len(order)]
     return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+class TokenBatching:
+    """The loader's batching (bertcore/train/loader.py `Batching`'s interface) for packed
+    batches: a window's records, shuffled (keyed by the window), packed to `budget` tokens
+    each (`pack_batches`). How many batches a window gives is known only once its lengths
+    are read, so `count` is None and the loader learns the epoch's order window by window."""
+
+    def __init__(self, budget: int, *, shuffle: bool):
+        if budget < 1:
+            raise ValueError(f"token_budget must be at least 1, got {budget}")
+        self.budget, self.shuffle = budget, shuffle
+
+    def count(self, rows: int) -> None:
+        return None
+
+    def __call__(self, lengths: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        return pack_batches(lengths, self.budget, rng if self.shuffle else None)
 
 
 def padding_share(lengths: np.ndarray, batches: list[np.ndarray], multiple: int = 8) -> float:

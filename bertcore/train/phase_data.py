@@ -1,8 +1,10 @@
 """What one training worker reads: where it sits among the workers (`WorkerContext`), the
-examples of each phase (`PhaseData`), and the batches of a phase, epoch after epoch.
+examples of each phase (`PhaseData`: the shards as the manifest lists them, and the cache
+they are read through), and the batches of a phase, epoch after epoch.
 
 The trainer (bertcore/train/trainer.py) builds one loader per phase and one for each
-validation from these; the loader itself is bertcore/train/loader.py.
+validation from these; the loader itself is bertcore/train/loader.py, the cache
+bertcore/train/shard_cache.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from bertcore.examples.masking import MaskConfig
 from bertcore.rng import keyed_seed
 from bertcore.train.config import TrainingConfig, TrainingPhase
 from bertcore.train.loader import ExamplesLoader
+from bertcore.train.shard_cache import CacheSpec, ShardRef
 
 if TYPE_CHECKING:
     import torch
@@ -23,20 +26,25 @@ if TYPE_CHECKING:
 
 @dataclass
 class PhaseData:
-    """What a phase's loader reads: local examples shards and how to batch them."""
+    """What a phase's loader reads: examples shards and how to batch them."""
 
     name: str
-    paths: list[str]
+    shards: list[ShardRef]
+    """The phase's training shards (ShardRefs from the manifest, or local paths)."""
     masking: Literal["static", "dynamic"] = "static"
     mask_config: MaskConfig | None = None
     """Needed for dynamic masking."""
     pad_id: int = 0
     length_bins: list[int] | None = None
-    validation_paths: list[str] = field(default_factory=list)
+    validation_shards: list[ShardRef] = field(default_factory=list)
     token_types: bool = True
     """Segment B gets token type 1; False: every token type is 0 (RoBERTa has one type)."""
     vocab_size: int | None = None
     """Shards holding ids at or above it are refused, naming the file."""
+    cache: CacheSpec | None = None
+    """The machine's shard cache (a remote run root), or None: the shards are local paths, read in place."""
+    window_shards: int | None = None
+    """Shards shuffled together and held at once (None: all of them)."""
 
 
 @dataclass
@@ -45,6 +53,8 @@ class WorkerContext:
 
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
+    """This worker's place among the workers of its machine (they share one shard cache)."""
     device: str = "cpu"
     """e.g. cuda:0 (the launcher knows which GPU is this worker's)."""
 
@@ -62,9 +72,12 @@ def phase_loader(
     cfg: TrainingConfig, data: PhaseData, phase: TrainingPhase, seed: int, ctx: WorkerContext, validation: bool = False
 ) -> ExamplesLoader:
     """The loader of one phase's examples on this worker (its rank's share), or of its
-    validation examples: a keyed shuffle, the same on every run and after a resume."""
+    validation examples: a keyed shuffle, the same on every run and after a resume. Its
+    shards come through the machine's cache, which knows this loader as its owner."""
+    role = "validation" if validation else "train"
+    cache = None if data.cache is None else data.cache.open(owner=f"rank-{ctx.rank}-{phase.name}-{role}")
     return ExamplesLoader(
-        data.validation_paths if validation else data.paths,
+        data.validation_shards if validation else data.shards,
         cfg.micro_batch_size(phase),
         seed=keyed_seed(seed, cfg.SECTION, phase.name, "validation" if validation else "train") >> 1,
         rank=ctx.rank,
@@ -83,6 +96,15 @@ def phase_loader(
         drop_last=not validation,
         num_workers=cfg.loader_processes,
         vocab_size=data.vocab_size,
+        cache=cache,
+        window_shards=data.window_shards,
+        local_rank=ctx.local_rank,
+        # validation reads the first batches only: nothing to fetch ahead
+        prefetch=not validation,
+        # packed batches where the phase gives a token budget (validation stays padded: the
+        # same sample of sequences at every call, which a model that reads packed batches
+        # also reads padded)
+        token_budget=None if validation else cfg.micro_token_budget(phase),
     )
 
 
@@ -95,6 +117,6 @@ def endless_batches(loader: ExamplesLoader, phase: str, section: str = "pretrain
             yield batch
         if empty:
             raise ConfigError(
-                f"{section}: the examples of phase {phase} ({len(loader.dataset)} sequences) fill no batch of "
+                f"{section}: the examples of phase {phase} ({loader.num_records} sequences) fill no batch of "
                 f"{loader.batch_size} per worker in any length bin; lower the phase's batch_size or make more examples"
             )

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from bertcore.errors import BertpipeError, ConfigError
+from bertcore.errors import ConfigError
 from bertcore.rng import keyed_seed
 from bertcore.train.checkpoint import (
     CHECKPOINTS,
@@ -60,13 +60,6 @@ from bertcore.train.phase_data import PhaseData, WorkerContext, endless_batches,
 from bertcore.train.tracking import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
-
-MAX_CONSECUTIVE_SKIPS = 20
-"""With on_nonfinite: skip, this many skipped micro-batches in a row stop the run anyway."""
-
-
-class TrainingDiverged(BertpipeError):
-    """The loss became NaN/inf or spiked, and <section>.on_nonfinite says stop."""
 
 
 class Trainer:
@@ -116,6 +109,8 @@ class Trainer:
         self.resizes: list[dict] = []  # world-size changes on resume (a lost node), oldest first
         self.phase_index: int | None = None
         self.loader: ExamplesLoader | None = None
+        self.validation_loader: ExamplesLoader | None = None
+        """The last validation's: its window stays in the machine's cache for the next validation."""
         self.stream: Iterator[dict[str, torch.Tensor]] | None = None
 
     # -- set-up ------------------------------------------------------------------------
@@ -161,6 +156,10 @@ class Trainer:
     def _enter_phase(self, index: int, loader_state: dict | None = None) -> None:
         phase = self.cfg.phases[index]
         self.phase_index = index
+        for previous in (self.loader, self.validation_loader):
+            if previous is not None:
+                previous.close()  # the machine's cache may let the previous phase's shards go
+        self.validation_loader = None
         self.loader = phase_loader(self.cfg, self.phases[index], phase, self.seed, self.ctx)
         enter = getattr(self.objective, "enter_phase", None)
         if enter is not None:  # e.g. the rotary base of a context-extension phase
@@ -281,30 +280,20 @@ class Trainer:
         done = 0
         gas = self.cfg.gradient_accumulation_steps
         self.lr = self.schedule.apply(self.engine.basic_optimizer, self.step, self.tokens_seen)
+        waited = 0.0
         while done < gas:
+            t0 = time.perf_counter()
             batch = next(self.stream)
+            waited += time.perf_counter() - t0
             out = self.objective.forward(self.engine, batch, self.device)
             loss = float(out.loss.detach())
             flags = torch.tensor([0.0 if math.isfinite(loss) else 1.0, 1.0 if self.watch.is_spike(loss) else 0.0])
             nonfinite, spike = (bool(x) for x in self._collective(flags, "max"))
             if nonfinite or spike:
-                what = (
-                    "is not finite" if nonfinite else f"spiked ({loss:.4g} vs a running mean of {self.watch.mean:.4g})"
-                )
+                skipped, consecutive = skipped + 1, consecutive + 1
                 where = f"step {self.step + 1} (phase {self.cfg.phases[self.phase_index].name})"
-                key = self.key
-                if self.cfg.on_nonfinite == "stop":
-                    raise TrainingDiverged(
-                        f"{key}: the loss {what} at {where}; lower {key}.learning_rate, raise {key}.warmup_steps, "
-                        f"or set {key}.on_nonfinite=skip; the latest complete checkpoint is kept"
-                    )
-                skipped += 1
-                consecutive += 1
-                log.warning("%s: skipped a micro-batch at %s: the loss %s", key, where, what)
-                if consecutive >= MAX_CONSECUTIVE_SKIPS:
-                    raise TrainingDiverged(
-                        f"{key}: {consecutive} micro-batches in a row skipped at {where}; the run has diverged"
-                    )
+                action = self.cfg.on_nonfinite
+                self.watch.refuse(loss, nonfinite, key=self.key, where=where, action=action, run=consecutive)
                 continue
             consecutive = 0
             self.engine.backward(out.loss)
@@ -321,7 +310,9 @@ class Trainer:
         hashes[self.ctx.rank] = int.from_bytes(digest.digest(), "little", signed=True)
         data_hash = hashlib.blake2b(self._collective(hashes).numpy().tobytes(), digest_size=8).hexdigest()
         totals = self._collective(torch.cat([sums.values, torch.tensor([float(skipped)], dtype=torch.float64)]))
-        return self._step_metrics(sums.totals(totals), int(totals[-1]), grad_norm), data_hash
+        record = self._step_metrics(sums.totals(totals), int(totals[-1]), grad_norm)
+        record["data_wait_s"] = waited  # this rank's (rank 0 logs it): reading and collating its micro-batches
+        return record, data_hash
 
     def _step_metrics(self, t: dict[str, float], skipped: int, grad_norm: float | None) -> dict:
         return {
@@ -344,10 +335,12 @@ class Trainer:
         collectively)."""
         index = self.phase_index
         data = self.phases[index]
-        if self.cfg.validation_batches == 0 or not data.validation_paths:
+        if self.cfg.validation_batches == 0 or not data.validation_shards:
             return None
         started = time.perf_counter()
-        loader = phase_loader(self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True)
+        loader = self.validation_loader = phase_loader(
+            self.cfg, data, self.cfg.phases[index], self.seed, self.ctx, validation=True
+        )
         sums = StepSums(self.objective.sums)
         self.engine.eval()
         for k, batch in enumerate(loader):
@@ -460,7 +453,17 @@ class Trainer:
                     break
         finally:
             self.trackers.close(failed=sys.exc_info()[0] is not None)
+            if self.loader is not None:
+                self.loader.close()
+        self._remove_cache()
         return marker
+
+    def _remove_cache(self) -> None:
+        """After the final checkpoint, the first worker of each machine removes the machine's
+        shard cache (a run that fails keeps it for the restart, which reads the same shards)."""
+        if self.ctx.local_rank == 0:
+            for spec in {data.cache.directory: data.cache for data in self.phases if data.cache}.values():
+                spec.open(owner=f"rank-{self.ctx.rank}-end").remove()
 
     def _log(self, record: dict, data_hash: str, elapsed: float, final: bool) -> None:
         """Rank 0: the step's record to metrics.jsonl; at the end of a logging interval, its

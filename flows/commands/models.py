@@ -190,6 +190,7 @@ def serve(
     Requests are batched adaptively; a full queue answers 429 (the recipe's serve: section)."""
     with one_line_errors():
         cfg = load_recipe(config, set_)
+        from bertcore.inference.batch_choice import BatchChoice
         from pipelines.serve import launch, source
         from pipelines.serve.keys import Keys
         from pipelines.storage import Storage
@@ -208,6 +209,15 @@ def serve(
             keys=keys,
             on_ray=logs.route_ray_output,
             started=lambda url, threads: typer.echo(
-                launch.start_line(served.identity, url, host, serving, replicas, threads, bool(keys))
+                launch.start_line(
+                    served.identity,
+                    url,
+                    host,
+                    serving,
+                    replicas,
+                    threads,
+                    bool(keys),
+                    BatchChoice.of(cfg.serve).describe(),
+                )
             ),
         )

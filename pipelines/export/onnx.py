@@ -31,8 +31,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from bertcore.errors import ConfigError, InputDataError
-from pipelines.registry import REGISTRY
-from pipelines.stage import UpstreamMissing, fingerprint
+from pipelines.export.outputs import listed, stage_output
+from pipelines.stage import fingerprint
 from pipelines.stage_dir import MANIFEST, Manifest, StageDir
 from pipelines.storage import Storage, join
 
@@ -68,17 +68,6 @@ def default_out(root: str, stage: str, task: str | None) -> str:
     return join(root, ONNX_DIR, f"{stage}-{task}" if task else stage)
 
 
-def _complete(storage: Storage, root: str, name: str, why: str) -> tuple[StageDir, Manifest]:
-    directory = StageDir(storage, root, REGISTRY[name].directory)
-    manifest = directory.manifest()
-    if manifest is None:
-        raise UpstreamMissing(
-            f"{why} the {name} stage's output, and there is none under {directory.uri}: run `bertpipe run "
-            f"--only {name}` first"
-        )
-    return directory, manifest
-
-
 def _local_checked(
     storage: Storage, directory: StageDir, manifest: Manifest, relative: str, cache_key: str
 ) -> tuple[str, str]:
@@ -86,11 +75,7 @@ def _local_checked(
     from pipelines.shards import local_copy
     from pipelines.storage import sha256_file
 
-    record = next((s for s in manifest.shards if s.path == relative), None)
-    if record is None:
-        raise InputDataError(
-            f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage"
-        )
+    record = listed(directory, manifest, relative)
     local = local_copy(storage, directory.path(relative), cache_key)
     digest = sha256_file(local)
     if digest != record.sha256:
@@ -105,7 +90,7 @@ def model_folder(storage: Storage, root: str, stage: str) -> tuple[str, dict[str
     """(local copy of <stage>/model/, its identity for the manifest)."""
     from bertcore.train.export import HF_FILES, MODEL_DIR, WEIGHTS_FILE
 
-    directory, manifest = _complete(storage, root, stage, "ONNX export reads")
+    directory, manifest = stage_output(storage, root, stage, "ONNX export reads the model in")
     cache_key = f"export-{manifest.fingerprint}"
     paths = {name: _local_checked(storage, directory, manifest, f"{MODEL_DIR}/{name}", cache_key) for name in HF_FILES}
     from bertcore.model.folder import check_model_folder
@@ -127,7 +112,7 @@ def head_file(storage: Storage, root: str, task: str, weights_sha256: str) -> tu
     with `weights_sha256`, its identity for the manifest)."""
     from bertcore.eval.heads import HEADS_DIR, read_head
 
-    directory, manifest = _complete(storage, root, "evaluate", f"--task {task} reads a fine-tuned model from")
+    directory, manifest = stage_output(storage, root, "evaluate", f"--task {task} reads a fine-tuned model from")
     kept = [s.path for s in manifest.shards if s.path.startswith(f"{HEADS_DIR}/")]
     candidates = [p for p in kept if posixpath.basename(p) == f"{task}.safetensors"]
     if not candidates:
@@ -158,7 +143,7 @@ def held_out_sentences(storage: Storage, root: str, count: int, seed: int) -> li
     from bertcore.rng import keyed_numpy
     from pipelines.shards import read_batches
 
-    directory, manifest = _complete(storage, root, "corpus", "the ONNX checks read held-out sentences from")
+    directory, manifest = stage_output(storage, root, "corpus", "the ONNX checks read held-out sentences from")
     pool: list[str] = []
     for shard in manifest.shards_under("validation/"):
         for batch in read_batches(storage, directory.path(shard.path)):

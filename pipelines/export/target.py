@@ -32,6 +32,10 @@ from pipelines.storage import Storage, join
 
 EXPORT_STAGES = ("export-onnx",)
 """The `stage` of the manifests exports write: a folder holding one is an export's own."""
+COMMAND_STAGES = (*EXPORT_STAGES, "diagnose")
+"""The `stage` of the manifests that commands write outside the stage directories (exports,
+`bertpipe diagnose`): a folder holding one is no run root or stage directory. The same rules
+decide where `bertpipe diagnose` may write (`check_target(owner=("diagnose",))`)."""
 
 
 def resolve(out: str) -> str:
@@ -62,7 +66,7 @@ def _manifest_stage(storage: Storage, folder: str) -> str | None:
     except (OSError, ValueError, UnicodeDecodeError):
         return ""
     stage = str(data.get("stage", "")) if isinstance(data, dict) else ""
-    if stage in EXPORT_STAGES:  # a re-export reads what it lists: a forged or partial one is nobody's
+    if stage in COMMAND_STAGES:  # a re-export reads what it lists: a forged or partial one is nobody's
         try:
             Manifest.from_json(data)
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -74,7 +78,7 @@ def _run_marker(storage: Storage, folder: str) -> str | None:
     """What makes `folder` a run root or a stage directory (a file name, for the message),
     or None when it is neither. An export's own folder is neither."""
     stage = _manifest_stage(storage, folder)
-    if stage in EXPORT_STAGES:
+    if stage in COMMAND_STAGES:
         return None
     if stage is not None:
         return (
@@ -86,7 +90,7 @@ def _run_marker(storage: Storage, folder: str) -> str | None:
     for directory in sorted(
         {stage.directory for stage in REGISTRY.values()}
     ):  # onnx/pretrain/ is an export's, not a stage's
-        if _manifest_stage(storage, join(folder, directory)) not in (None, *EXPORT_STAGES):
+        if _manifest_stage(storage, join(folder, directory)) not in (None, *COMMAND_STAGES):
             return f"{directory}/{MANIFEST}, a stage's output"
         if storage.exists(join(folder, directory, PROGRESS)):
             return f"{directory}/{PROGRESS}, a stage's work"
@@ -102,24 +106,34 @@ def _is_file(storage: Storage, uri: str) -> bool:
 
 
 def check_target(
-    storage: Storage, root: str, out: str, *, twins: tuple[str, ...] = (), default: str | None = None
+    storage: Storage,
+    root: str,
+    out: str,
+    *,
+    twins: tuple[str, ...] = (),
+    default: str | None = None,
+    owner: tuple[str, ...] = EXPORT_STAGES,
+    command: str = "export",
 ) -> str:
     """`out` resolved, if an export of the run root `root` may write there (see the module
     docstring); else one ConfigError line. Inside `root` itself the target must sit in a
     folder of plain names that is not a stage directory (the default `onnx/<stage>` is one).
     `twins`: suffixes of sibling folders the export writes too (the hf export's `-mlm`);
-    `default`: the path to suggest instead."""
+    `default`: the path to suggest instead; `owner`: the manifest stages of the folders this
+    command may write into again; `command`: its name, in the messages."""
     target, base = resolve(out), resolve(root)
     instead = f"e.g. --out {default}" if default else "e.g. a new folder beside the run root"
     for folder in (target, *(target + suffix for suffix in twins)):
-        _check_one(storage, base, out, folder, instead)
+        _check_one(storage, base, out, folder, instead, owner, command)
     return target
 
 
-def _check_one(storage: Storage, root: str, out: str, folder: str, instead: str) -> None:
+def _check_one(
+    storage: Storage, root: str, out: str, folder: str, instead: str, owner: tuple[str, ...], command: str
+) -> None:
     named = f"--out {out}" + (f" ({folder})" if folder != out.rstrip("/") else "")
     if _is_file(storage, folder):
-        raise ConfigError(f"{named} is an existing file; export writes a folder: name a new folder ({instead})")
+        raise ConfigError(f"{named} is an existing file; {command} writes a folder: name a new folder ({instead})")
     top = None
     if folder == root or folder.startswith(root.rstrip("/") + "/"):
         parts = folder[len(root.rstrip("/")) + 1 :].split("/") if folder != root else []
@@ -127,7 +141,7 @@ def _check_one(storage: Storage, root: str, out: str, folder: str, instead: str)
         if not parts or parts[0] in stages:
             what = f"the {parts[0]} stage's directory" if parts else "the run root itself"
             raise ConfigError(
-                f"{named} is {'inside ' if len(parts) > 1 else ''}{what} of run.root {root}; export never "
+                f"{named} is {'inside ' if len(parts) > 1 else ''}{what} of run.root {root}; {command} never "
                 f"writes there: name a new folder ({instead})"
             )
         try:
@@ -142,13 +156,13 @@ def _check_one(storage: Storage, root: str, out: str, folder: str, instead: str)
         if marker is not None:
             where = "is" if walk == folder else f"is inside {walk}, which is"
             raise ConfigError(
-                f"{named} {where} a run root or stage directory ({marker}); export never writes there: name "
+                f"{named} {where} a run root or stage directory ({marker}); {command} never writes there: name "
                 f"a new folder ({instead})"
             )
         walk = _parent(walk)
-    own = _manifest_stage(storage, folder) in EXPORT_STAGES
+    own = _manifest_stage(storage, folder) in owner
     if not own and storage.exists(folder) and storage.listdir(folder):
         raise ConfigError(
-            f"{named} already holds files that no export made (no export {MANIFEST} there); export writes only into a "
-            f"new folder or one an earlier export made: name a new folder ({instead})"
+            f"{named} already holds files that no {command} made (no {command} {MANIFEST} there); {command} writes "
+            f"only into a new folder or one an earlier {command} made: name a new folder ({instead})"
         )

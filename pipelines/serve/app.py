@@ -5,7 +5,13 @@ process under uvicorn, or as each replica of a Ray Serve deployment, replica.py)
     GET /health    {"status": "ok"} once the model is loaded; never needs a key
     GET /metrics   Prometheus text (with Ray Serve: every replica's, labelled by replica)
     GET /info      TEI's fields (model_id, model_type, max_input_length, ...) and bertpipe's
-                   (the run, the manifest fingerprints, how inputs are read, the limits)
+                   (the run, the manifest fingerprints, how inputs are read, the limits,
+                   the batching chosen and what it measured)
+
+Every answer about texts carries x-bertpipe-unknown-tokens (each input's unknown-token
+count) and, when an input is nothing but unknown tokens, x-bertpipe-unreadable (their
+indexes), whatever its body's shape; the OpenAI route and /embed?details=true say it in
+the body as well.
 
 A request goes: API key (keys.py; 401) -> its body, read up to the limit (413 naming it:
 past the limit the rest is read and dropped, up to DISCARD_BYTES, so a client that sends
@@ -33,9 +39,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route as Endpoint
 
+from bertcore.inference.batch_choice import BatchChoice
 from bertcore.inference.batcher import Batcher, Overloaded
 from bertcore.inference.config import ServeConfig
-from bertcore.inference.engine import Engine
+from bertcore.inference.engine import UNREADABLE, Engine
 from bertcore.inference.prometheus import Metrics, render
 from bertcore.inference.routes import MOVED, ROUTES, Route
 from bertcore.inference.validate import BODY_LIMIT, Limits, Offer, RequestError, read_json
@@ -47,6 +54,7 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DISCARD_BYTES = 64 << 20
 """How much of an oversize body is read (and dropped) before its 413 is sent."""
 OPS = ("GET /health", "GET /metrics", "GET /info")
+UNKNOWN_HEADER, UNREADABLE_HEADER = "x-bertpipe-unknown-tokens", "x-bertpipe-unreadable"
 
 
 @dataclass
@@ -80,6 +88,8 @@ class Server:
             model_id=self.identity["model_name"],
             dimensions=config.get("hidden_size"),
             vocab_size=len(self.engine.tokenizer),
+            aliases=tuple(self.cfg.model_aliases),
+            token_ids=self.cfg.accept_token_ids,
         )
         self.limits = Limits(self.cfg.max_texts, self.cfg.max_text_bytes)
         self.batcher = Batcher(
@@ -88,6 +98,8 @@ class Server:
             batch_wait_ms=self.cfg.batch_wait_ms,
             max_queued_texts=self.cfg.max_queued_texts,
             record=self._record,
+            choice=BatchChoice.of(self.cfg),
+            tokens=lambda calls: sum(call.read for call in calls),
         )
 
     def routes(self) -> list[Route]:
@@ -123,7 +135,11 @@ class Server:
             "pairs": offer.pairs if offer.task else None,
             "mode": self.mode,
             "endpoints": [f"{r.method} {r.path}" for r in self.routes()] + list(OPS),
+            "model_aliases": list(offer.aliases),
+            "accept_token_ids": offer.token_ids,
+            "unreadable": cfg.unreadable,
             "batching": {
+                **self.batcher.choice.state(),
                 "max_batch_tokens": cfg.max_batch_tokens,
                 "max_batch_requests": cfg.max_batch_requests,
                 "batch_wait_ms": cfg.batch_wait_ms,
@@ -137,11 +153,18 @@ class Server:
             "replica": {"id": self.name, "pid": os.getpid(), "threads": threads},
         }
 
-    def _record(self, batch, started: float, calls) -> None:
+    def _record(self, batch, started: float, calls, answers) -> None:
         self.metrics.observe("bertpipe_batch_requests", len(batch))
         for waiting in batch:
             self.metrics.observe("bertpipe_queue_seconds", started - waiting.arrived, kind=waiting.job.kind)
             self.metrics.count("bertpipe_texts_total", waiting.job.size, kind=waiting.job.kind)
+        for waiting, answer in zip(batch, answers):
+            kind = waiting.job.kind
+            if isinstance(answer, dict) and "unknown" in answer:
+                self.metrics.count("bertpipe_unknown_tokens_total", sum(answer["unknown"]), kind=kind)
+                self.metrics.count("bertpipe_unreadable_inputs_total", sum(answer["unreadable"]), kind=kind)
+            elif isinstance(answer, RequestError) and answer.code == UNREADABLE:
+                self.metrics.count("bertpipe_unreadable_inputs_total", 1, kind=kind)
         for call in calls or ():
             self.metrics.observe("bertpipe_call_rows", call.rows)
             self.metrics.observe("bertpipe_call_tokens", call.tokens)
@@ -172,7 +195,7 @@ def build_app(server: Server, keys: Keys, threads: int) -> Any:
         return PlainTextResponse(await server.metrics_page(), media_type=PROMETHEUS_TYPE)
 
     async def about(request: Request) -> Response:
-        return _json(info)
+        return _json(server.info(threads))  # anew: the batching chosen and measured changes as it serves
 
     for path, handler in (("/health", health), ("/metrics", metrics), ("/info", about)):
         endpoints.append(Endpoint(path, _counted(server, path, handler), methods=["GET"]))
@@ -218,9 +241,9 @@ def _handler(server: Server, route: Route):
                 data = read_json(await read_body(request, server.limits.max_body_bytes), server.limits)
             work = route.parse(data, request.query_params, server.offer, server.limits)
             answer = await server.batcher.submit(work.job, arrived) if work.job is not None else {}
-            response = _json(work.reply(answer))
+            response = _json(work.reply(answer), headers=_unknown_headers(answer))
         except RequestError as exc:
-            response = _json(route.error(exc.status, exc.reason), exc.status)
+            response = _json(route.error(exc.status, exc.reason, exc.param, exc.code), exc.status)
         except Overloaded as exc:
             response = _json(route.error(429, str(exc)), 429, headers={"Retry-After": str(exc.retry_after)})
         except Exception as exc:  # one request fails, the server stays
@@ -277,8 +300,21 @@ def _json(value: Any, status: int = 200, headers: dict | None = None) -> Respons
     )
 
 
-def _plain_error(status: int, reason: str) -> dict:
+def _plain_error(status: int, reason: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": reason}
+
+
+def _unknown_headers(answer: dict) -> dict[str, str] | None:
+    """What the vocabulary could not read, on every answer about texts, whatever the body's
+    shape: UNKNOWN_HEADER (per input, its unknown-token count) and, when some input is
+    nothing but unknown tokens, UNREADABLE_HEADER (their indexes)."""
+    if "unknown" not in answer:
+        return None
+    headers = {UNKNOWN_HEADER: ",".join(str(n) for n in answer["unknown"])}
+    unreadable = [str(i) for i, flagged in enumerate(answer["unreadable"]) if flagged]
+    if unreadable:
+        headers[UNREADABLE_HEADER] = ",".join(unreadable)
+    return headers
 
 
 def _config(folder: str) -> dict:

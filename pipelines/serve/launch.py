@@ -102,7 +102,7 @@ def _in_process(
 
     _check_port(host, port)
     threads = cfg.serve.threads or len(os.sched_getaffinity(0))
-    engine = Engine(source.engine_spec(storage, cfg.serve.max_batch_tokens, threads))
+    engine = Engine(source.engine_spec(storage, cfg.serve.max_batch_tokens, threads, cfg.serve.unreadable))
     app = build_app(Server(engine, cfg.serve, source.identity), keys, threads)
     config = uvicorn.Config(
         app,
@@ -247,9 +247,11 @@ def _shutdown(ray_serve, *, embedded: bool, drain_s: float) -> None:
         log.warning("bertpipe serve: Ray Serve did not stop within %d s; exiting", drain_s + STOP_TIMEOUT_S)
 
 
-def start_line(identity: dict, url: str, host: str, serving: str, replicas: int, threads: int, keyed: bool) -> str:
-    """What the command prints once it serves: the model, its run, where, how, and whether
-    it needs a key."""
+def start_line(
+    identity: dict, url: str, host: str, serving: str, replicas: int, threads: int, keyed: bool, batching: str = ""
+) -> str:
+    """What the command prints once it serves: the model, its run, where, how, whether it
+    needs a key, and how it batches (`batching`: BatchChoice.describe())."""
     quantize = " " + identity["quantize"] if identity["quantize"] else ""
     what = f"{identity['model_name']} ({identity['stage']} stage, {identity['format']}{quantize})"
     where = url
@@ -264,6 +266,7 @@ def start_line(identity: dict, url: str, host: str, serving: str, replicas: int,
     )
     return (
         f"bertpipe serve: {what} of run {identity['run']} at {where}; {how}; "
-        f"{'API key required' if keyed else 'no API key'}; POST /v1/embeddings /embed / /predict /tokenize /fill-mask, "
+        f"{'API key required' if keyed else 'no API key'}; {f'{batching}; ' if batching else ''}"
+        "POST /v1/embeddings /embed / /predict /tokenize /fill-mask, "
         "GET /health /metrics /info (what this model answers); Ctrl-C stops"
     )

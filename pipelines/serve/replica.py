@@ -47,7 +47,7 @@ class Board:
 class Replica:
     def __init__(self, source: Any, storage: Any, cfg: ServeConfig, threads: int, board: Any, keys: Keys) -> None:
         _bind_to_the_node_address()
-        engine = Engine(source.engine_spec(storage, cfg.max_batch_tokens, threads))
+        engine = Engine(source.engine_spec(storage, cfg.max_batch_tokens, threads, cfg.unreadable))
         name = serve.get_replica_context().replica_id.unique_id
         self.board, self.pushed, self.keys, self.threads = board, 0.0, keys, threads
         self.server = Server(

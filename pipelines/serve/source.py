@@ -33,6 +33,7 @@ from bertcore.eval.windows import Windowing
 from bertcore.inference.engine import EngineSpec, Reading
 from bertcore.inference.export import COPIED, FP32_FILE, INT8_FILE
 from pipelines.export import onnx as onnx_export
+from pipelines.export.outputs import listed, stage_output
 from pipelines.export.target import EXPORT_STAGES
 from pipelines.registry import REGISTRY
 from pipelines.stage_dir import Manifest, StageDir
@@ -72,8 +73,9 @@ class Source:
     identity: dict[str, Any] = field(default_factory=dict)
     """What /info and the start line say: the model, its run, the manifest fingerprint."""
 
-    def engine_spec(self, storage: Storage, budget: int, threads: int) -> EngineSpec:
-        """Local copies of the files (each checked against its sha256) as an EngineSpec."""
+    def engine_spec(self, storage: Storage, budget: int, threads: int, unreadable: str = "flag") -> EngineSpec:
+        """Local copies of the files (each checked against its sha256) as an EngineSpec;
+        `budget`, `threads` and `unreadable` as the serve: section says."""
         folder = _fetch(storage, self.files)
         onnx = self.model_file.endswith(".onnx")
         task = _fetch(storage, (self.task_file,), folder=False) if self.task_file else None
@@ -91,6 +93,7 @@ class Source:
             mlm_dir=_with_mlm_head(mlm_folder),
             budget=budget,
             threads=threads,
+            unreadable=unreadable,
         )
 
 
@@ -108,8 +111,8 @@ def resolve(
         raise ConfigError("--stage evaluate serves a fine-tuned task model: name it with --task NAME")
     model_stage = onnx_export.default_stage(cfg) if stage in (None, "evaluate") else stage
     root = cfg.run.root
-    directory, manifest = _complete(storage, root, model_stage)
-    weights = _record(directory, manifest, "model/model.safetensors")
+    directory, manifest = stage_output(storage, root, model_stage, "bertpipe serve reads the model in")
+    weights = listed(directory, manifest, "model/model.safetensors")
     identity: dict[str, Any] = {
         "run": root,
         "stage": model_stage,
@@ -259,34 +262,12 @@ def _pooling(storage: Storage, root: str, model_uri: str, model_stage: str) -> t
     return best_pooling((metrics.get("embeddings") or {}).get(name))
 
 
-def _complete(storage: Storage, root: str, name: str) -> tuple[StageDir, Manifest]:
-    directory = StageDir(storage, root, REGISTRY[name].directory)
-    manifest = directory.manifest()
-    if manifest is None:
-        raise ConfigError(
-            f"bertpipe serve reads the {name} stage's model, and there is none under {directory.uri}: run "
-            f"`bertpipe run --only {name}` first"
-        )
-    return directory, manifest
-
-
 def _listed(manifest: Manifest, relative: str) -> bool:
     return any(s.path == relative for s in manifest.shards)
 
 
-def _record(directory: StageDir, manifest: Manifest, relative: str):
-    record = next((s for s in manifest.shards if s.path == relative), None)
-    if record is None:
-        raise InputDataError(
-            f"{directory.path(relative)} is not in the {manifest.stage} stage's manifest; re-run that stage"
-        )
-    return record
-
-
 def _file(directory: StageDir, manifest: Manifest, relative: str) -> File:
-    return File(
-        directory.path(relative), _record(directory, manifest, relative).sha256, f"serve-{manifest.fingerprint}"
-    )
+    return File(directory.path(relative), listed(directory, manifest, relative).sha256, f"serve-{manifest.fingerprint}")
 
 
 def _fetch(storage: Storage, files, *, folder: bool = True) -> str:

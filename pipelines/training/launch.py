@@ -1,21 +1,25 @@
 """What the training stages (pretrain, distill) share around bertcore's one training loop
-(bertcore/train/trainer.py): their inputs (the examples and the vocabulary), the checks of
-their phases against the examples, the Ray Train launch of the workers with their progress
-lines, the checkpoints a run may resume, and the stage's outputs (the final checkpoint's
-export, pipelines/training/export.py) and statistics. A stage module says only what
-differs: its objective (`ObjectiveSpec`, pipelines/training/export.py) and its model. (The
-checks of a training section's phases against the examples are bertcore/train/config.py's,
-which the declarations call.)
+(bertcore/train/trainer.py): the Ray Train launch of the workers with their progress lines,
+the checkpoints a run may resume, and the stage's outputs (the final checkpoint's export,
+pipelines/training/export.py) and statistics. Their inputs (the examples and the
+vocabulary, each phase checked against the examples) are pipelines/training/inputs.py's. A
+stage module says only what differs: its objective (`ObjectiveSpec`,
+pipelines/training/export.py) and its model. (The checks of a training section's phases
+against the examples are bertcore/train/config.py's, which the declarations call.)
 
 Ray shape: a Ray Train TorchTrainer with `<section>.num_workers` workers (gloo on CPU with
 DS_ACCELERATOR=cpu, NCCL on GPUs); each runs bertcore.train.trainer.Trainer, which owns the
 DeepSpeed engine, the data and the checkpoints. Then one Ray task consolidates the final
 checkpoint into `model/`.
 
-When run.root is remote (s3://...), workers copy the examples shards they read to a local
-temporary folder (the loader memory-maps files), DeepSpeed writes each checkpoint to a
-local mirror, and each rank uploads its own files before rank 0 writes the checkpoint's
-completion marker.
+Data moves only where it is needed: the driver checks the examples' stamps (the runner),
+never their bytes; each worker reads its share of one global order a window of shards at a
+time (bertcore/train/loader.py). When run.root is remote (s3://...), the shards come
+through one bounded cache folder per machine (bertcore/train/shard_cache.py: one download
+per machine, hashed as it arrives, evicted as the window moves, removed when training
+ends); a local root is read in place, each shard hashed once per machine. DeepSpeed writes
+each checkpoint to a local mirror, and each rank uploads its own files before rank 0
+writes the checkpoint's completion marker.
 
 Light at import: torch, Ray and DeepSpeed are imported by the functions that use them.
 """
@@ -36,78 +40,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bertcore.errors import BertpipeError, ConfigError
+from bertcore.errors import BertpipeError
 from bertcore.train.config import TrainingConfig
 from bertcore.train.metrics_log import METRICS, VALIDATION
-from pipelines.stage import Upstream, UpstreamMissing
+from bertcore.train.shard_cache import CacheSpec, DamagedShard
+from pipelines.stage import Upstream
 from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage
 from pipelines.training.export import ObjectiveSpec, export_model, model_shards
+from pipelines.training.inputs import Inputs, cache_folder, damaged_examples
 
 if TYPE_CHECKING:
-    from bertcore.examples.config import ExamplesConfig
-    from bertcore.examples.masking import VocabTables
+    pass
 
 log = logging.getLogger(__name__)
-
-# -- inputs ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Inputs:
-    """What the examples and vocab stages produced, as a training stage needs it."""
-
-    examples_fingerprint: str
-    vocab_fingerprint: str
-    examples: ExamplesConfig
-    vocab: VocabTables
-    train_shards: dict[str, list[str]]
-    """Phase name -> URIs of examples/<phase>/train/ shards."""
-    validation_shards: dict[str, list[str]]
-
-
-def read_inputs(cfg: TrainingConfig, examples: Upstream, vocab: Upstream, storage: Storage) -> tuple[Any, Inputs]:
-    """The section with each phase's max_seq_length resolved from the examples phase, and
-    the inputs; a phase with fewer sequences than one micro-batch is a ConfigError."""
-    from bertcore.examples.config import ExamplesConfig
-    from bertcore.examples.masking import VocabTables
-    from bertcore.vocab.config import entries_file
-    from bertcore.vocab.tokenizer import read_entries
-    from pipelines.shards import local_copy
-
-    examples_cfg = ExamplesConfig.model_validate(examples.manifest.config)
-    phases = []
-    train, validation = {}, {}
-    for i, phase in enumerate(cfg.phases):
-        phases.append(
-            phase.model_copy(
-                update={"max_seq_length": phase.max_seq_length or examples_cfg.phase(phase.name).max_seq_length}
-            )
-        )
-        train_shards = examples.manifest.shards_under(f"{phase.name}/train/")
-        train[phase.name] = [examples.path(s.path) for s in train_shards]
-        validation[phase.name] = [
-            examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/")
-        ]
-        if not train_shards:
-            raise UpstreamMissing(
-                f"{examples.path(phase.name + '/train')}: the examples manifest lists no shards; rerun the "
-                "examples stage"
-            )
-        rows = sum(s.rows for s in train_shards)
-        if rows < cfg.micro_batch_size(phase):
-            raise ConfigError(
-                f"{cfg.SECTION}.phases[{i}].batch_size ({phase.batch_size}) needs "
-                f"{cfg.micro_batch_size(phase)} sequences per worker "
-                f"and micro-batch, but phase {phase.name} has {rows} training sequences; lower it or make more examples"
-            )
-    listed = entries_file(s.path for s in vocab.manifest.shards)  # vocab.txt, or a byte-level BPE's vocab.json
-    tokens = read_entries(local_copy(storage, vocab.path(listed), f"{cfg.SECTION}-{vocab.fingerprint}"))
-    inputs = Inputs(
-        examples.fingerprint, vocab.fingerprint, examples_cfg, VocabTables.from_tokens(tokens), train, validation
-    )
-    return cfg.model_copy(update={"phases": phases}), inputs
-
 
 # -- workers --------------------------------------------------------------------------------------
 
@@ -140,25 +86,25 @@ class WorkerJob:
             env=worker_env(cfg),
         )
 
+    def cache(self) -> CacheSpec:
+        """The shard cache of the machine this runs on."""
+        folder = cache_folder(self.cfg.SECTION, self.stage_uri, self.inputs.examples_fingerprint)
+        return CacheSpec(self.storage, folder, self.cfg.data_cache_bytes)
+
     def phase_data(self) -> list:
         from bertcore.train.phase_data import PhaseData
-        from pipelines.shards import local_copy
 
         vocab = self.inputs.vocab
         masking = self.inputs.examples.masking
-        cache_key = f"{self.cfg.SECTION}-{self.inputs.examples_fingerprint}"  # new examples, new copies
+        cache = self.cache()
         out = []
         for phase in self.cfg.phases:
             examples_phase = self.inputs.examples.phase(phase.name)
             out.append(
                 PhaseData(
                     name=phase.name,
-                    paths=[local_copy(self.storage, uri, cache_key) for uri in self.inputs.train_shards[phase.name]],
-                    validation_paths=[
-                        local_copy(self.storage, uri, cache_key) for uri in self.inputs.validation_shards[phase.name]
-                    ]
-                    if self.cfg.validation_batches
-                    else [],
+                    shards=self.inputs.train_shards[phase.name],
+                    validation_shards=self.inputs.validation_shards[phase.name] if self.cfg.validation_batches else [],
                     masking=masking,
                     mask_config=self.inputs.examples.mask_config(examples_phase, vocab)
                     if masking == "dynamic"
@@ -167,6 +113,8 @@ class WorkerJob:
                     length_bins=list(self.inputs.examples.length_bins),
                     token_types=vocab.special.layout == "bert",  # RoBERTa has one token type
                     vocab_size=vocab.vocab_size,
+                    cache=cache,
+                    window_shards=self.cfg.shuffle_window_shards,
                 )
             )
         return out
@@ -214,7 +162,12 @@ def _train_worker(config: dict) -> None:
     _quiet_deepspeed_comm()
     context = ray.train.get_context()
     device = str(ray.train.torch.get_device()) if job.cfg.use_gpu else "cpu"
-    ctx = WorkerContext(rank=context.get_world_rank(), world_size=context.get_world_size(), device=device)
+    ctx = WorkerContext(
+        rank=context.get_world_rank(),
+        world_size=context.get_world_size(),
+        local_rank=context.get_local_rank(),
+        device=device,
+    )
     if job.cfg.torch_threads:
         torch.set_num_threads(job.cfg.torch_threads)
     who = f"rank-{ctx.rank}"
@@ -345,6 +298,8 @@ def _fit_once(job: WorkerJob) -> None:
         failures = getattr(exc, "worker_failures", None) or {}
         for rank in sorted(failures):
             error = unwrap(failures[rank])
+            if isinstance(error, DamagedShard):
+                raise damaged_examples(error, job.inputs.examples_uri) from None
             if isinstance(error, BertpipeError):
                 raise error from None
         if failures and (full := _full_disk(job.stage_uri)):

@@ -5,7 +5,8 @@ driver logs them, so the lines reach the terminal and Prefect's flow-run log lik
 other stage's, instead of a progress bar relayed from a worker. A loss jump the watcher
 saw gets a line of its own.
 
-    pretrain: steps 51-100/600 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · padding 9.8% · ETA 1m05s
+    pretrain: steps 51-100/600 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · padding 9.8% · data wait 0.3% ·
+    ETA 1m05s
     pretrain: validation at step 100 (640 held-out sequences) · loss 7.480 · MLM acc 8.8% · NSP acc 53.1%
     distill: steps 41-60/400 seq64 · loss 1.298 · hidden-state loss 0.108 · MLM acc 5.5% · 810 tokens/s · ETA 14m03s
 
@@ -26,9 +27,10 @@ def _log(line: dict[str, Any]) -> logging.Logger:
 
 
 def step_line(s: dict[str, Any]) -> str:
-    """pretrain: steps 1-50/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · padding 9.8% · ETA
-    1m05s (the figures are the means over the steps named; padding: the share of the positions run on that were
-    padding, 0 for packed batches)."""
+    """pretrain: steps 1-50/340 seq128 · loss 7.796 · MLM acc 4.3% · 11.2k tokens/s · MFU 1.2% · padding 9.8% ·
+    data wait 0.3% · ETA 1m05s (the figures are the means over the steps named; padding: the share of the positions
+    run on that were padding, 0 for packed batches; data wait: the share of the steps' time rank 0 waited for its
+    batches)."""
     steps = f"step {s['step']}" if s["first_step"] == s["step"] else f"steps {s['first_step']}-{s['step']}"
     parts = [f"{s.get('stage', 'pretrain')}: {steps}/{s['total_steps']} {s['phase']}"]
     if s["loss"] is not None:
@@ -43,6 +45,8 @@ def step_line(s: dict[str, Any]) -> str:
         parts.append(f"MFU {percent(s['mfu'])}")
     if s.get("padding_share") is not None:
         parts.append(f"padding {percent(s['padding_share'])}")
+    if s.get("data_wait_share") is not None:
+        parts.append(f"data wait {percent(s['data_wait_share'])}")
     if s["skipped_batches"]:
         parts.append(f"{s['skipped_batches']} micro-batches skipped")
     if s["step"] >= s["total_steps"]:

@@ -33,6 +33,7 @@ def training_stats(
     from bertcore.train.checkpoint import checkpoint_tag
 
     mfus = [r["mfu"] for r in records if r.get("mfu") is not None]
+    waits = [r for r in records if r.get("data_wait_s") is not None and r.get("step_time_s")]
     final = metrics_log.final(records, cfg.log_every)
     return {
         "steps": marker["step"],
@@ -44,6 +45,10 @@ def training_stats(
         "tokens_per_s": marker["tokens_seen"] / marker["train_time_s"] if marker["train_time_s"] else None,
         "mfu": sum(mfus) / len(mfus) if mfus else None,
         "padding_share": metrics_log.padding_share(records),
+        # the share of step time rank 0 spent waiting for batches, over the steps logged
+        "data_wait_share": (
+            sum(r["data_wait_s"] for r in waits) / sum(r["step_time_s"] for r in waits) if waits else None
+        ),
         "log_every": cfg.log_every,
         "final": {k: final.get(k) for k in ("first_step", "step", *metrics_log.VALIDATION_FIGURES)} if final else None,
         "loss_jumps": [{"step": r["step"], "loss": r["loss"], **r["loss_jump"]} for r in records if r.get("loss_jump")],
@@ -76,6 +81,8 @@ def headline(stats: dict) -> dict[str, Any]:
         out["tokens/s"] = round(stats["tokens_per_s"])
     if stats.get("padding_share") is not None:
         out["padding"] = percent(stats["padding_share"])
+    if stats.get("data_wait_share") is not None:
+        out["data wait"] = percent(stats["data_wait_share"])
     stopped = " (time budget)" if stats.get("stopped_by") == "time_budget" else ""
     out["steps"] = stats["steps"] if not stopped else f"{stats['steps']:,} of {stats['total_steps']:,}{stopped}"
     return out

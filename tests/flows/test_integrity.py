@@ -128,7 +128,10 @@ def test_a_damaged_unit_marker_makes_its_unit_run_again(run):
 
 
 @pytest.mark.slow
-def test_pretraining_rehashes_its_inputs_and_recomputes_a_damaged_shard_first(run, ray_cluster):
+def test_a_damaged_shard_training_reads_is_found_by_the_worker_and_recomputed(run, ray_cluster):
+    """The driver checks stamps only; the worker hashes the shards of its window as it opens
+    them (one window holds them all here), names the damaged one, and `bertpipe run`
+    recomputes it and trains again."""
     cfg, manifests = run
     pretrain = cfg.pretrain.model_copy(
         update={
@@ -137,6 +140,7 @@ def test_pretraining_rehashes_its_inputs_and_recomputes_a_damaged_shard_first(ru
             "phases": [cfg.pretrain.phases[0].model_copy(update={"steps": 4, "batch_size": 8})],
             "validation_batches": 0,
             "checkpoint_every": 4,
+            "shuffle_window_shards": 1000,
         }
     )
     cfg = cfg.model_copy(update={"pretrain": pretrain})

@@ -1,16 +1,22 @@
 """The whole flow with every URI on S3 (a moto server on 127.0.0.1): inputs, every stage's
 output, checkpoints, the model and the report. A second run is cached throughout; one
-changed examples setting re-runs exactly examples, pretrain and evaluate."""
+changed examples setting re-runs exactly examples, pretrain and evaluate. Data moves only
+where it is needed: the server's request log shows each training shard fetched once by the
+two training workers of this one machine, and no shard cache is left on local disk."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from flows.pipeline import bert_pretraining
 from pipelines.registry import load_config
+from pipelines.training.inputs import cache_folder
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
@@ -52,8 +58,38 @@ def test_demo_flow_on_s3(s3_bucket, gensim_data, monkeypatch, prefect_harness, r
     def states(config):
         return {s["stage"]: s["state"] for s in bert_pretraining(config)}
 
+    events: list[tuple[float, str, logging.LogRecord]] = []
+
+    class Events(logging.Handler):  # moto's server logs each request it answers (werkzeug); stages their start and end
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append((record.created, record.name, record))
+
+    handler = Events()
+    watched = {name: logging.getLogger(name) for name in ("werkzeug", "pipelines.stage_log")}
+    levels = {name: logger.level for name, logger in watched.items()}
+    for logger in watched.values():
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     stages = ["corpus", "vocab", "examples", "pretrain", "evaluate"]
-    assert states(cfg) == dict.fromkeys(stages, "computed")
+    try:
+        assert states(cfg) == dict.fromkeys(stages, "computed")
+    finally:
+        for name, logger in watched.items():
+            logger.removeHandler(handler)
+            logger.setLevel(levels[name])
+    pretraining = [
+        t for t, name, r in events if name == "pipelines.stage_log" and getattr(r, "stage", None) == "pretrain"
+    ]
+    train = re.compile(rf"GET /{bucket}/runs/demo/examples/seq128/train/(part-\S+\.arrow)")
+    fetched = Counter(
+        m.group(1)
+        for t, name, r in events
+        if name == "werkzeug" and min(pretraining) <= t <= max(pretraining) and (m := train.search(r.getMessage()))
+    )
+    assert fetched and set(fetched.values()) == {1}, fetched  # two workers, one download each
+    examples = json.loads(client.get_object(Bucket=bucket, Key="runs/demo/examples/_manifest.json")["Body"].read())
+    cache = cache_folder("pretrain", f"s3://{bucket}/runs/demo/pretrain", examples["fingerprint"])
+    assert not Path(cache).exists(), "the shard cache is removed when training ends"
     keys = {
         o["Key"]
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/demo/")

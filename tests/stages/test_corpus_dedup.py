@@ -4,12 +4,15 @@ with planted near duplicates (tests/support/planted.py), many work files, near d
 - the output is byte-identical for 1 and 2 workers;
 - it removes what the rule says, computed in one process from the same signatures, and
   agrees with the serial in-memory index the stage used before on at least 99% of removals;
-- a dedup task killed mid-run is retried by Ray and the shards do not change.
+- a dedup task killed mid-run is retried by Ray and the shards do not change;
+- once finished, the stage leaves no scratch beside its shards (the module's run keeps it,
+  `run.keep_scratch`, for the comparison above, and a rerun with the default removes it).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +26,10 @@ from pipelines.registry import parse_config
 from pipelines.runner import Pipeline
 from pipelines.stage_dir import Manifest
 from pipelines.stages.corpus.shuffle import fixed_width
+from pipelines.storage import Storage
 from planted import planted
 from processes import kill_one_task, start_stage
+from store_use import scratch_left
 
 DEDUP_TASKS = ("index_work", "exact_group", "near_group")
 
@@ -43,10 +48,10 @@ def planted_jsonl(tmp_path_factory) -> Path:
     return path
 
 
-def config(root: Path, source: Path, **corpus):
+def config(root: Path, source: Path, keep_scratch: bool = False, **corpus):
     return parse_config(
         {
-            "run": {"root": str(root)},
+            "run": {"root": str(root), "keep_scratch": keep_scratch},
             "corpus": {
                 "inputs": [{"uri": str(source), "text_column": "body", "title_column": "key", "name": "planted"}],
                 "near_dedup": True,
@@ -63,7 +68,7 @@ def config(root: Path, source: Path, **corpus):
 
 @pytest.fixture(scope="module")
 def two_workers(planted_jsonl, tmp_path_factory, ray_cluster):
-    cfg = config(tmp_path_factory.mktemp("two"), planted_jsonl)
+    cfg = config(tmp_path_factory.mktemp("two"), planted_jsonl, keep_scratch=True)  # _work_documents reads it
     manifest, computed = Pipeline(cfg).run("corpus", parallelism=2)
     assert computed
     return cfg, manifest
@@ -137,3 +142,20 @@ def test_a_killed_dedup_task_is_retried_and_the_shards_are_unchanged(two_workers
     manifest = Manifest.from_json(json.loads(results[-1].removeprefix("RESULT ")))
     assert shard_hashes(manifest) == shard_hashes(reference)
     assert manifest.stats == reference.stats
+
+
+def test_a_finished_corpus_leaves_no_scratch(two_workers, tmp_path):
+    """The module's run kept its scratch (run.keep_scratch); a rerun with the default finds
+    the stage complete and removes it, as it does after a crash between the manifest and
+    the removal. What stays beside the shards is then at most 5% of them."""
+    cfg, manifest = two_workers
+    root = tmp_path / "copy"
+    shutil.copytree(Path(cfg.run.root) / "corpus", root / "corpus")
+    storage = Storage(cfg.storage)
+    output, kept = scratch_left(storage, str(root / "corpus"), manifest)
+    assert {"_work", "_dedup"} <= set(kept) and sum(kept.values()) > 0.5 * output
+    default = cfg.model_copy(update={"run": cfg.run.model_copy(update={"root": str(root), "keep_scratch": False})})
+    again, computed = Pipeline(default).run("corpus")
+    assert not computed and again.fingerprint == manifest.fingerprint
+    output, other = scratch_left(storage, str(root / "corpus"), manifest)
+    assert set(other) <= {"_progress"} and sum(other.values()) <= 0.05 * output, (output, other)

@@ -13,6 +13,7 @@ from pipelines.registry import load_config
 from pipelines.runner import Pipeline
 from pipelines.stage_dir import MANIFEST, RESOLVED_CONFIG, StageDir
 from pipelines.storage import Storage, sha256_file
+from store_use import scratch_left
 
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
@@ -127,7 +128,8 @@ def test_changed_setting_changes_fingerprint(demo_run, tmp_path):
 
 def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
     """Input and output on s3:// (moto server on 127.0.0.1): same bytes as on local disk,
-    and no credentials in what the stage writes."""
+    no credentials in what the stage writes, and no scratch left beside the shards (at
+    most 5% of them: the output shards' unit markers)."""
     import boto3
 
     endpoint, bucket = s3_bucket
@@ -150,6 +152,8 @@ def test_stage_on_s3(demo_run, s3_bucket, monkeypatch):
     written = client.get_object(Bucket=bucket, Key="run/corpus/_manifest.json")["Body"].read().decode()
     written += client.get_object(Bucket=bucket, Key="run/corpus/_config.yaml")["Body"].read().decode()
     assert "testing" not in written and "secret" not in written.lower()
+    output, other = scratch_left(Storage(cfg.storage), f"{cfg.run.root}/corpus", manifest)
+    assert set(other) <= {"_progress"} and sum(other.values()) <= 0.05 * output, (output, other)
     again, computed = Pipeline(cfg).run("corpus")
     assert not computed
 

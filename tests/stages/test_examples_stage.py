@@ -1,6 +1,8 @@
 """The examples stage on local Ray over the demo corpus: layout and types, Google's
-statistics, worker-count independence, the loader over its output, and refusal of a
-vocabulary that does not match the one recorded upstream."""
+statistics, worker-count independence, the loader over its output, refusal of a
+vocabulary that does not match the one recorded upstream; and on an s3:// root, what a
+build task reads (its own token shard and a bounded sample of the others) and what the
+finished stage leaves in the store."""
 
 from __future__ import annotations
 
@@ -14,9 +16,13 @@ import pytest
 from bertcore.errors import InputDataError
 from bertcore.examples.layout import arrow_schema
 from bertcore.train.loader import ExamplesLoader
+from pipelines.registry import load_config
 from pipelines.runner import Pipeline
 from pipelines.stages.examples import work as examples
 from pipelines.storage import Storage
+from store_use import s3_requests, scratch_left
+
+DEMO_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def read(path) -> pa.Table:
@@ -131,8 +137,9 @@ def test_vocabulary_replaced_after_the_vocab_stage_is_refused(demo_pipeline, tmp
 
 
 def test_token_store_reads_many_shards_without_holding_their_files(tmp_path):
-    # A worker draws random documents from every token shard of its split; with thousands
-    # of shards, an open file per shard would exhaust the process's descriptors.
+    # A task draws random documents from examples.random_next_shards + 1 token shards, as
+    # many as a recipe asks; with thousands, an open file per shard would exhaust the
+    # process's descriptors.
     import os
 
     import numpy as np
@@ -169,3 +176,84 @@ def test_tokens_per_sentence_are_reported(demo_pipeline):
     assert 5 < tokens["p50"] <= tokens["p90"] <= tokens["p99"] <= tokens["max"]
     over = tokens["over_128"]
     assert 0 <= over["share"] <= over["share_of_length"] <= 1  # long sentences hold more than their share of tokens
+
+
+def test_finished_stages_leave_no_scratch(demo_pipeline):
+    """What the corpus and examples stages leave beside their shards and manifests (the
+    unit markers of their output shards) is at most 5% of their output: their work files,
+    dedup indexes and token shards are gone."""
+    cfg, manifests = demo_pipeline
+    storage = Storage(cfg.storage)
+    for stage in ("corpus", "examples"):
+        output, other = scratch_left(storage, str(Path(cfg.run.root) / stage), manifests[stage])
+        assert set(other) <= {"_progress"} and sum(other.values()) <= 0.05 * output, (stage, output, other)
+
+
+@pytest.fixture(scope="module")
+def on_s3(demo_pipeline, s3_server):
+    """The examples stage (seq128, one build task at a time) on an s3:// root holding copies
+    of the demo's corpus and vocab stages, with every request the store answered:
+    (config, manifest, requests, "/bucket/prefix/")."""
+    import tempfile
+    import uuid
+
+    import boto3
+
+    cfg, _ = demo_pipeline
+    bucket, prefix = "bp-examples-on-s3", f"{uuid.uuid4().hex[:8]}/run"  # no cache of an earlier session has it
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    for stage in ("corpus", "vocab"):
+        folder = Path(cfg.run.root) / stage
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.relative_to(folder).parts[0].startswith("_progress"):
+                client.upload_file(str(path), bucket, f"{prefix}/{stage}/{path.relative_to(folder)}")
+    s3 = load_config(
+        DEMO_RECIPE,
+        [
+            f"run.root=s3://{bucket}/{prefix}",
+            f"storage.endpoint_url={s3_server}",
+            "examples.dupe_factor=1",
+            "examples.phases=[{name: seq128, max_seq_length: 128, max_predictions_per_seq: 20}]",
+        ],
+    )
+    with s3_requests() as requests:
+        manifest, computed = Pipeline(s3).run("examples", parallelism=1)
+    assert computed
+    return s3, manifest, list(requests), f"/{bucket}/{prefix}/", tempfile.gettempdir()
+
+
+def test_a_build_task_reads_its_own_token_shard_and_a_bounded_sample_of_the_others(on_s3):
+    """A build task copies the token shards it draws random next sentences from: its own
+    and at most examples.random_next_shards others, not the whole split."""
+    cfg, _, requests, base, _ = on_s3
+    tokens = f"{base}examples/_tokens/train/"
+    sizes = {r.path: r.length for r in requests if r.method == "PUT" and r.path.startswith(tokens)}
+    bound = cfg.examples.random_next_shards + 1
+    assert len(sizes) > bound  # a split of more shards than a task may read
+    read, tasks = set(), []
+    for r in requests:  # one build task at a time: each ends with its unit marker
+        if r.method == "GET" and r.path.startswith(tokens):
+            read.add(r.path)
+        elif r.method == "PUT" and "/examples/_progress/build__seq128__train__" in r.path:
+            number = int(r.path.rsplit("__", 1)[1].removesuffix(".json"))
+            tasks.append((number, read))
+            read = set()
+    assert len(tasks) == len(sizes)
+    largest = sum(sorted(sizes.values())[-bound:])
+    for number, shards in tasks:
+        assert f"{tokens}part-{number:05d}.arrow" in shards and len(shards) <= bound, (number, sorted(shards))
+        assert sum(sizes[path] for path in shards) <= largest
+
+
+def test_token_shards_a_task_copies_are_gone_when_it_ends(on_s3):
+    cfg, _, _, base, tmp = on_s3
+    # where they went: bertpipe-cache/<vocab>/bucket/prefix/..., or the task's own folder
+    left = list(Path(tmp).glob(f"bertpipe-*/**{base}examples/_tokens"))
+    assert not left, left
+
+
+def test_finished_examples_on_s3_leave_no_scratch(on_s3):
+    cfg, manifest, _, _, _ = on_s3
+    output, other = scratch_left(Storage(cfg.storage), f"{cfg.run.root}/examples", manifest)
+    assert set(other) <= {"_progress"} and sum(other.values()) <= 0.05 * output, (output, other)

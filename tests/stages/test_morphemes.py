@@ -240,7 +240,13 @@ def test_the_korean_recipe_with_kiwi_through_the_vocab_and_examples_stages(tmp_p
     recipe = Path(__file__).resolve().parents[2] / "configs" / "korean.yaml"
     cfg = load_config(
         recipe,
-        [f"run.root={tmp_path}", "vocab.pre_tokenizer=kiwi", "vocab.max_sentences=600", "examples.dupe_factor=1"],
+        [
+            f"run.root={tmp_path}",
+            "run.keep_scratch=true",
+            "vocab.pre_tokenizer=kiwi",
+            "vocab.max_sentences=600",
+            "examples.dupe_factor=1",
+        ],
     )
     pipeline = Pipeline(cfg)
     manifests = {name: pipeline.run(name)[0] for name in ("corpus", "vocab", "examples")}

@@ -19,7 +19,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import psutil
-import pyarrow.ipc as ipc
 import pytest
 import torch
 import transformers
@@ -232,21 +231,29 @@ def test_no_socket_listens_beyond_loopback_while_two_workers_train(zero2_run):
     assert exposed == {}, exposed
 
 
-def test_a_user_error_inside_the_workers_surfaces_as_one_clear_error(ray_cluster, news_root):
+def test_a_user_error_inside_the_workers_surfaces_as_one_clear_error(ray_cluster, news_root, tmp_path):
+    """A damaged shard whose stamp still matches passes the driver's check; only the worker
+    that reads (and hashes) it can tell, and its error reaches the caller as itself: the
+    runner's DamagedShards naming the shard, which `bertpipe run` recomputes."""
+    from pipelines.stage_dir import DamagedShards
+
     news_root, _ = news_root
-    # The phase has enough sequences in all, but no length bin holds a full batch: only the
-    # workers' loaders can tell, and their error must reach the caller as itself.
-    table = ipc.open_file(str(news_root / "examples" / "seq64" / "train" / "part-00000.arrow")).read_all()
-    lengths = table.column("length").to_numpy()
-    bins = [(lengths <= 32).sum(), (lengths > 32).sum()]
-    assert min(bins) > 0
-    cfg = tiny_pretrain(
-        resume="never", phases=[{"name": "seq64", "steps": 10, "batch_size": int(max(bins)) + 1, "max_seq_length": 64}]
-    )
-    with pytest.raises(
-        ConfigError, match=r"the examples of phase seq64 \(\d+ sequences\) fill no batch of \d+ per worker"
-    ):
-        train(cfg, str(news_root), STORAGE, SEED)
+    root = tmp_path / "run"
+    for part in ("examples", "vocab"):
+        shutil.copytree(news_root / part, root / part)
+    shard = root / "examples" / "seq64" / "train" / "part-00000.arrow"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    # a disk that corrupts silently: the stamp the manifest records still matches
+    manifest = json.loads((root / "examples" / "_manifest.json").read_text())
+    for recorded in manifest["shards"]:
+        recorded["stamp"] = str((root / "examples" / recorded["path"]).stat().st_mtime_ns)
+    (root / "examples" / "_manifest.json").write_text(json.dumps(manifest))
+    cfg = tiny_pretrain(resume="never", warmup_steps=1, phases=[{"name": "seq64", "steps": 4, "batch_size": 8}])
+    with pytest.raises(DamagedShards, match=r"part-00000\.arrow: its sha256 differs from the manifest's") as caught:
+        train(cfg, str(root), STORAGE, SEED)
+    assert caught.value.stage == "examples" and caught.value.paths == ["seq64/train/part-00000.arrow"]
 
 
 KILLED_RUN = textwrap.dedent(
@@ -363,6 +370,12 @@ def test_sigkilled_run_resumes_to_the_same_steps_on_the_same_data(ray_cluster, n
     # steps up to the checkpoint were not trained again: their records (timings included) are the killed run's
     assert after[:resumed_from] == before[:resumed_from]
     assert result.stats["tokens_seen"] == sum(r["tokens"] for r in reference)
+    # the same weights at the end: the resumed reader gave the same batches in the same order
+    from safetensors.torch import load_file
+
+    weights = [load_file(str(r / "pretrain" / "model" / "model.safetensors")) for r in (reference_root, killed_root)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-5) for k in weights[0])
 
 
 # -- a remote run.root (moto S3) ----------------------------------------------------------------

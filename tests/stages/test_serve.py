@@ -38,6 +38,8 @@ RECIPE = {
         "max_batch_tokens": 256,
         "threads": 1,
         "max_queued_texts": 16,
+        "accept_token_ids": True,  # the ids the tests send are this model's own, from /tokenize
+        "batching": "on",  # the tests of batches and the queue need batches from the first request
     },
     "ray": {"num_cpus": 2},
 }
@@ -60,7 +62,10 @@ def server(run):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--stage", "distill"], "reads the distill stage's model, and there is none under"),
+        (
+            ["--stage", "distill"],
+            "bertpipe serve reads the model in the distill stage's output, and there is none under",
+        ),
         (
             ["--quantize", "int8"],
             "has no model.int8.onnx: run `bertpipe export --format onnx --quantize int8 --stage pretrain`",
@@ -98,7 +103,7 @@ def test_the_start_line_names_the_model_the_mode_and_warns_of_an_open_port_witho
 
     url, _, _, lines = server
     line = next(line for line in lines if line.startswith("bertpipe serve:"))
-    assert f"of run {run[0]} at {url}; in-process, 1 thread(s); API key required;" in line, line
+    assert f"of run {run[0]} at {url}; in-process, 1 thread(s); API key required; batching on; POST" in line
     assert "pretrained (pretrain stage, onnx)" in line and "reachable from other machines" not in line
     identity = {"model_name": "student", "stage": "distill", "format": "onnx", "quantize": "int8", "run": "r"}
     open_line = start_line(identity, "http://0.0.0.0:80", "0.0.0.0", IN_PROCESS, 1, 2, keyed=False)
@@ -151,6 +156,8 @@ def test_info_has_teis_fields_and_bertpipes(server, run):
         and info["pairs"] is False
     )
     assert info["max_tokens"] == {"embed": 16, "classify": 48, "fill_mask": 64}
+    assert info["accept_token_ids"] is True and info["unreadable"] == "flag" and info["model_aliases"] == []
+    assert info["batching"]["setting"] == "on" and info["batching"]["now"] == "batched"
     assert info["pooling"]["default"] == "cls" and "STS Spearman" in info["pooling"]["why"]
     assert set(info["endpoints"]) == {
         "POST /embed",
@@ -226,7 +233,7 @@ def test_the_openai_client_gets_the_same_vectors_in_both_encodings(server):
     want = np.array(post(url + "/embed", {"inputs": TEXTS})[1])
     client = OpenAI(base_url=url + "/v1", api_key=KEYS[1], max_retries=0)
     for encoding in ("float", "base64"):
-        answer = client.embeddings.create(input=TEXTS, model="anything", encoding_format=encoding)
+        answer = client.embeddings.create(input=TEXTS, model="pretrained", encoding_format=encoding)
         got = np.array(
             [
                 d.embedding if encoding == "float" else np.frombuffer(base64.b64decode(d.embedding), "<f4")
@@ -236,13 +243,13 @@ def test_the_openai_client_gets_the_same_vectors_in_both_encodings(server):
         assert [d.index for d in answer.data] == [0, 1, 2] and answer.model == "pretrained"
         assert np.abs(got - want).max() < 1e-6, encoding
         assert answer.usage.prompt_tokens > len(TEXTS) * 2
-    default = client.embeddings.create(input=TEXTS[0], model="anything")  # the package asks for base64 and decodes it
+    default = client.embeddings.create(input=TEXTS[0], model="pretrained")  # the package asks for base64 and decodes it
     assert np.abs(np.array(default.data[0].embedding) - want[0]).max() < 1e-6
     assert [m.id for m in client.models.list()] == ["pretrained"]
     from openai import UnprocessableEntityError
 
     with pytest.raises(UnprocessableEntityError, match="cannot be shortened"):
-        client.embeddings.create(input="a", model="anything", dimensions=8)
+        client.embeddings.create(input="a", model="pretrained", dimensions=8)
 
 
 def test_huggingface_hubs_inference_client_embeds_classifies_and_fills(server, monkeypatch):
@@ -278,13 +285,12 @@ def test_tokenize_gives_the_models_own_tokens(server, run):
         == load_tokenizer(os.path.join(run[0], "pretrain", "model"))(TEXTS[0])["input_ids"]
     )
     assert "".join(t["text"] for t in tokens[0] if not t["special"]).lower() == TEXTS[0].replace(" ", "").lower()
-    _, tokens = post(url + "/tokenize", {"inputs": TEXTS[2], "add_special_tokens": False})
-    vectors = np.array(
-        post(url + "/v1/embeddings", {"input": [t["id"] for t in tokens[0]], "model": "m"})[1]["data"][0]["embedding"]
-    )
-    assert (
-        np.abs(vectors - np.array(post(url + "/embed", {"inputs": TEXTS[2]})[1][0])).max() < 1e-6
-    )  # token ids read as the text
+    want = np.array(post(url + "/embed", {"inputs": TEXTS[2]})[1][0])
+    for special in (False, True):  # ids from /tokenize, with [CLS] and [SEP] or without: read as the text
+        _, tokens = post(url + "/tokenize", {"inputs": TEXTS[2], "add_special_tokens": special})
+        _, answer = post(url + "/v1/embeddings", {"input": [t["id"] for t in tokens[0]]})  # no model: the served one
+        assert np.abs(np.array(answer["data"][0]["embedding"]) - want).max() < 1e-6, special
+        assert answer["usage"]["prompt_tokens"] == len(tokens[0]) + (0 if special else 2)
 
 
 BAD = [

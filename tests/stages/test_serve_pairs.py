@@ -113,7 +113,7 @@ def test_the_evaluate_stage_records_a_pair_head_and_the_export_checks_it_on_pair
 def test_predict_answers_the_validation_pairs_as_the_evaluate_stage_predicted_them(run):
     from bertcore.eval.config import TaskConfig
     from bertcore.eval.encoder import load_tokenizer
-    from bertcore.eval.finetune import _predict
+    from bertcore.eval.finetune import predict
     from bertcore.eval.heads import load_task_model
     from bertcore.eval.tasks import read_split
 
@@ -126,7 +126,7 @@ def test_predict_answers_the_validation_pairs_as_the_evaluate_stage_predicted_th
     features, _ = task.kind.features(examples, tokenizer, task, head.labels)
     torch.set_num_threads(1)
     want = torch.softmax(
-        torch.from_numpy(np.stack(_predict(saved, task.kind, features, tokenizer.pad_token_id or 0, 64))), -1
+        torch.from_numpy(np.stack(predict(saved, task.kind, features, tokenizer.pad_token_id or 0, 64))), -1
     ).numpy()  # the stage's scoring path
     recorded = json.load(open(os.path.join(root, "eval", "metrics.json"), encoding="utf-8"))["tasks"][TASK][
         "pretrained"

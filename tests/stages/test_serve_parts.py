@@ -317,3 +317,38 @@ def test_truncation_token_ids_pairs_tokens_and_targets_read_as_the_model_reads(t
     got = targets["predictions"][0][0]
     assert [c["token"] for c in got] == [engine.target_ids([w])[0] for _, w in wanted]
     assert [c["score"] for c in got] == pytest.approx([s for s, _ in wanted], abs=1e-5)
+
+
+def test_ids_from_tokenize_read_as_the_text_and_unknown_tokens_are_counted_flagged_or_refused(tiny):
+    from dataclasses import replace
+
+    from bertcore.inference.engine import Engine
+
+    engine = _engine(tiny, "onnx")
+    tokens = engine.run([Job("tokenize", ("the cat sat",))])[0][0]["tokens"][0]
+    ids = tuple(t["id"] for t in tokens)  # [CLS] ... [SEP], as /tokenize gives them
+    text, wrapped, bare = engine.run(
+        [
+            Job("embed", ("the cat sat",), normalize=False),
+            Job("embed", token_ids=(ids,), normalize=False),
+            Job("embed", token_ids=(ids[1:-1],), normalize=False),
+        ]
+    )[0]
+    assert wrapped["tokens"] == bare["tokens"] == text["tokens"] == [len(ids)]  # not wrapped a second time
+    assert np.abs(wrapped["embeddings"] - text["embeddings"]).max() < 1e-5
+    assert np.abs(bare["embeddings"] - text["embeddings"]).max() < 1e-5
+
+    texts = ("the cat sat", "😀🎉🚀", "the 🍕 cat", "안녕하세요")
+    for windows in (False, True):
+        answer = _engine(tiny, "onnx", windows=windows).run([Job("embed", texts)])[0][0]
+        assert answer["unknown"][0] == 0 and answer["unknown"][2] >= 1 and answer["unknown"][1] >= 1
+        assert answer["unreadable"] == [False, True, False, True], (windows, answer)
+    pairs, classified = engine.run([Job("classify", ("the cat", "😀"), second=("🍕", "🎉")), Job("classify", texts)])[0]
+    assert pairs["unreadable"] == [False, True] and pairs["unknown"][0] == 1
+    assert classified["unreadable"] == [False, True, False, True]
+
+    refusing = Engine(replace(engine.spec, unreadable="refuse"))
+    refused, fine = refusing.run([Job("embed", texts[:2]), Job("embed", texts[2:3])])[0]
+    assert isinstance(refused, RequestError) and refused.status == 422 and refused.code == "unreadable"
+    assert "inputs[1] ('😀🎉🚀') is all unknown tokens" in refused.reason and "\n" not in refused.reason
+    assert fine["unreadable"] == [False] and fine["unknown"][0] >= 1  # partly unknown: answered, counted

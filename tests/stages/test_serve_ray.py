@@ -50,7 +50,7 @@ def test_two_replicas_behind_ray_serve_answer_the_openai_client(server, run):
     want /= np.linalg.norm(want, axis=1, keepdims=True)
     client = OpenAI(base_url=url + "/v1", api_key=KEYS[0], max_retries=0)
     for encoding in ("float", "base64"):
-        answer = client.embeddings.create(input=TEXTS, model="anything", encoding_format=encoding)
+        answer = client.embeddings.create(input=TEXTS, model="pretrained", encoding_format=encoding)
         got = np.array(
             [
                 d.embedding if encoding == "float" else np.frombuffer(base64.b64decode(d.embedding), "<f4")

@@ -125,10 +125,21 @@ def _parse(path: str, body: bytes, offer: Offer = OFFER, query: dict | None = No
         ),
         (
             "/v1/embeddings",
-            _body({"input": [[1, 2], [3, 400]]}),
+            _body({"input": [[3923, 374, 279, 892, 30]], "model": "student"}),  # LangChain's default: tiktoken ids
             422,
-            "input[1][1] is 400, not a token id of this model's vocabulary (0 to 99)",
+            (
+                "input holds token ids, and this server reads text: ids from another tokenizer (tiktoken's, which "
+                "LangChain's OpenAIEmbeddings sends unless check_embedding_ctx_length=False)"
+            ),
         ),
+        ("/v1/embeddings", _body({"input": [1, 2, 3]}), 422, "input holds token ids"),
+        (
+            "/v1/embeddings",
+            _body({"input": "a", "model": "text-embedding-3-small"}),
+            404,
+            "the model \"text-embedding-3-small\" does not exist here: this server serves 'student'",
+        ),
+        ("/v1/embeddings", _body({"input": "a", "model": 3}), 422, "model must be a string, got a number"),
         ("/v1/embeddings", _body({"input": "a", "dimensions": 16}), 422, "cannot be shortened"),
         ("/v1/embeddings", _body({"inputs": "a"}), 422, "unknown field 'inputs'; /v1/embeddings takes: input, model"),
     ],
@@ -158,6 +169,34 @@ def test_a_pair_head_takes_pairs_only_and_reads_two_texts_as_one_pair():
     assert (job.texts, job.second) == (("the first", "the second"), None)
 
 
+def test_token_ids_are_read_only_where_the_server_was_told_they_are_its_own_and_model_names_a_served_model():
+    from dataclasses import replace
+
+    from bertcore.inference.routes.openai import error
+
+    own = replace(OFFER, token_ids=True, aliases=("text-embedding-3-small",))
+    assert _parse("/v1/embeddings", _body({"input": [7, 8, 9]}), own).job.token_ids == ((7, 8, 9),)
+    assert _parse("/v1/embeddings", _body({"input": [[7], [8, 9]]}), own).job.token_ids == ((7,), (8, 9))
+    with pytest.raises(
+        RequestError, match=r"input\[1\]\[1\] is 400, not a token id of this model's vocabulary \(0 to 99\)"
+    ):
+        _parse("/v1/embeddings", _body({"input": [[1, 2], [3, 400]]}), own)
+    for name in ("student", "text-embedding-3-small"):
+        assert _parse("/v1/embeddings", _body({"input": "a", "model": name}), own).job.texts == ("a",)
+    with pytest.raises(RequestError) as caught:
+        _parse("/v1/embeddings", _body({"input": "a", "model": "other-model"}), own)
+    refusal = caught.value
+    assert refusal.status == 404 and "(or 'text-embedding-3-small')" in refusal.reason
+    assert error(refusal.status, refusal.reason, refusal.param, refusal.code) == {
+        "error": {
+            "message": refusal.reason,
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }  # OpenAI's shape for an unknown model
+
+
 def test_routes_the_model_cannot_serve_are_404_before_the_body_is_read():
     bare = Offer(task=None, head_type=None, mask_token=None, pooling="cls", top_k=5)
     for path, reason in (("/predict", "it has no task head"), ("/fill-mask", "no masked-LM head")):
@@ -179,22 +218,24 @@ def test_good_requests_become_jobs_and_answers_take_each_familys_shape():
         "normalized": True,
         "tokens": [5, 3],
         "truncated": [False, True],
+        "unknown": [0, 3],
+        "unreadable": [False, True],
     }
     work = _parse("/embed", _body({"inputs": ["a", "b"], "truncate": False, "truncation_direction": "Left"}))
     assert work.job == Job("embed", ("a", "b"), pooling="mean", normalize=True, truncate=False, left=True)
     assert work.reply(answer) is vectors  # TEI: a bare list of vectors
-    assert _parse("/embed", _body({"inputs": "a"}), query={"details": "true"}).reply(answer)["truncated"] == [
-        False,
-        True,
-    ]
+    details = _parse("/embed", _body({"inputs": "a"}), query={"details": "true"}).reply(answer)
+    assert details["truncated"] == [False, True]
+    assert details["unknown_tokens"] == [0, 3] and details["unreadable"] == [False, True]
     assert _parse("/", _body({"inputs": "a", "normalize": False})).job == Job("embed", ("a",), normalize=False)
 
-    work = _parse("/v1/embeddings", _body({"input": ["a", "b"], "model": "anything", "encoding_format": "base64"}))
+    work = _parse("/v1/embeddings", _body({"input": ["a", "b"], "model": "student", "encoding_format": "base64"}))
     body = work.reply(answer)
-    assert body["model"] == "student" and body["usage"] == {"prompt_tokens": 8, "total_tokens": 8}
+    assert body["model"] == "student" and body["usage"] == {"prompt_tokens": 8, "total_tokens": 8, "unknown_tokens": 3}
     decoded = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in body["data"]]
     assert [d["index"] for d in body["data"]] == [0, 1] and np.array_equal(np.stack(decoded), vectors)
-    assert _parse("/v1/embeddings", _body({"input": [7, 8, 9]})).job.token_ids == ((7, 8, 9),)
+    assert [(d["unknown_tokens"], d["unreadable"]) for d in body["data"]] == [(0, False), (3, True)]
+    assert _parse("/v1/embeddings", _body({"input": "a"})).job.texts == ("a",)  # no model: the served one answers
 
     logits = {"logits": np.array([[0.0, 2.0], [1.0, -1.0]], dtype=np.float32)}
     single = _parse("/predict", _body({"inputs": "a"})).reply({"logits": logits["logits"][:1]})
@@ -319,3 +360,85 @@ def test_a_failing_batch_fails_its_requests_and_the_next_batch_runs():
 
     fine, long = asyncio.run(scenario())
     assert fine == {"ok": True} and isinstance(long, RequestError) and long.status == 413
+
+
+# -- whether batching pays ----------------------------------------------------------------------
+
+
+def _simulate(choice, per_token: dict[str, float], runs: int) -> dict[str, int]:
+    """Tokens run each way in `runs` choices, each way costing `per_token` seconds a token
+    (a batch: 32 requests of 100 tokens; alone: one)."""
+    done = {"alone": 0, "batched": 0}
+    for _ in range(runs):
+        way = choice.way()
+        tokens = 3200 if way == "batched" else 100
+        choice.record(way, tokens, tokens * per_token[way])
+        done[way] += tokens
+    return done
+
+
+def test_auto_batching_measures_both_ways_and_keeps_to_the_cheaper_one_per_token():
+    from bertcore.inference.batch_choice import EXPLORE_RATIO, BatchChoice
+
+    choice = BatchChoice("auto")
+    assert choice.way() == "alone" and choice.state()["now"] == "alone"  # it starts alone (the engine runs on a CPU)
+    _simulate(choice, {"alone": 1e-5, "batched": 1.6e-5}, 100)  # a CPU's padded batches: dearer per token
+    assert choice.chosen == "alone"
+    done = _simulate(choice, {"alone": 1e-5, "batched": 1.6e-5}, 2000)
+    assert choice.chosen == "alone" and 0 < done["batched"] / sum(done.values()) <= 1.5 / (1 + EXPLORE_RATIO)
+    measured = choice.state()["measured"]
+    assert measured["alone"]["ms_per_1k_tokens"] == pytest.approx(10.0) and measured["batched"]["tokens"] > 0
+    # the load changes: batches now cost less per token (long texts of one length, say): the choice turns
+    done = _simulate(choice, {"alone": 1e-5, "batched": 0.4e-5}, 8000)
+    assert choice.chosen == "batched" and done["batched"] > 0.8 * sum(done.values())
+    assert measured is not choice.state()["measured"] and choice.state()["now"] == "batched"
+    for setting, way in (("on", "batched"), ("off", "alone")):
+        fixed = BatchChoice(setting)
+        _simulate(fixed, {"alone": 1.0, "batched": 1e-9}, 50)
+        assert fixed.way() == way and fixed.state()["measured"] is None
+
+
+def test_the_batcher_runs_requests_alone_while_auto_measures_batches_dearer():
+    """A stand-in model whose batches cost 1.5x per request: under load, auto runs most
+    requests alone; with batching on, the same load runs in batches."""
+    import asyncio
+    import time
+
+    from bertcore.inference.batch_choice import BatchChoice
+
+    def model(jobs):
+        time.sleep(0.002 * len(jobs) * (1.5 if len(jobs) > 1 else 1.0))
+        return [{"texts": job.texts} for job in jobs], len(jobs) * 400  # 400 tokens a request
+
+    async def scenario(setting: str) -> list[int]:
+        sizes = []
+        batcher = _batcher(
+            lambda jobs: (sizes.append(len(jobs)), model(jobs))[1],
+            choice=BatchChoice(setting),
+            tokens=lambda tokens: tokens,
+            batch_wait_ms=0.0,
+        )
+        batcher.start()
+
+        async def client(k: int) -> None:
+            for i in range(30):
+                await batcher.submit(Job("embed", (f"{k}-{i}",)))
+
+        await asyncio.gather(*(client(k) for k in range(8)))
+        await batcher.stop()
+        return sizes
+
+    auto, on = asyncio.run(scenario("auto")), asyncio.run(scenario("on"))
+    assert sum(1 for n in auto if n == 1) > 0.75 * 240 and max(auto) > 1  # measured batched, then alone
+    assert sum(n for n in on if n > 1) > 0.75 * 240
+
+
+def test_batching_on_and_off_read_from_yaml_as_the_settings_not_as_booleans():
+    import yaml
+
+    from bertcore.inference.config import ServeConfig
+
+    for text, setting in (("batching: on", "on"), ("batching: off", "off"), ("batching: auto", "auto")):
+        assert ServeConfig.model_validate(yaml.safe_load(text)).batching == setting
+    with pytest.raises(ValueError, match="batching"):
+        ServeConfig.model_validate({"batching": "sometimes"})

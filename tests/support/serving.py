@@ -24,9 +24,12 @@ KEYS = ("first-key-0123456789", "second-key-9876543210")
 """The API keys the test servers accept (BERTPIPE_API_KEY, comma-separated)."""
 
 
-def served_run(tmp_path_factory, gensim_data, recipe: dict, *, task: str | None) -> tuple[str, str, dict]:
+def served_run(
+    tmp_path_factory, gensim_data, recipe: dict, *, task: str | None, export: bool = True
+) -> tuple[str, str, dict]:
     """(run root, recipe file, {task or None: the ONNX export's manifest}) of a tiny run:
-    the pretrain stage's model and, with `task`, a task model, both exported to ONNX fp32."""
+    the pretrain stage's model and, with `task`, a task model, both exported to ONNX fp32
+    (export=False: not exported, for `--format torch`; no manifests)."""
     from bertcore.config import StorageConfig
     from pipelines.export.onnx import export_onnx
     from pipelines.registry import parse_config
@@ -39,6 +42,7 @@ def served_run(tmp_path_factory, gensim_data, recipe: dict, *, task: str | None)
     exports = {
         t: export_onnx(cfg, Storage(StorageConfig()), task=t, sentences=16)[1]
         for t in ({None, task} if task else {None})
+        if export
     }
     path = tmp_path_factory.mktemp("recipe") / "serve.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")

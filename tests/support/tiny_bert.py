@@ -8,9 +8,21 @@ from collections.abc import Sequence
 
 
 def save_tiny_bert(
-    folder, lines: Sequence[str], *, vocab_size: int, layers: int = 2, max_positions: int = 128, modern: bool = False
+    folder,
+    lines: Sequence[str],
+    *,
+    vocab_size: int,
+    layers: int = 2,
+    max_positions: int = 128,
+    hidden: int = 32,
+    words: Sequence[str] | None = None,
+    modern: bool = False,
 ) -> str:
-    """`modern`: a ModernBertForMaskedLM of the modernbert family's shape instead (window 16)."""
+    """`words`: a fixed vocabulary of whole words (after the special tokens, in this order)
+    instead of one trained on `lines`. The trainer breaks ties between equally frequent
+    pieces by hash order, which differs from one process to the next, so a trained
+    vocabulary (and what a model fine-tuned on it learns) can change between runs.
+    `modern`: a ModernBertForMaskedLM of the modernbert family's shape instead (window 16)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import (
@@ -21,11 +33,16 @@ def save_tiny_bert(
         PreTrainedTokenizerFast,
     )
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    if words is None:
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    else:
+        vocab = {token: i for i, token in enumerate(dict.fromkeys([*specials, *words]))}
+        tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    if words is None:
+        tokenizer.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -58,10 +75,10 @@ def save_tiny_bert(
         return str(folder)
     config = BertConfig(
         vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=32,
+        hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=2,
-        intermediate_size=64,
+        intermediate_size=2 * hidden,
         max_position_embeddings=max_positions,
     )
     torch.manual_seed(0)

@@ -278,3 +278,18 @@ def test_score_rows_share_keys_and_gain_is_the_difference():
     assert mlm["gain"] == pytest.approx(0.0447 - 0.0003)
     assert by[("embeddings", "mean", "anisotropy")]["random_init"] == 0.96
     json.dumps(rows, allow_nan=False)  # a table artifact takes plain JSON
+
+
+def test_the_report_links_each_diagnosis_whenever_it_is_made():
+    """`bertpipe diagnose` after the stage rewrites the section the stage renders when the
+    diagnosis already exists: the same report either way, and linking again changes nothing."""
+    metrics = _metrics()
+    links = {"polarity": "../diagnose/polarity/diagnosis.md"}
+    plain = report.render_markdown(metrics, {})
+    assert "## Diagnoses" not in plain
+    linked = report.with_diagnoses(plain, links)
+    assert linked == report.render_markdown(metrics, {}, links)
+    assert "- polarity: [../diagnose/polarity/diagnosis.md](../diagnose/polarity/diagnosis.md)" in linked
+    assert report.with_diagnoses(linked, links) == linked
+    more = report.with_diagnoses(linked, {**links, "sst2": "../diagnose/sst2/diagnosis.md"})
+    assert more == report.render_markdown(metrics, {}, {**links, "sst2": "../diagnose/sst2/diagnosis.md"})

@@ -21,7 +21,8 @@ from bertcore.examples.masking import MaskConfig
 from bertcore.examples.vocab_tables import VocabTables
 from bertcore.model.config import ModelConfig
 from bertcore.model.families import FAMILIES, family, for_vocabulary
-from bertcore.model.modernbert import ModernBertForMaskedLM, _banded, local_attention_chunked
+from bertcore.model.modernbert import ModernBertForMaskedLM
+from bertcore.model.unpadded import _banded, local_attention_chunked
 from bertcore.train.export import export_checkpoint
 from bertcore.train.loader import Rows
 from bertcore.train.objectives import Pretraining, batch_counts

@@ -17,6 +17,7 @@ from bertcore.examples.pairs import (
     PairConfig,
     build_pairs,
     pack_sentences,
+    random_next_shards,
     trim_counts,
     truncate_seq_pair,
 )
@@ -149,6 +150,52 @@ def test_random_b_rate_matches_the_algorithm_and_avoids_the_document():
     s = singles / len(labels)
     assert abs(sum(labels) / len(labels) - (s + 0.5 * (1 - s))) < 0.02
     assert len(sources) == len(docs), "every other document is a possible source of B"
+
+
+def test_random_next_shards_are_the_own_shard_and_a_keyed_sample_of_the_others():
+    for own in (0, 7, 19):
+        drawn = [random_next_shards(own, 20, 4, random.Random(key)) for key in range(1000)]
+        for picked in drawn:
+            assert own in picked and len(picked) == 5 and picked == sorted(set(picked)) and picked[0] >= 0
+            assert picked[-1] < 20
+        others = Counter(s for picked in drawn for s in picked if s != own)
+        assert len(others) == 19 and max(others.values()) < 1.35 * min(others.values())  # each other shard alike
+    assert random_next_shards(7, 20, 4, random.Random(5)) == random_next_shards(7, 20, 4, random.Random(5))
+    assert (
+        random_next_shards(2, 5, 4, random.Random(0)) == random_next_shards(2, 5, 9, random.Random(1)) == list(range(5))
+    )
+    assert random_next_shards(3, 8, 0, random.Random(0)) == [3]
+    with pytest.raises(ValueError, match="shard 8 is not among 8 shards"):
+        random_next_shards(8, 8, 2, random.Random(0))
+
+
+def test_random_b_from_a_sample_of_shards_keeps_the_rate_and_the_other_document_rule():
+    """Google draws a random B among the documents its one process reads: here a shard's
+    own documents and those of 3 of the 11 other shards. The share of random-next pairs is
+    still what the algorithm implies, B never comes from the current document, and only
+    from the shards drawn."""
+    rng = random.Random(1)
+    corpus = numbered_corpus([[rng.randint(3, 30) for _ in range(rng.randint(1, 12))] for _ in range(12 * 15)])
+    shards = [corpus[k * 15 : (k + 1) * 15] for k in range(12)]
+    owner = {t: (k, i) for k, docs in enumerate(shards) for i, d in enumerate(docs) for t in flat(d)}
+    cfg = PairConfig(max_seq_length=64)
+    labels, singles = [], 0
+    for own in range(12):
+        picked = random_next_shards(own, 12, 3, random.Random(own))
+        near = [(k, i) for k in picked for i in range(len(shards[k]))]
+        docs = InMemoryDocs([shards[k][i] for k, i in near])
+        for seed in range(4):
+            for index, (k, i) in enumerate(near):
+                if k != own:
+                    continue
+                for p in build_pairs(shards[k][i], random.Random(seed * 1000 + index), cfg, docs, index):
+                    labels.append(p.is_random_next)
+                    singles += p.single_segment_chunk
+                    if p.is_random_next:
+                        source = owner[p.tokens_b[0]]
+                        assert source != (k, i) and source[0] in picked
+    s = singles / len(labels)
+    assert len(labels) > 2000 and abs(sum(labels) / len(labels) - (s + 0.5 * (1 - s))) < 0.025
 
 
 def test_one_sentence_documents_always_get_a_random_b():

@@ -30,12 +30,12 @@ from bertcore.examples.pairs import InMemoryDocs
 from bertcore.model.bert import BertForPreTraining, ModelConfig
 from bertcore.train.checkpoint import CHECKPOINTS, COMPLETE, LocalStageFiles, checkpoint_tag, complete_checkpoints
 from bertcore.train.config import PretrainConfig
-from bertcore.train.loss_watch import LossWatch
+from bertcore.train.loss_watch import LossWatch, TrainingDiverged
 from bertcore.train.metrics_log import VALIDATION, MetricsLog
 from bertcore.train.objectives import Pretraining
 from bertcore.train.optim import Lamb, deepspeed_config, lr_multiplier, parameter_groups
 from bertcore.train.phase_data import PhaseData, WorkerContext, endless_batches, phase_loader
-from bertcore.train.trainer import Trainer, TrainingDiverged
+from bertcore.train.trainer import Trainer
 from bertcore.vocab.tokenizer import VocabConfig, save_tokenizer, train_wordpiece, vocab_list
 
 torch.set_num_threads(1)
@@ -388,8 +388,8 @@ def phase_data(root: Path, info: dict, name: str = "seq64") -> list[PhaseData]:
     return [
         PhaseData(
             name=name,
-            paths=[str(root / "examples" / name / "train" / "part-00000.arrow")],
-            validation_paths=[str(root / "examples" / name / "validation" / "part-00000.arrow")],
+            shards=[str(root / "examples" / name / "train" / "part-00000.arrow")],
+            validation_shards=[str(root / "examples" / name / "validation" / "part-00000.arrow")],
             pad_id=vocab.special.pad,
             length_bins=info["examples"].length_bins,
         )
@@ -563,7 +563,7 @@ def test_phases_run_in_order_and_a_crash_resumes_exactly_across_the_boundary(wor
     def trainer(stage: Path, on_step=None) -> Trainer:
         phases = [
             PhaseData(
-                name=n, paths=[str(root / "examples" / n / "train" / "part-00000.arrow")], pad_id=vocab.special.pad
+                name=n, shards=[str(root / "examples" / n / "train" / "part-00000.arrow")], pad_id=vocab.special.pad
             )
             for n in ("seq32", "seq64")
         ]

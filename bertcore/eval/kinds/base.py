@@ -3,7 +3,8 @@
 A kind is everything that depends on what a task asks of the encoder: which files hold
 it and how a row is checked, how examples become model inputs, the head's outputs and
 its loss, how outputs become predictions and scores, what a model that learned nothing
-scores, and what serving needs to know of the fine-tuned head. The fine-tuning loop
+scores, what serving needs to know of the fine-tuned head, and what a diagnosis asks of
+its examples and outputs (bertcore/eval/diagnosis/). The fine-tuning loop
 (bertcore/eval/finetune.py), the plan of the evaluate stage, the summary and the report
 ask the task's kind (`TaskConfig.kind`) and never compare its name.
 
@@ -14,7 +15,7 @@ a long text, the candidates of a multiple-choice question) says how rows map to 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bertcore.eval.readers import ReadResult
@@ -55,6 +56,44 @@ class HeadSpec:
     multiple-choice candidate after its context), so a served input is a pair too."""
     labels: list[str]
     """The names of the outputs, in output order (empty for a score or a candidate's score)."""
+
+
+@dataclass
+class Judged:
+    """One example as a fine-tuned model saw it, for the diagnosis (bertcore/eval/diagnosis/):
+    what was given, what was predicted, how wrong it was, and for a kind with classes the
+    probabilities of its units (one unit per example; one per word for tags)."""
+
+    given: str
+    predicted: str
+    loss: float
+    """How wrong the model was on it: the cross-entropy of the given label (the mean over the
+    units), the squared error, or 1 - F1 of the predicted span; the worst examples have the highest."""
+    given_classes: list[int] = field(default_factory=list)
+    """The given class of each unit (empty for a kind without classes)."""
+    probabilities: np.ndarray | None = None
+    """(U, C) the model's probability of each class for each unit."""
+    residual: float | None = None
+    """A score's prediction minus the given score (regression)."""
+    view: str | None = None
+    """The example as a reader checks it: the words with wrong tags marked, the candidates, the question and span."""
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """How the inputs of one split fit max_seq_length (`TaskKind.lengths`)."""
+
+    inputs: int
+    longer: int
+    """Inputs longer than max_seq_length, special tokens included."""
+    cut: int
+    """Inputs of which the model reads less than all (truncated, or past max_windows)."""
+    tokens: int
+    """Tokens of all the inputs, before any cut."""
+    cut_tokens: int | None
+    """Tokens the model never reads (None where windows read them and the count is not kept)."""
+    note: str = ""
+    """What the counts mean for this kind, when it is not plain truncation."""
 
 
 class TaskKind:
@@ -194,6 +233,55 @@ class TaskKind:
         """A kind that trains nothing: the `run_task` result of scoring the encoder itself."""
         raise NotImplementedError(f"{self.name} fine-tunes a model; run it through bertcore.eval.finetune")
 
+    # --- diagnosis (bertcore/eval/diagnosis/) -----------------------------------------------
+
+    def text_parts(self, example: Any) -> tuple[str, ...]:
+        """The texts of one example, as the model reads them: what duplicate and leaked
+        rows are matched on, and the text held-out MLM accuracy is measured on."""
+        raise NotImplementedError
+
+    def given(self, example: Any) -> str:
+        """The example's label as a reader sees it (a class, a score, the tags, the answer)."""
+        raise NotImplementedError
+
+    def label_counts(self, examples: Sequence) -> dict[str, int] | None:
+        """How often each class (a tag, for tagging) is given; None for a kind without classes."""
+        return None
+
+    def classes(self, task: TaskSettings, labels: list[str]) -> list[str] | None:
+        """The names of the classes `judge` gives probabilities over; None without classes."""
+        return list(labels) or None
+
+    def lengths(self, tokenizer, examples: Sequence, task: TaskSettings) -> Lengths | None:
+        """How the inputs fit max_seq_length; None where no input is cut (a word pair)."""
+        return None
+
+    def judge(self, task: TaskSettings, labels: list[str], examples: list, outputs: list, extra: Any) -> list[Judged]:
+        """Per example, the model's outputs (`split_outputs`, as `score` reads them) judged
+        against the given label (default: one label per example, softmax over the outputs)."""
+        import numpy as np
+
+        names = self.classes(task, labels) or []
+        out = []
+        for example, logits in zip(examples, outputs):
+            probabilities = softmax(np.asarray(logits, dtype=np.float64).reshape(1, -1))  # (1, C)
+            given = self.given_class(example, labels)
+            predicted = int(probabilities[0].argmax())
+            out.append(
+                Judged(
+                    given=self.given(example),
+                    predicted=names[predicted] if predicted < len(names) else str(predicted),
+                    loss=float(-np.log(max(probabilities[0, given], 1e-12))),
+                    given_classes=[given],
+                    probabilities=probabilities,
+                )
+            )
+        return out
+
+    def given_class(self, example: Any, labels: list[str]) -> int:
+        """The index of the example's class among `classes` (kinds that judge with the default)."""
+        raise NotImplementedError
+
     # --- serving -----------------------------------------------------------------------------
 
     def pair(self, task: TaskSettings) -> bool:
@@ -212,3 +300,12 @@ class TaskKind:
         scores /= scores.sum()
         names = labels or [str(i) for i in range(len(scores))]
         return [{"label": names[i], "score": float(scores[i])} for i in np.argsort(-scores, kind="stable")]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of (U, C) logits, in float64."""
+    import numpy as np
+
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)

@@ -54,6 +54,17 @@ class Classification(TextKind):
     def chance(self, task: TaskSettings, labels: list[str]) -> dict[str, float]:
         return {"accuracy": 1.0 / len(labels), "mcc": 0.0} if labels else {}
 
+    def given(self, example: TextExample) -> str:
+        return str(example.label)
+
+    def label_counts(self, examples: list[TextExample]) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(str(e.label) for e in examples).most_common())
+
+    def given_class(self, example: TextExample, labels: list[str]) -> int:
+        return labels.index(example.label)
+
 
 def score_labels(task: TaskSettings, labels: list[str], gold: list[str], predicted: list[str]) -> dict[str, float]:
     from bertcore.eval import metrics

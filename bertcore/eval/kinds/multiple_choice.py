@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from bertcore.eval.kinds.base import Feature, HeadShape, TaskKind
+from bertcore.eval.kinds.base import Feature, HeadShape, Judged, Lengths, TaskKind
 from bertcore.eval.readers import Malformed, Problems, ReadResult, cell, expected_rows, table_rows
 from bertcore.eval.settings import Split, TaskSettings
 
@@ -127,6 +127,47 @@ class MultipleChoice(TaskKind):
 
     def pair(self, task: TaskSettings) -> bool:
         return True
+
+    def text_parts(self, example: ChoiceExample) -> tuple[str, ...]:
+        return (example.context, *example.candidates)
+
+    def given(self, example: ChoiceExample) -> str:
+        return str(example.label)
+
+    def label_counts(self, examples: list[ChoiceExample]) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(str(e.label) for e in examples).most_common())
+
+    def classes(self, task: TaskSettings, labels: list[str]) -> list[str]:
+        return [str(i) for i in range(len(task.choices))]
+
+    def given_class(self, example: ChoiceExample, labels: list[str]) -> int:
+        return example.label
+
+    def judge(
+        self, task: TaskSettings, labels: list[str], examples: list[ChoiceExample], outputs: list, extra: None
+    ) -> list[Judged]:
+        """The default judgement over the candidates' scores; the view lists the candidates."""
+        judged = super().judge(task, labels, examples, outputs, extra)
+        for one, example in zip(judged, examples):
+            one.view = " | ".join(f"{i}: {candidate}" for i, candidate in enumerate(example.candidates))
+        return judged
+
+    def lengths(self, tokenizer, examples: list[ChoiceExample], task: TaskSettings) -> Lengths:
+        """An input is a question with its candidates: longer when any candidate's pair is."""
+        count = len(task.choices)
+        encoded = tokenizer(
+            [e.context for e in examples for _ in range(count)],
+            [candidate for e in examples for candidate in e.candidates],
+            truncation=False,
+            verbose=False,
+        )["input_ids"]
+        sizes = [len(ids) for ids in encoded]
+        per_question = [sizes[i * count : (i + 1) * count] for i in range(len(examples))]
+        longer = sum(max(row) > task.max_seq_length for row in per_question)
+        cut = sum(max(0, n - task.max_seq_length) for n in sizes)
+        return Lengths(len(examples), longer, longer, sum(sizes), cut, "each candidate read after the context")
 
     def decode(self, logits: np.ndarray, labels: list[str]) -> list[dict]:
         """The candidates of one question ranked by softmax probability: [{"choice": index, "score"}]."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import fsspec
 
-from bertcore.eval.kinds.base import Feature, HeadShape, TaskKind
+from bertcore.eval.kinds.base import Feature, HeadShape, Judged, Lengths, TaskKind
 from bertcore.eval.readers import Malformed, Problems, ReadResult
 from bertcore.eval.settings import Split, TaskSettings
 
@@ -108,6 +108,55 @@ class ExtractiveQA(TaskKind):
 
     def pair(self, task: TaskSettings) -> bool:
         return True
+
+    def text_parts(self, example: QAExample) -> tuple[str, ...]:
+        return (example.question, example.context)
+
+    def given(self, example: QAExample) -> str:
+        return example.answers[0].text if example.answers else "(no answer)"
+
+    def classes(self, task: TaskSettings, labels: list[str]) -> None:
+        return None
+
+    def judge(
+        self, task: TaskSettings, labels: list[str], examples: list[QAExample], outputs: list, extra
+    ) -> list[Judged]:
+        """Per question, the predicted span beside the given answers; its loss is 1 - F1."""
+        from bertcore.eval.metrics import squad_f1
+
+        spans = decode_spans(
+            examples,
+            extra,
+            [o[:, 0] for o in outputs],
+            [o[:, 1] for o in outputs],
+            n_best=task.n_best,
+            max_answer_length=task.max_answer_length,
+        )
+        answers = final_answers(spans, version_2=task.version_2, null_score_threshold=task.null_score_threshold)
+        out = []
+        for example in examples:
+            predicted = answers.get(example.id, "")
+            f1 = squad_f1(predicted, [a.text for a in example.answers])  # no answers: only "" is right
+            view = f"question: {example.question}"
+            out.append(Judged(self.given(example), predicted or "(no answer)", 1.0 - f1, view=view))
+        return out
+
+    def lengths(self, tokenizer, examples: list[QAExample], task: TaskSettings) -> Lengths:
+        """Contexts are read in windows doc_stride apart, so no context is cut; questions
+        longer than max_query_length are."""
+        questions = tokenizer([e.question for e in examples], add_special_tokens=False, verbose=False)["input_ids"]
+        sizes = [len(q) for q in questions]
+        pairs = tokenizer(
+            [e.question for e in examples], [e.context for e in examples], truncation=False, verbose=False
+        )["input_ids"]
+        longer = sum(len(ids) > task.max_seq_length for ids in pairs)
+        cut = sum(n > task.max_query_length for n in sizes)
+        note = (
+            f"contexts longer than a window are read in windows {task.doc_stride} tokens apart (nothing cut); "
+            f"the cut counts questions longer than max_query_length {task.max_query_length}"
+        )
+        tokens = sum(len(ids) for ids in pairs)
+        return Lengths(len(examples), longer, cut, tokens, sum(max(0, n - task.max_query_length) for n in sizes), note)
 
     def decode(self, logits: np.ndarray, labels: list[str]) -> dict[str, int]:
         """The likeliest start and end token of one window's (T, 2) scores, each on its own."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from bertcore.eval.kinds.base import Feature, HeadShape
+from bertcore.eval.kinds.base import Feature, HeadShape, Judged
 from bertcore.eval.kinds.text import TextKind
 from bertcore.eval.readers import TextExample, score
 from bertcore.eval.settings import TaskSettings
@@ -64,6 +64,22 @@ class Regression(TextKind):
 
     def chance(self, task: TaskSettings, labels: list[str]) -> dict[str, float]:
         return {"spearman": 0.0, "pearson": 0.0}
+
+    def given(self, example: TextExample) -> str:
+        return f"{float(example.label):g}"
+
+    def classes(self, task: TaskSettings, labels: list[str]) -> None:
+        return None
+
+    def judge(
+        self, task: TaskSettings, labels: list[str], examples: list[TextExample], outputs: list, extra: None
+    ) -> list[Judged]:
+        out = []
+        for example, output in zip(examples, outputs):
+            predicted = float(output[0])
+            residual = predicted - float(example.label)
+            out.append(Judged(self.given(example), f"{predicted:.3g}", residual**2, residual=residual))
+        return out
 
     def decode(self, logits: np.ndarray, labels: list[str]) -> dict[str, float]:
         return {"score": float(logits[0])}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from bertcore.eval.kinds.base import Feature, TaskKind
+from bertcore.eval.kinds.base import Feature, Lengths, TaskKind
 from bertcore.eval.readers import ReadResult, TextExample, expected_rows, read_fasttext, read_rows
 from bertcore.eval.settings import Split, TaskSettings
 from bertcore.eval.windows import Windowing, long_input_counts, split_windows
@@ -72,3 +72,20 @@ class TextKind(TaskKind):
 
     def long_inputs(self, tokenizer, examples: list[TextExample], task: TaskSettings) -> dict[str, int]:
         return long_input_counts(tokenizer, [e.text_a for e in examples], [e.text_b for e in examples], task)
+
+    def text_parts(self, example: TextExample) -> tuple[str, ...]:
+        return (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
+
+    def lengths(self, tokenizer, examples: Sequence[TextExample], task: TaskSettings) -> Lengths:
+        """Tokens of each input (the pair with its special tokens) against max_seq_length;
+        truncation cuts what is past it, windows only what is past max_windows windows."""
+        pairs = [e.text_b for e in examples] if any(e.text_b is not None for e in examples) else None
+        encoded = tokenizer([e.text_a for e in examples], pairs, truncation=False, verbose=False)["input_ids"]
+        sizes = [len(ids) for ids in encoded]
+        longer = sum(n > task.max_seq_length for n in sizes)
+        if task.long_inputs == "windows":
+            counts = self.long_inputs(tokenizer, list(examples), task)
+            note = f"read in windows of {task.max_seq_length} tokens, at most {task.max_windows} per input"
+            return Lengths(len(sizes), longer, counts["cut"], sum(sizes), None, note)
+        cut = sum(max(0, n - task.max_seq_length) for n in sizes)
+        return Lengths(len(sizes), longer, longer, sum(sizes), cut)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from bertcore.eval.kinds.base import Feature, HeadShape, TaskKind
+from bertcore.eval.kinds.base import Feature, HeadShape, Judged, Lengths, TaskKind, softmax
 from bertcore.eval.readers import Problems, ReadResult, numbered_lines
 from bertcore.eval.settings import Split, TaskSettings
 
@@ -108,6 +108,56 @@ class TokenClassification(TaskKind):
 
     def pair(self, task: TaskSettings) -> bool:
         return False
+
+    def text_parts(self, example: TaggedSentence) -> tuple[str, ...]:
+        return (" ".join(example.words),)
+
+    def given(self, example: TaggedSentence) -> str:
+        return " ".join(example.tags)
+
+    def label_counts(self, examples: list[TaggedSentence]) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(tag for e in examples for tag in e.tags).most_common())
+
+    def judge(
+        self, task: TaskSettings, labels: list[str], examples: list[TaggedSentence], outputs: list, extra
+    ) -> list[Judged]:
+        """One unit per word that truncation left (its first piece); a word cut off counts as
+        predicted O in the view, as in scoring. The view marks each wrong word `word[given>predicted]`."""
+        import numpy as np
+
+        outside = "O" if "O" in labels else labels[0]
+        index = {label: i for i, label in enumerate(labels)}
+        out = []
+        for example, logits, first in zip(examples, outputs, extra):
+            kept = [w for w, p in enumerate(first) if p is not None]
+            probabilities = softmax(np.asarray(logits, dtype=np.float64)[[first[w] for w in kept]]) if kept else None
+            predicted = [outside] * len(example.words)
+            for row, w in enumerate(kept):
+                predicted[w] = labels[int(probabilities[row].argmax())]
+            given = [index[example.tags[w]] for w in kept]
+            loss = (
+                float(np.mean([-np.log(max(probabilities[row, g], 1e-12)) for row, g in enumerate(given)]))
+                if kept
+                else 0.0
+            )
+            view = " ".join(
+                word if tag == guess else f"{word}[{tag}>{guess}]"
+                for word, tag, guess in zip(example.words, example.tags, predicted)
+            )
+            out.append(Judged(self.given(example), " ".join(predicted), loss, given, probabilities, view=view))
+        return out
+
+    def lengths(self, tokenizer, examples: list[TaggedSentence], task: TaskSettings) -> Lengths:
+        """Sentences longer than max_seq_length pieces lose their last words (scored as O)."""
+        encoded = tokenizer(
+            [list(e.words) for e in examples], is_split_into_words=True, truncation=False, verbose=False
+        )
+        sizes = [len(ids) for ids in encoded["input_ids"]]
+        longer = sum(n > task.max_seq_length for n in sizes)
+        cut = sum(max(0, n - task.max_seq_length) for n in sizes)
+        return Lengths(len(sizes), longer, longer, sum(sizes), cut, "the words past the cut are predicted O")
 
     def decode(self, logits: np.ndarray, labels: list[str]) -> list[str]:
         """The tag of every token (T, C) -> [tag] * T."""

@@ -71,6 +71,15 @@ class WordSimilarity(TaskKind):
     def chance(self, task: TaskSettings, labels: list[str]) -> dict[str, float]:
         return {"spearman": 0.0, "pearson": 0.0}
 
+    def text_parts(self, example: WordPair) -> tuple[str, ...]:
+        return (example.a, example.b)
+
+    def given(self, example: WordPair) -> str:
+        return f"{example.score:g}"
+
+    def classes(self, task: TaskSettings, labels: list[str]) -> None:
+        return None
+
     def score_encoder(
         self, task: TaskSettings, encoder_dir: str, tokenizer_dir: str, seed: int, *, random_init: bool
     ) -> dict:

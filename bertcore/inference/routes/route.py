@@ -23,10 +23,11 @@ class Route:
     """One route: `parse(data, query, offer, limits)` reads the request's JSON value (None
     for GET) and its query parameters into Work, raising RequestError; `offered(offer)`:
     whether the served model can answer it at all (else 404, and /info does not list it);
-    `error(status, reason)`: the body of a refusal in the family's own shape."""
+    `error(status, reason, param, code)`: the body of a refusal in the family's own shape
+    (`param` and `code` as the RequestError gives them, None for most)."""
 
     method: str
     path: str
     parse: Callable[[Any, Mapping[str, str], Offer, Limits], Work]
     offered: Callable[[Offer], bool] = lambda offer: True
-    error: Callable[[int, str], Any] = lambda status, reason: {"error": reason}
+    error: Callable[..., Any] = lambda status, reason, param=None, code=None: {"error": reason}

@@ -1,13 +1,15 @@
 """text-embeddings-inference (TEI) routes, in TEI's shapes, so its clients (huggingface_hub's
-InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, LlamaIndex's
-TextEmbeddingsInference) work unmodified:
+InferenceClient, LlamaIndex's TextEmbeddingsInference, chromadb's HuggingFaceEmbeddingServer)
+work unmodified:
 
     POST /embed     {"inputs": text | [texts], "normalize": true, "truncate": bool,
                      "truncation_direction": "right" | "left", "pooling": "cls" | "mean"}
                     -> [[float, ...], ...], one vector per text. `pooling` is bertpipe's
                     own (default: what the evaluation chose). With the query parameter
                     ?details=true: {"embeddings", "pooling", "normalized", "tokens",
-                    "truncated"} (tokens read and whether text was left unread, per text).
+                    "truncated", "unknown_tokens", "unreadable"} (per text: tokens read,
+                    whether text was left unread, tokens the vocabulary could not read,
+                    whether it is nothing but those).
     POST /predict   {"inputs": text | [a, b] | [[a, b], ...] | [text, ...], "raw_scores":
                     false, "truncate", "truncation_direction", "parameters": {"top_k",
                     "function_to_apply"}} -> [{"label", "score"}, ...] largest first, per
@@ -77,7 +79,11 @@ def embed(data: Any, query: Mapping[str, str], offer: Offer, limits: Limits) -> 
     )
     if query.get("details", "").lower() in ("1", "true"):
         return Work(
-            job, lambda answer: {k: answer[k] for k in ("embeddings", "pooling", "normalized", "tokens", "truncated")}
+            job,
+            lambda answer: {
+                **{k: answer[k] for k in ("embeddings", "pooling", "normalized", "tokens", "truncated", "unreadable")},
+                "unknown_tokens": answer["unknown"],
+            },
         )
     return Work(job, lambda answer: answer["embeddings"])
 

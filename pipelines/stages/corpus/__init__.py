@@ -31,5 +31,6 @@ STAGE = Stage(
     seeded=lambda cfg: cfg.near_dedup,
     fingerprint_config=input_location_free,
     preflight=check_local_inputs,
+    scratch=("_work", "_dedup"),  # cleaned documents with their hashes and signatures; dedup indexes and plans
     writes="cleaned, sentence-split documents: {train,validation}/part-NNNNN.arrow",
 )

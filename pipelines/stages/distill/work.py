@@ -34,7 +34,8 @@ from bertcore.model.hf_files import MODEL_DIR, START_DIR
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.storage import Storage, join
 from pipelines.training.export import export_start, model_shards
-from pipelines.training.launch import WorkerJob, prepare_checkpoints, read_inputs, train_and_export
+from pipelines.training.inputs import read_inputs
+from pipelines.training.launch import WorkerJob, prepare_checkpoints, train_and_export
 from pipelines.training.stats import headline
 
 if TYPE_CHECKING:

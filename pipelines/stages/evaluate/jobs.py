@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 
 import ray
@@ -20,6 +21,7 @@ from bertcore.eval.config import EmbeddingsConfig, IntrinsicConfig, SpeedConfig,
 from bertcore.eval.settings import TASK_FILES
 from bertcore.examples.config import ExamplesConfig, PhaseConfig
 from bertcore.rng import keyed_seed
+from bertcore.train.shard_cache import CacheSpec, ShardRef
 from pipelines.shards import local_copy, local_folder, read_batches
 from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.storage import Storage, is_local
@@ -86,17 +88,20 @@ def _unigram_counts(storage: Storage, shard_uris: list[str], vocab: list[str]):
     return target_counts(batches, len(vocab), specials, max_rows=UNIGRAM_ROWS)
 
 
+EVAL_WINDOW = 16
+"""Validation shards the held-out scoring reads at a time (it stops after max_batches)."""
+
+
 @ray.remote(max_retries=1)
 def intrinsic_job(
     model: Model,
-    shard_uris: list[str],
+    shards: list[ShardRef],
     train_uris: list[str],
     phase: PhaseConfig,
     examples_cfg: ExamplesConfig,
     cfg: IntrinsicConfig,
     seed: int,
     storage: Storage,
-    cache_key: str,
     num_threads: int,
 ) -> dict:
     """MLM/NSP scores of one phase's validation shards, with the unigram and label-balance baselines."""
@@ -120,10 +125,14 @@ def intrinsic_job(
         mask_config = examples_cfg.model_copy(update={"masked_lm_prob": rate}).mask_config(
             phase, VocabTables.from_tokens(tokens)
         )
-    paths = [local_copy(storage, uri, cache_key) for uri in shard_uris]
+    # the shards come through a folder of this job's (remote ones downloaded, a window at a
+    # time; every one hashed as it is read), removed when the job ends
+    cache = CacheSpec(storage, tempfile.mkdtemp(prefix="bertpipe-eval-shards-"), 1 << 62).open("eval")
     loader = ExamplesLoader(
-        paths,
+        shards,
         cfg.batch_size,
+        cache=cache,
+        window_shards=EVAL_WINDOW,
         seed=keyed_seed(seed, "evaluate", "intrinsic", phase.name)
         >> 1,  # the dynamic masks: fixed, the same for both models
         masking=examples_cfg.masking,
@@ -135,7 +144,10 @@ def intrinsic_job(
         vocab_size=len(tokens),
     )
     counts = _unigram_counts(storage, train_uris, tokens) if train_uris else None
-    scores = held_out_scores(model, loader, max_batches=cfg.max_batches, unigram_counts=counts)
+    try:
+        scores = held_out_scores(model, loader, max_batches=cfg.max_batches, unigram_counts=counts)
+    finally:
+        cache.remove()
     if not _has_nsp_head(model_dir):  # e.g. a distilled student: its NSP head would be random, its scores noise
         scores = {k: v for k, v in scores.items() if not k.startswith("nsp_")}
         scores["baselines"] = {**scores["baselines"], "nsp_balance": None}

@@ -1,8 +1,10 @@
 """The evaluate stage's plan: which models it scores (the pretrained model, or after
 distillation the teacher, the student, its start and a random init) and the jobs it runs
 on them (intrinsic, fine-tuning per task, train fraction and seed, embeddings, fill-mask,
-speed), each with the name of its progress marker. Task files are checked here, before
-any job starts, so an unusable file or fraction is one line naming it.
+speed), each with the name of its progress marker and what it is expected to cost (for
+the stage's ETA: tokens passed through the model, forward and backward, times the model's
+size). Task files are checked here, before any job starts, so an unusable file or fraction
+is one line naming it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from bertcore.examples.config import ExamplesConfig
 from bertcore.model.hf_files import START_DIR
 from bertcore.rng import keyed_numpy
 from bertcore.train.export import HF_FILES, MODEL_DIR
+from bertcore.train.shard_cache import ShardRef
+from pipelines.progress import Cost
 from pipelines.shards import read_batches
 from pipelines.stage import StageRun, Upstream
 from pipelines.stages.evaluate.jobs import Model, local_task, original_paths
@@ -45,8 +49,11 @@ class Job:
     """finetune: the share of the training examples it fine-tunes on."""
     keep_model: bool = False
     """finetune: save the model fine-tuned on the whole training file (heads/)."""
-    shards: list[str] = field(default_factory=list)
+    shards: list[ShardRef] = field(default_factory=list)
+    """intrinsic: the phase's validation shards, read through a cache the job removes."""
     train_shards: list[str] = field(default_factory=list)
+    cost: Cost = field(default_factory=lambda: Cost(1.0))
+    """What the job is expected to cost (`job_cost`), for the stage's ETA."""
 
 
 def finetune_key(task: str, model: str, fraction: float, seed: int) -> str:
@@ -97,6 +104,12 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     masked_lm: bool = True
     """Whether the subject's folder holds an MLM head (an embedding model, the student of one, has none)."""
+    sizes: dict[str, float] = field(default_factory=dict)
+    """Per model name, its compute per token (layers x hidden size squared; 1 when unknown)."""
+
+    def size(self, model: Model) -> float:
+        return self.sizes.get(model.name, 1.0)
+
     examples_cfg: ExamplesConfig | None = None
     sentences: list[str] = field(default_factory=list)
 
@@ -158,15 +171,30 @@ def _teacher(r: StageRun, distill: Upstream) -> Model:
     return Model("teacher", folder.uri, tuple(folder.files), folder.cache_key)
 
 
-def check_files(task: TaskConfig, key: str, storage, signatures: dict[str, str]) -> None:
-    """`check_task_files` and `check_fractions` on local copies of the task's files;
-    messages name the recipe's URIs and `key`, the task's place in the recipe."""
+def check_files(task: TaskConfig, key: str, storage, signatures: dict[str, str]) -> dict[str, int]:
+    """`check_task_files` and `check_fractions` on local copies of the task's files: the
+    number of examples per split; messages name the recipe's URIs and `key`, the task's
+    place in the recipe."""
     local, back = local_task(task, storage, signatures)
     try:
-        check_task_files(local)
+        counts = check_task_files(local)
         check_fractions(local, f"{key}.train_fractions")
     except InputDataError as exc:
         raise type(exc)(original_paths(str(exc), back)) from None
+    return counts
+
+
+def finetune_cost(task: TaskConfig, counts: dict[str, int], fraction: float, size: float) -> float:
+    """Tokens a fine-tuning job passes through the model (at most max_seq_length an example;
+    training counts three passes, forward and backward), times the model's size: each fold's
+    training share for `epochs`, then what it scores. A task that does not train scores only."""
+    train, scored = counts.get("train", 0), counts.get("validation", 0) + counts.get("test", 0)
+    trained = 0.0
+    if task.kind.trains:
+        folds = task.cross_validation_folds
+        trained = (folds - 1 if folds else 1) * train * fraction * task.epochs
+        scored += train if folds else 0
+    return (3 * trained + scored) * task.max_seq_length * size
 
 
 def plan_jobs(plan: Plan, r: StageRun, max_positions: int) -> None:
@@ -187,15 +215,18 @@ def plan_jobs(plan: Plan, r: StageRun, max_positions: int) -> None:
         trained = [p.get("name") for p in (plan.trained.manifest.config or {}).get("phases", []) if isinstance(p, dict)]
         phases = phases_to_score(cfg.intrinsic, plan.examples_cfg, trained, max_positions, plan.notes)
         for phase in phases:
-            shards = [
-                examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows
-            ]
-            if not shards:
+            validation = [s for s in examples.manifest.shards_under(f"{phase.name}/validation/") if s.rows]
+            if not validation:
                 plan.notes.append(f"intrinsic: phase {phase.name} has no validation sequences")
                 continue
+            shards = [examples.ref(s) for s in validation]
             train = [examples.path(s.path) for s in examples.manifest.shards_under(f"{phase.name}/train/") if s.rows]
+            rows = sum(s.rows for s in validation)
+            if cfg.intrinsic.max_batches is not None:
+                rows = min(rows, cfg.intrinsic.max_batches * cfg.intrinsic.batch_size)
             for model in plan.models:
                 if model is plan.subject or model.random_init:  # the masked-LM skill of the subject against random init
+                    units = rows * plan.examples_cfg.phase(phase.name).max_seq_length * plan.size(model)
                     plan.jobs.append(
                         Job(
                             f"intrinsic__{phase.name}__{model.name}",
@@ -204,29 +235,50 @@ def plan_jobs(plan: Plan, r: StageRun, max_positions: int) -> None:
                             phase=phase.name,
                             shards=shards,
                             train_shards=train,
+                            cost=Cost(units, (f"intrinsic/{phase.name}", "intrinsic")),
                         )
                     )
     for i, task in enumerate(cfg.tasks):
-        check_files(
+        counts = check_files(
             task, f"evaluate.tasks[{i}]", r.storage, plan.signatures
         )  # an unusable file or fraction is one line, before any job starts
         for fraction in task.train_fractions:
             for model in plan.models:
+                cost = Cost(
+                    finetune_cost(task, counts, fraction, plan.size(model)),
+                    (
+                        f"finetune/{task.name}/{fraction}/{model.name}",
+                        f"finetune/{task.name}/{fraction}",
+                        f"finetune/{task.name}",
+                        "finetune",
+                    ),
+                )
                 for task_seed in summary.seeds_of(task, model.random_init):
                     # the kept model: the subject's first seed on the largest fraction (the whole file by default)
                     keep = model is plan.subject and task.kind.trains and task_seed == task.seeds[0]
                     keep = keep and fraction == task.train_fractions[-1]
                     key = finetune_key(task.name, model.name, fraction, task_seed)
                     plan.jobs.append(
-                        Job(key, "finetune", model, task=task, task_seed=task_seed, fraction=fraction, keep_model=keep)
+                        Job(
+                            key,
+                            "finetune",
+                            model,
+                            task=task,
+                            task_seed=task_seed,
+                            fraction=fraction,
+                            keep_model=keep,
+                            cost=cost,
+                        )
                     )
     fill_mask = masked_lm and cfg.intrinsic.fill_mask > 0
     if cfg.embeddings.enabled or fill_mask:
         plan.sentences = embedding_sentences(r.storage, r.inputs["corpus"], cfg.embeddings, r.seed, plan.notes)
     if plan.sentences and cfg.embeddings.enabled:
         for model in plan.models:
-            plan.jobs.append(Job(f"embeddings__{model.name}", "embeddings", model))
+            units = len(plan.sentences) * cfg.embeddings.max_seq_length * plan.size(model)
+            plan.jobs.append(Job(f"embeddings__{model.name}", "embeddings", model, cost=Cost(units, ("embeddings",))))
     if plan.sentences and fill_mask:
-        plan.jobs.append(Job(f"fill_mask__{plan.subject.name}", "fill_mask", plan.subject))
+        units = cfg.intrinsic.fill_mask * 128 * plan.size(plan.subject)
+        plan.jobs.append(Job(f"fill_mask__{plan.subject.name}", "fill_mask", plan.subject, cost=Cost(units)))
     if plan.subject.name == "student" and cfg.speed.enabled:
         plan.jobs.append(Job("speed", "speed", plan.subject))

@@ -63,11 +63,11 @@ from bertcore.model.hf_files import START_DIR
 from bertcore.train import metrics_log
 from bertcore.train.export import MODEL_DIR
 from bertcore.train.metrics_log import METRICS, VALIDATION
-from pipelines.ray_runtime import run_tasks
+from pipelines.ray_runtime import concurrent_tasks, run_tasks
 from pipelines.shards import local_copy
 from pipelines.stage import Output, StageRun, Upstream
 from pipelines.stage_dir import ShardInfo, StageDir
-from pipelines.stages.evaluate import check_lengths
+from pipelines.stages.evaluate import check_lengths, diagnoses
 from pipelines.stages.evaluate.jobs import (
     Model,
     embeddings_job,
@@ -122,6 +122,7 @@ def run(r: StageRun) -> Output:
     configs = {name: model_config_of(folder) for name, folder in folders.items()}
     check_lengths(resolved, configs[subject.name].max_sequence_length, f"{subject.uri}/config.json", ConfigError)
     plan = Plan(resolved, signatures, models, subject, trained, masked_lm=has_mlm_head(folders[subject.name]))
+    plan.sizes = {name: c.num_hidden_layers * c.hidden_size**2 for name, c in configs.items()}
     plan_jobs(plan, r, configs[subject.name].max_sequence_length)
 
     t0 = time.perf_counter()
@@ -149,7 +150,7 @@ def run(r: StageRun) -> Output:
     ]
     stats = summary.stats(metrics)
     return Output(
-        shards=_write_outputs(r.dir, metrics, records, validations)
+        shards=_write_outputs(r.dir, metrics, records, validations, [t.name for t in resolved.tasks])
         + _track(r, trained, metrics)
         + _saved_models(results),
         stats=stats,
@@ -185,7 +186,6 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
                 cfg.intrinsic,
                 seed,
                 storage,
-                job.model.cache_key,
                 cfg.num_threads,
             )
         if job.kind == "fill_mask":
@@ -236,9 +236,17 @@ def _run_jobs(plan: Plan, r: StageRun) -> tuple[dict[str, Any], int]:
         def finished(index: int, result: Any, batch=batch) -> None:
             r.dir.complete(batch[index].key, r.fingerprint, _saved_models({batch[index].key: result}), result)
 
-        for job, result in zip(
-            batch, run_tasks(submit, batch, parallelism=parallelism, desc=desc, on_result=finished, unit="jobs")
-        ):
+        ran = run_tasks(
+            submit,
+            batch,
+            parallelism=parallelism,
+            desc=desc,
+            on_result=finished,
+            unit="jobs",
+            costs=[job.cost for job in batch],
+            slots=concurrent_tasks(cfg.num_threads, cfg.num_gpus or 0.0),
+        )
+        for job, result in zip(batch, ran):
             results[job.key] = result
     return results, len(plan.jobs) - len(todo)
 
@@ -381,8 +389,11 @@ def _unigram(metrics: dict) -> float | None:
     return None
 
 
-def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validations: list[dict]) -> list[ShardInfo]:
-    """metrics.json, plots/*.png and report.md; returns them as the manifest's shards."""
+def _write_outputs(
+    stage: StageDir, metrics: dict, records: list[dict], validations: list[dict], tasks: list[str]
+) -> list[ShardInfo]:
+    """metrics.json, plots/*.png and report.md (linking the diagnoses of `tasks` that
+    `bertpipe diagnose` left beside the stage); returns them as the manifest's shards."""
     storage = stage.storage
     stage.remove("plots", recursive=True)  # a plot an earlier run drew may not apply now
     written = []
@@ -408,6 +419,14 @@ def _write_outputs(stage: StageDir, metrics: dict, records: list[dict], validati
     metrics_bytes = json_dumps(metrics).encode()
     written.append(("metrics.json", storage.write_bytes(stage.path("metrics.json"), metrics_bytes)))
     written.append(
-        ("report.md", storage.write_bytes(stage.path("report.md"), report.render_markdown(metrics, plots).encode()))
+        (
+            "report.md",
+            storage.write_bytes(
+                stage.path("report.md"),
+                report.render_markdown(
+                    metrics, plots, diagnoses.found(storage, stage.root, tasks, stage.directory)
+                ).encode(),
+            ),
+        )
     )
     return [ShardInfo(path=relative, rows=0, bytes=w.bytes, sha256=w.sha256, stamp=w.stamp) for relative, w in written]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bertcore.examples.config import ExamplesConfig
 from pipelines.stage import Stage
 
-CODE_VERSION = "1"
+CODE_VERSION = "2"  # 2: random next sentences from a keyed sample of shards, not the whole split
 
 STAGE = Stage(
     "examples",
@@ -13,5 +13,6 @@ STAGE = Stage(
     "pipelines.stages.examples.work:run",
     reads=("corpus", "vocab"),
     code_version=CODE_VERSION,
+    scratch=("_tokens",),  # the corpus tokenized, which the build tasks read
     writes="masked pretraining sequences: PHASE/{train,validation}/part-NNNNN-lenBBB.arrow",
 )

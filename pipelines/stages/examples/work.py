@@ -6,10 +6,12 @@ Ray shape, two steps:
    tokenizer into `_tokens/<split>/part-NNNNN.arrow` (one row per document: its sentences
    as id lists) and returns each document's sentence count;
 2. one task per (phase, split, corpus shard) builds that shard's examples. Random next
-   sentences come from the whole split, not the worker's shard: workers get a compact
-   corpus-wide index (for each global document number: token shard and row) and read a
-   chosen document's sentences from the memory-mapped token shard, so a worker's memory
-   is bounded by its own shard plus the index.
+   sentences come from the shard's own documents and those of `random_next_shards` other
+   shards of the split, drawn by a generator keyed by (seed, "examples", phase, split,
+   shard) (`bertcore.examples.pairs.random_next_shards`, as Google's script draws from the
+   files one process reads). The task copies those token shards (at most
+   random_next_shards + 1, whatever the corpus size) into its own temporary folder, maps
+   them, and removes them when it ends; on a local run root it maps them in place.
 
 Every random draw is keyed by (seed, "examples", phase, global document number, pass)
 inside `bertcore.examples.layout`, so the bytes do not depend on the number of workers.
@@ -39,13 +41,14 @@ from bertcore.examples.arrow import arrow_array, list_array, numpy_dtype, numpy_
 from bertcore.examples.config import ExamplesConfig, PhaseConfig, length_bin
 from bertcore.examples.layout import ExampleStats, arrow_schema, example_batches, id_type
 from bertcore.examples.masking import VocabTables
-from bertcore.examples.pairs import FlatDocument
+from bertcore.examples.pairs import FlatDocument, random_next_shards
+from bertcore.rng import keyed_random
 from bertcore.text.lengths import Lengths
 from bertcore.vocab.config import tokenizer_files
 from bertcore.vocab.encode import encode_sentences
 from bertcore.vocab.tokenizer import load_tokenizer, vocab_fingerprint, vocab_list
 from pipelines.ray_runtime import run_tasks
-from pipelines.shards import local_copy, local_folder, read_batches, write_table
+from pipelines.shards import download_into, local_folder, read_batches, write_table
 from pipelines.stage import Output, StageRun, Upstream, fingerprint
 from pipelines.stage_dir import ShardInfo, StageDir
 from pipelines.stages.examples import CODE_VERSION
@@ -72,15 +75,15 @@ class VocabSource:
         return local_folder(storage, self.uri, self.files, self.key)
 
 
-# -- corpus-wide document access ----------------------------------------------------------------
+# -- the documents random next sentences come from --------------------------------------------
 
 
 @dataclass
 class DocumentIndex:
-    """Global document number -> (token shard, row), for one split. Small: two ints per shard."""
+    """Document number -> (token shard, row), for token shards of one split. Small: two ints per shard."""
 
     shard_uris: list[str]
-    starts: np.ndarray  # (S+1,) first global number of each shard, then the total
+    starts: np.ndarray  # (S+1,) first document number of each shard, then the total
 
     @property
     def num_documents(self) -> int:
@@ -90,19 +93,31 @@ class DocumentIndex:
         shard = int(np.searchsorted(self.starts, index, side="right") - 1)
         return shard, index - int(self.starts[shard])
 
+    def documents(self, shard: int) -> range:
+        """The numbers of a shard's documents."""
+        return range(int(self.starts[shard]), int(self.starts[shard + 1]))
+
+    def subset(self, shards: list[int]) -> DocumentIndex:
+        """The documents of `shards` (in that order), numbered from 0."""
+        sizes = np.diff(self.starts)[shards]
+        return DocumentIndex([self.shard_uris[s] for s in shards], np.concatenate([[0], np.cumsum(sizes)]))
+
     @functools.cached_property
     def start_list(self) -> list[int]:
         return self.starts.tolist()
 
 
 class TokenStore:
-    """`RandomDocs` over the token shards of one split, memory-mapped and opened lazily; a
-    document comes back as a `FlatDocument` over the mapped ids (nothing copied until read)."""
+    """`RandomDocs` over the token shards of an index, memory-mapped and opened lazily (a
+    shard never drawn from is never copied); a document comes back as a `FlatDocument` over
+    the mapped ids (nothing copied until read). Remote shards are copied into `folder`, a
+    temporary folder of the task's; `close` drops the maps, so the copies' disk space goes
+    when the folder does."""
 
-    def __init__(self, index: DocumentIndex, storage: Storage, cache_key: str):
+    def __init__(self, index: DocumentIndex, storage: Storage, folder: str):
         self.index = index
         self.storage = storage
-        self.cache_key = cache_key
+        self.folder = folder
         self._shards: dict[int, tuple[list[int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]] = {}
 
     @property
@@ -111,9 +126,9 @@ class TokenStore:
 
     def _arrays(self, shard: int) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         if shard not in self._shards:
-            path = local_copy(self.storage, self.index.shard_uris[shard], self.cache_key)
-            stat = os.stat(path)
-            self._shards[shard] = _mapped_token_shard(path, stat.st_size, stat.st_mtime_ns)
+            self._shards[shard] = _mapped_token_shard(
+                download_into(self.storage, self.index.shard_uris[shard], self.folder)
+            )
         return self._shards[shard]
 
     def get(self, index: int) -> FlatDocument:
@@ -130,20 +145,17 @@ class TokenStore:
             ids, segment_bounds[document_bounds[row] : document_bounds[row + 1] + 1], nonempty_known=True
         )
 
+    def close(self) -> None:
+        self._shards.clear()
 
-@functools.lru_cache(maxsize=4096)
-def _mapped_token_shard(
-    path: str, size: int, mtime_ns: int
-) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+
+def _mapped_token_shard(path: str) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """One token shard, memory-mapped: the first row of each record batch, and per batch
-    (ids, segment bounds, document bounds) as numpy views of the map. Cached per worker
-    process, so the tasks a worker runs one after another (which all draw random documents
-    from every shard of their split) open each shard once; a cached shard costs address
-    space, not memory. `size` and `mtime_ns` are part of the key: a shard written again
-    (`--force`) is a new file at the same path, and must be mapped again."""
+    (ids, segment bounds, document bounds) as numpy views of the map. A mapped shard costs
+    address space, not memory."""
     starts, batches = [0], []
     # The views keep the mapping alive; the file itself is closed here (not left to garbage
-    # collection), so a worker can hold thousands of shards without holding their descriptors.
+    # collection), so a task can hold many shards without holding their descriptors.
     with pa.memory_map(path) as source:
         reader = ipc.open_file(source)
         for i in range(reader.num_record_batches):
@@ -248,11 +260,20 @@ def build_shard(
     storage = stage.storage
     _, tables = _vocabulary(vocab.local(storage))
     schema = arrow_schema(tables.vocab_size)
-    docs = TokenStore(index, storage, vocab.key)
-    own = range(int(index.starts[shard_number]), int(index.starts[shard_number + 1]))
+    drawn = random_next_shards(
+        shard_number,
+        len(index.shard_uris),
+        cfg.random_next_shards,
+        keyed_random(seed, "examples", phase.name, split, shard_number),
+    )
+    near = index.subset(drawn)
+    own = near.documents(drawn.index(shard_number))  # numbered in `near`; keyed by their numbers in the split
     stats = ExampleStats()
 
-    with tempfile.TemporaryDirectory(prefix="bertpipe-examples-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bertpipe-examples-") as tmp,
+        contextlib.closing(TokenStore(near, storage, os.path.join(tmp, "tokens"))) as docs,
+    ):
         writers: dict[int, tuple[ipc.RecordBatchFileWriter, pa.OSFile]] = {}
         buffers: dict[int, list[pa.RecordBatch]] = defaultdict(list)
         counts: dict[int, int] = defaultdict(int)
@@ -264,7 +285,8 @@ def build_shard(
             writers[bin_][0].write_table(pa.Table.from_batches(buffers[bin_], schema=schema).combine_chunks())
             buffers[bin_].clear()
 
-        for batch in example_batches(list(own), docs, cfg, phase, seed, tables, stats):
+        keys = list(index.documents(shard_number))
+        for batch in example_batches(list(own), docs, cfg, phase, seed, tables, stats, doc_keys=keys):
             bins = length_bin(numpy_view(batch.column("length")), cfg.length_bins)
             for bin_ in np.unique(bins).tolist():
                 part = batch.take(arrow_array(np.flatnonzero(bins == bin_), pa.int64()))
@@ -304,7 +326,8 @@ def run(r: StageRun) -> Output:
     )
     actual = _checked_vocab_fingerprint(r.storage, vocab_stage, vocab)
 
-    # step 1: tokens, keyed by corpus and vocab only (changing masking settings reuses them)
+    # step 1: tokens, keyed by corpus and vocab only: a rerun of an unfinished stage reuses them even after a masking
+    # setting changed (a finished stage's `_tokens/` is scratch, removed with its manifest written: pipelines/stage.py)
     t0 = time.perf_counter()
     indexes, token_lengths = _tokenize_corpus(r, corpus, vocab)
     t_tokens = time.perf_counter() - t0

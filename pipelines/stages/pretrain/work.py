@@ -28,7 +28,8 @@ from pipelines.stage_files import stage_files
 from pipelines.storage import Storage
 from pipelines.training.export import export_model as export_training_model
 from pipelines.training.export import model_shards
-from pipelines.training.launch import Inputs, WorkerJob, prepare_checkpoints, read_inputs, train_and_export
+from pipelines.training.inputs import Inputs, read_inputs
+from pipelines.training.launch import WorkerJob, prepare_checkpoints, train_and_export
 from pipelines.training.stats import headline
 
 log = logging.getLogger(__name__)
