@@ -3,7 +3,7 @@ streaming loader on top: one download per machine however many ranks read, bytes
 where they are read, a bounded folder that follows the window and goes when the run ends.
 
 The "store" here is a folder that the cache must copy from, as from an object store (its
-`local_path` is None); tests/stages/test_train_input.py does the same against a real S3
+`local_path` is None); tests/flows/test_s3_end_to_end.py does the same against a real S3
 server (moto) through a whole pretraining run.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -95,11 +96,15 @@ def _rank(results, *args) -> None:
     results.put((args[4], read_epoch(*args)))
 
 
-def test_two_ranks_on_one_machine_download_each_shard_once(store, tmp_path):
+def test_two_ranks_on_one_machine_download_each_shard_once(store, tmp_path, monkeypatch):
     folder, refs, _ = store
     log, cache_dir = tmp_path / "opens.log", tmp_path / "cache"
     context = multiprocessing.get_context("spawn")
     step, out = context.Barrier(2), context.Queue()
+    # a spawned child starts from this process's sys.path; an earlier test in this worker may
+    # have put a package folder on it (Prefect adds a flow entrypoint's folder, flows/, whose
+    # inspect.py would shadow the standard library's in the child)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "__init__.py").exists()])
     ranks = [
         context.Process(target=_rank, args=(out, str(folder), str(log), str(cache_dir), refs, r, 2, step))
         for r in range(2)
