@@ -89,7 +89,7 @@ def phase_data(name: str, paths: list[Path], vocab: VocabTables, rate: float) ->
     mask = EXAMPLES.model_copy(update={"masked_lm_prob": rate}).mask_config(PHASE, vocab)
     return PhaseData(
         name=name,
-        paths=[str(p) for p in paths],
+        shards=[str(p) for p in paths],
         masking="dynamic",
         mask_config=mask,
         pad_id=vocab.special.pad,
@@ -176,7 +176,7 @@ def step_seconds(args, data: dict, vocab: VocabTables) -> dict[str, float]:
         model_cfg = cfg.build_model_config(vocab.vocab_size, vocab.special.pad)
         model = model_cfg.family.build(model_cfg, torch.Generator().manual_seed(0)).train()
         loader = ExamplesLoader(
-            data[label].paths,
+            data[label].shards,
             32,
             seed=1,
             masking="dynamic",

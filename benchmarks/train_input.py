@@ -290,8 +290,12 @@ def child_loader(root: str, corpus: str) -> dict:
     from pipelines.registry import load_config
     from pipelines.runner import Pipeline
     from pipelines.stage import Upstream
-    from pipelines.training.inputs import read_inputs
     from pipelines.training.launch import WorkerJob
+
+    try:
+        from pipelines.training.inputs import read_inputs
+    except ImportError:  # the baseline's code: read_inputs lived in launch.py
+        from pipelines.training.launch import read_inputs
 
     cfg = load_config(Path.cwd() / "configs" / "demo.yaml", overrides(root, Path(corpus)))
     pipeline = Pipeline(cfg)
