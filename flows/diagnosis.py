@@ -79,25 +79,13 @@ def resolve_model(cfg, storage, model: str) -> Model:
     return _folder_model(storage, model)
 
 
-def _complete(storage, root: str, stage: str, what: str):
-    from pipelines.registry import REGISTRY
-    from pipelines.stage_dir import StageDir
-
-    directory = StageDir(storage, root, REGISTRY[stage].directory)
-    manifest = directory.manifest()
-    if manifest is None:
-        raise ConfigError(
-            f"--model {what}: the {stage} stage has no complete output under {directory.uri}; run `bertpipe run "
-            f"--only {stage}` first, or name a model folder"
-        )
-    return directory, manifest
-
-
 def _stage_model(cfg, storage, stage: str) -> Model:
     from bertcore.train.export import MODEL_DIR
+    from pipelines.export.outputs import stage_output
     from pipelines.shards import local_folder
+    from pipelines.stage import UpstreamMissing
 
-    directory, manifest = _complete(storage, cfg.run.root, stage, stage)
+    directory, manifest = stage_output(storage, cfg.run.root, stage, f"--model {stage}: diagnose reads the model in")
     listed = manifest.shards_under(f"{MODEL_DIR}/")
     files = [s.path.removeprefix(f"{MODEL_DIR}/") for s in listed]
     damaged = [s.path for s in listed if directory.check(s) != "ok"]
@@ -107,10 +95,10 @@ def _stage_model(cfg, storage, stage: str) -> Model:
     folder = local_folder(storage, directory.path(MODEL_DIR), files, f"diagnose-{manifest.fingerprint}")
     vocab_dir = None
     try:
-        vocab, vocab_manifest = _complete(storage, cfg.run.root, "vocab", stage)
+        vocab, vocab_manifest = stage_output(storage, cfg.run.root, "vocab", "diagnose reads the tokenizer in")
         names = [s.path for s in vocab_manifest.shards if "/" not in s.path]
         vocab_dir = local_folder(storage, vocab.uri, names, f"diagnose-{vocab_manifest.fingerprint}") if names else None
-    except ConfigError:
+    except UpstreamMissing:
         pass  # no vocab stage (a run started from an outside model): the tokenizer check is left out
     identity = {"stage": stage, "fingerprint": manifest.fingerprint, "model": directory.path(MODEL_DIR)}
     return Model(folder, f"{directory.directory}/{MODEL_DIR}", identity, vocab_dir, own=True)
